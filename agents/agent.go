@@ -1,0 +1,369 @@
+package agents
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/registry"
+)
+
+// HandlerFunc serves one method. params is the request's raw JSON; the
+// returned value is marshalled with encoding/json (a json.RawMessage is
+// sent as is). Return an *envelope.Error to choose the code; any other
+// error becomes RPC_ERROR with its text. ctx carries the request's
+// deadline and is cancelled when the caller gives up or the link drops.
+type HandlerFunc func(ctx context.Context, params json.RawMessage) (any, error)
+
+// Option configures an Agent.
+type Option func(*Agent)
+
+// WithID sets the agent's instance id (default: a new UUIDv7). The id is
+// kept across reconnects.
+func WithID(id string) Option { return func(a *Agent) { a.id = id } }
+
+// WithLogger sets the agent's logger.
+func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
+
+// WithConnConfig tunes the agent's WebSocket.
+func WithConnConfig(c mesh.ConnConfig) Option { return func(a *Agent) { a.conn = c } }
+
+// WithMetadata sets the metadata sent with agent.register.
+func WithMetadata(m map[string]any) Option { return func(a *Agent) { a.metadata = m } }
+
+// WithDrainTimeout bounds how long Run waits for handlers in flight after
+// deregistering (default 5 s).
+func WithDrainTimeout(d time.Duration) Option { return func(a *Agent) { a.drain = d } }
+
+// Agent serves methods on the mesh. Register handlers with Handle before
+// Run; Run blocks until ctx ends.
+type Agent struct {
+	name     string
+	id       string
+	log      *slog.Logger
+	conn     mesh.ConnConfig
+	metadata map[string]any
+	drain    time.Duration
+
+	mu       sync.RWMutex
+	exact    map[string]HandlerFunc
+	patterns []pattern
+
+	inflight atomic.Int64
+	regMu    sync.Mutex
+	regCh    chan struct{} // closed while registered; replaced on loss
+}
+
+type pattern struct {
+	prefix string
+	h      HandlerFunc
+}
+
+// New returns an agent with a logical name (a safe metric label, e.g. "echo").
+func New(name string, opts ...Option) *Agent {
+	a := &Agent{
+		name:  name,
+		log:   slog.New(slog.DiscardHandler),
+		exact: map[string]HandlerFunc{},
+		drain: 5 * time.Second,
+		regCh: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.id == "" {
+		a.id = envelope.NewID()
+	}
+	return a
+}
+
+// ID returns the agent's instance id.
+func (a *Agent) ID() string { return a.id }
+
+// Name returns the agent's logical name.
+func (a *Agent) Name() string { return a.name }
+
+// Handle registers h for a method name or a "prefix.*" pattern. It panics
+// on an invalid name, as http.ServeMux does.
+func (a *Agent) Handle(method string, h HandlerFunc) {
+	if err := registry.ValidCapability(method); err != nil {
+		panic("agents: " + err.Error())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if strings.HasSuffix(method, "*") {
+		a.patterns = append(a.patterns, pattern{strings.TrimSuffix(method, "*"), h})
+		sort.Slice(a.patterns, func(i, j int) bool { return len(a.patterns[i].prefix) > len(a.patterns[j].prefix) })
+		return
+	}
+	a.exact[method] = h
+}
+
+// Methods lists the registered methods and patterns, sorted.
+func (a *Agent) Methods() []string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := make([]string, 0, len(a.exact)+len(a.patterns))
+	for m := range a.exact {
+		out = append(out, m)
+	}
+	for _, p := range a.patterns {
+		out = append(out, p.prefix+"*")
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (a *Agent) handler(method string) HandlerFunc {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if h, ok := a.exact[method]; ok {
+		return h
+	}
+	for _, p := range a.patterns {
+		if strings.HasPrefix(method, p.prefix) {
+			return p.h
+		}
+	}
+	return nil
+}
+
+// Registered returns a channel that is closed while the agent is
+// registered with a hub (a new one is handed out after each loss).
+func (a *Agent) Registered() <-chan struct{} {
+	a.regMu.Lock()
+	defer a.regMu.Unlock()
+	return a.regCh
+}
+
+func (a *Agent) setRegistered(on bool) {
+	a.regMu.Lock()
+	defer a.regMu.Unlock()
+	select {
+	case <-a.regCh:
+		if !on {
+			a.regCh = make(chan struct{})
+		}
+	default:
+		if on {
+			close(a.regCh)
+		}
+	}
+}
+
+// Run connects to the hubs (tried in turn), registers, heartbeats and
+// serves until ctx ends; after a lost link it reconnects with exponential
+// backoff and jitter and registers again. When ctx ends it deregisters,
+// waits for handlers in flight (at most the drain timeout) and returns nil.
+func (a *Agent) Run(ctx context.Context, hubs ...string) error {
+	if len(hubs) == 0 {
+		hubs = []string{mesh.DefaultHubURL}
+	}
+	if len(a.Methods()) == 0 {
+		return errors.New("agents: no handlers registered")
+	}
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: 5 * time.Second,
+	}
+	bo.Reset()
+	t := time.NewTimer(0)
+	<-t.C
+	defer t.Stop()
+	for i := 0; ; i++ {
+		hub := hubs[i%len(hubs)]
+		registered, err := a.session(ctx, hub)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if registered {
+			bo.Reset()
+		}
+		d := bo.NextBackOff()
+		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
+		t.Reset(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// session runs one link's life: dial, register, heartbeat, serve.
+func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.serve), mesh.WithLinkLogger(a.log))
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	defer l.Close()
+	defer a.setRegistered(false)
+	interval, err := a.register(ctx, l)
+	if err != nil {
+		return false, err
+	}
+	a.setRegistered(true)
+	a.log.Info("registered", "hub", hub, "agent", a.id, "methods", a.Methods(), "heartbeat", interval)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.Done():
+			return true, l.Err()
+		case <-ctx.Done():
+			a.shutdown(l)
+			return true, nil
+		case <-tick.C:
+			if err := a.heartbeat(ctx, l, interval); err != nil {
+				if errors.Is(err, envelope.ErrAgentNotFound) {
+					// The hub expired us (a pause longer than the TTL):
+					// register again on the same link.
+					if interval, err = a.register(ctx, l); err != nil {
+						return true, err
+					}
+					tick.Reset(interval)
+					continue
+				}
+				a.log.Warn("heartbeat failed", "error", err)
+			}
+		}
+	}
+}
+
+func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {
+	p := mesh.RegisterParams{AgentID: a.id, Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}}
+	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
+	for k, v := range a.metadata {
+		md[k] = v
+	}
+	p.Metadata, _ = json.Marshal(md)
+	var res mesh.RegisterResult
+	if err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second); err != nil {
+		return 0, err
+	}
+	if !res.Accepted {
+		return 0, errors.New("agents: the hub did not accept the registration")
+	}
+	if res.AgentID != "" {
+		a.id = res.AgentID
+	}
+	iv := time.Duration(res.HeartbeatInterval * float64(time.Second))
+	if iv <= 0 {
+		iv = 5 * time.Second
+	}
+	return iv, nil
+}
+
+func (a *Agent) heartbeat(ctx context.Context, l *mesh.Link, interval time.Duration) error {
+	p := mesh.HeartbeatParams{AgentID: a.id, Status: mesh.AgentStatus{
+		State: registry.StateReady, QueuedRequests: int(a.inflight.Load()), LastActivity: time.Now().UnixMilli(),
+	}}
+	return callLink(ctx, l, "agent.heartbeat", p, nil, interval)
+}
+
+// shutdown deregisters and waits for handlers in flight.
+func (a *Agent) shutdown(l *mesh.Link) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.drain)
+	defer cancel()
+	if err := callLink(ctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.id, Reason: "shutdown"}, nil, 2*time.Second); err != nil {
+		a.log.Warn("deregister failed", "error", err)
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for a.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			a.log.Warn("drain timed out", "inflight", a.inflight.Load())
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func callLink(ctx context.Context, l *mesh.Link, method string, params, result any, timeout time.Duration) error {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	res, err := l.Call(ctx, &envelope.Request{ID: envelope.NewID(), Method: method, Params: raw, Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
+	if err != nil {
+		return err
+	}
+	if result == nil {
+		return nil
+	}
+	return json.Unmarshal(res.Result, result)
+}
+
+// serve is the link's handler: it runs the method's handler and builds
+// the response envelope.
+func (a *Agent) serve(ctx context.Context, req *envelope.Request) (res *envelope.Response, err error) {
+	h := a.handler(req.Method)
+	if h == nil {
+		return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %s does not serve %q", a.id, req.Method)
+	}
+	a.inflight.Add(1)
+	defer a.inflight.Add(-1)
+	ctx = context.WithValue(ctx, requestKey{}, req)
+	start := time.Now()
+	defer func() {
+		if p := recover(); p != nil {
+			a.log.Error("handler panicked", "method", req.Method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			res, err = nil, envelope.Errorf(envelope.CodeInternal, "handler for %s panicked", req.Method)
+		}
+	}()
+	v, err := h(ctx, req.Params)
+	if err != nil {
+		var e *envelope.Error
+		if errors.As(err, &e) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, envelope.AsError(err)
+		}
+		return nil, envelope.NewError(envelope.CodeRPCError, err.Error())
+	}
+	var raw json.RawMessage
+	switch r := v.(type) {
+	case json.RawMessage:
+		raw = r
+	default:
+		if raw, err = json.Marshal(v); err != nil {
+			return nil, envelope.Errorf(envelope.CodeInternal, "cannot encode the result of %s: %v", req.Method, err)
+		}
+	}
+	d := time.Since(start)
+	return &envelope.Response{
+		ID: req.ID, Origin: a.id, Destination: req.Origin, Timestamp: time.Now().UnixMilli(), Result: raw,
+		Metrics: envelope.Metrics{LatencyMs: float64(d.Microseconds()) / 1000, ProcessingTime: float64(d.Microseconds()) / 1000, Backend: "WebSocket"},
+		Headers: envelope.Headers{TraceID: req.Headers.TraceID, CorrelationID: req.Headers.CorrelationID},
+	}, nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+type requestKey struct{}
+
+// RequestFrom returns the request a handler is serving (its id, headers,
+// origin); nil outside a handler.
+func RequestFrom(ctx context.Context) *envelope.Request {
+	r, _ := ctx.Value(requestKey{}).(*envelope.Request)
+	return r
+}

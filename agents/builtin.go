@@ -1,0 +1,244 @@
+package agents
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// decode unmarshals params into v, answering INVALID_PARAMS on failure.
+func decode(method string, params json.RawMessage, v any) error {
+	if len(params) == 0 {
+		params = []byte("{}")
+	}
+	if err := json.Unmarshal(params, v); err != nil {
+		return envelope.Errorf(envelope.CodeInvalidParams, "%s: %v", method, strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// NewEcho returns the echo agent: echo.echo returns its params;
+// echo.sleep {ms} sleeps that long (or until the deadline) and answers
+// {"slept": ms}.
+func NewEcho(opts ...Option) *Agent {
+	a := New("echo", opts...)
+	a.Handle("echo.echo", func(ctx context.Context, p json.RawMessage) (any, error) {
+		if len(p) == 0 {
+			return json.RawMessage("null"), nil
+		}
+		return p, nil
+	})
+	a.Handle("echo.sleep", func(ctx context.Context, p json.RawMessage) (any, error) {
+		var in struct {
+			MS int64 `json:"ms"`
+		}
+		if err := decode("echo.sleep", p, &in); err != nil {
+			return nil, err
+		}
+		if in.MS < 0 || in.MS > int64(time.Hour/time.Millisecond) {
+			return nil, envelope.NewError(envelope.CodeInvalidParams, "echo.sleep: ms must be within 0..3600000")
+		}
+		if err := sleep(ctx, time.Duration(in.MS)*time.Millisecond); err != nil {
+			return nil, err
+		}
+		return map[string]int64{"slept": in.MS}, nil
+	})
+	return a
+}
+
+// KV is the store behind the kv agent.
+type KV struct {
+	mu sync.RWMutex
+	m  map[string]json.RawMessage
+}
+
+// KVItem is one entry of memory.query's answer.
+type KVItem struct {
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
+}
+
+// NewKV returns the kv agent serving memory.put {key, value},
+// memory.get {key} → {key, value, found}, memory.delete {key} → {deleted},
+// and memory.query {prefix?, q?, limit?} → {items, count} on an in-memory
+// store.
+func NewKV(opts ...Option) *Agent {
+	kv := &KV{m: map[string]json.RawMessage{}}
+	a := New("kv", opts...)
+	type keyParams struct {
+		Key   string          `json:"key"`
+		Value json.RawMessage `json:"value"`
+	}
+	key := func(method string, p json.RawMessage) (keyParams, error) {
+		var in keyParams
+		if err := decode(method, p, &in); err != nil {
+			return in, err
+		}
+		if in.Key == "" {
+			return in, envelope.Errorf(envelope.CodeInvalidParams, "%s: key is required", method)
+		}
+		return in, nil
+	}
+	a.Handle("memory.put", func(ctx context.Context, p json.RawMessage) (any, error) {
+		in, err := key("memory.put", p)
+		if err != nil {
+			return nil, err
+		}
+		if len(in.Value) == 0 {
+			return nil, envelope.NewError(envelope.CodeInvalidParams, "memory.put: value is required")
+		}
+		kv.mu.Lock()
+		kv.m[in.Key] = append(json.RawMessage(nil), in.Value...)
+		kv.mu.Unlock()
+		return map[string]any{"ok": true, "key": in.Key}, nil
+	})
+	a.Handle("memory.get", func(ctx context.Context, p json.RawMessage) (any, error) {
+		in, err := key("memory.get", p)
+		if err != nil {
+			return nil, err
+		}
+		kv.mu.RLock()
+		v, ok := kv.m[in.Key]
+		kv.mu.RUnlock()
+		if !ok {
+			v = json.RawMessage("null")
+		}
+		return map[string]any{"key": in.Key, "value": v, "found": ok}, nil
+	})
+	a.Handle("memory.delete", func(ctx context.Context, p json.RawMessage) (any, error) {
+		in, err := key("memory.delete", p)
+		if err != nil {
+			return nil, err
+		}
+		kv.mu.Lock()
+		_, ok := kv.m[in.Key]
+		delete(kv.m, in.Key)
+		kv.mu.Unlock()
+		return map[string]bool{"deleted": ok}, nil
+	})
+	a.Handle("memory.query", func(ctx context.Context, p json.RawMessage) (any, error) {
+		var in struct {
+			Prefix string `json:"prefix"`
+			Q      string `json:"q"`
+			Limit  int    `json:"limit"`
+		}
+		if err := decode("memory.query", p, &in); err != nil {
+			return nil, err
+		}
+		if in.Limit <= 0 || in.Limit > 1000 {
+			in.Limit = 1000
+		}
+		items := []KVItem{}
+		kv.mu.RLock()
+		for k, v := range kv.m {
+			if strings.HasPrefix(k, in.Prefix) && (in.Q == "" || strings.Contains(k, in.Q) || strings.Contains(string(v), in.Q)) {
+				items = append(items, KVItem{k, v})
+			}
+		}
+		kv.mu.RUnlock()
+		sort.Slice(items, func(i, j int) bool { return items[i].Key < items[j].Key })
+		if len(items) > in.Limit {
+			items = items[:in.Limit]
+		}
+		return map[string]any{"items": items, "count": len(items)}, nil
+	})
+	return a
+}
+
+// ChaosConfig sets the faults of the chaos agent.
+type ChaosConfig struct {
+	FailRate   float64       // 0..1: share of calls that fail with FailCode
+	FailCode   envelope.Code // default UNAVAILABLE
+	Latency    time.Duration // added to every call
+	Jitter     time.Duration // up to this much more, at random
+	HangRate   float64       // 0..1: share of calls that never answer
+	CrashAfter int           // exit after this many executions (0: never)
+	// Crash ends the process abruptly; required when CrashAfter > 0.
+	Crash func()
+}
+
+// NewChaos returns the chaos agent: chaos.echo echoes its params after the
+// configured faults; chaos.executions answers how many times this agent
+// executed each request id ({"executions": {id: n}, "total": n}), so that
+// tests can detect doubled executions.
+func NewChaos(cfg ChaosConfig, opts ...Option) *Agent {
+	if cfg.FailCode == envelope.CodeOK {
+		cfg.FailCode = envelope.CodeUnavailable
+	}
+	var mu sync.Mutex
+	execs := map[string]int{}
+	total := 0
+	a := New("chaos", opts...)
+	a.Handle("chaos.echo", func(ctx context.Context, p json.RawMessage) (any, error) {
+		id := ""
+		if r := RequestFrom(ctx); r != nil {
+			id = r.ID
+		}
+		mu.Lock()
+		execs[id]++
+		total++
+		n := total
+		mu.Unlock()
+		if cfg.CrashAfter > 0 && n >= cfg.CrashAfter && cfg.Crash != nil {
+			cfg.Crash()
+		}
+		if cfg.HangRate > 0 && rand.Float64() < cfg.HangRate {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		d := cfg.Latency
+		if cfg.Jitter > 0 {
+			d += rand.N(cfg.Jitter)
+		}
+		if err := sleep(ctx, d); err != nil {
+			return nil, err
+		}
+		if cfg.FailRate > 0 && rand.Float64() < cfg.FailRate {
+			return nil, envelope.Errorf(cfg.FailCode, "chaos: injected %s", cfg.FailCode)
+		}
+		if len(p) == 0 {
+			return json.RawMessage("null"), nil
+		}
+		return p, nil
+	})
+	a.Handle("chaos.executions", func(ctx context.Context, p json.RawMessage) (any, error) {
+		var in struct {
+			ID string `json:"id"`
+		}
+		if err := decode("chaos.executions", p, &in); err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if in.ID != "" {
+			return map[string]any{"id": in.ID, "count": execs[in.ID]}, nil
+		}
+		cp := make(map[string]int, len(execs))
+		for k, v := range execs {
+			cp[k] = v
+		}
+		return map[string]any{"executions": cp, "total": total}, nil
+	})
+	return a
+}

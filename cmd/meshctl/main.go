@@ -1,0 +1,18 @@
+// Command meshctl is the CLI tester of agentmesh. See internal/cli.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentmesh/agentmesh/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Run(ctx, cli.NewMeshctl(os.Stdin, os.Stdout, os.Stderr), os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}

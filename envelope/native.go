@@ -1,0 +1,420 @@
+package envelope
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+)
+
+// Subprotocol is the WebSocket subprotocol of the native envelope frames.
+const Subprotocol = "agentmesh.v1"
+
+// FrameType tells the native frames apart.
+type FrameType uint8
+
+// The native frame types. A frame's "seq" is link-scoped: it pairs a
+// response (or a cancel) with the request it answers on that link only.
+const (
+	FrameRequest  FrameType = iota + 1 // {"type":"req", ...RequestEnvelope}
+	FrameResponse                      // {"type":"res", ...ResponseEnvelope, "error"?}
+	FrameCancel                        // {"type":"cancel","seq":N}: the caller gave up
+)
+
+// Frame is one decoded native frame.
+type Frame struct {
+	Type     FrameType
+	Seq      uint64
+	Request  Request  // for FrameRequest
+	Response Response // for FrameResponse (envelope fields also on errors)
+	Err      *Error   // for FrameResponse carrying an error
+}
+
+// AppendRequestFrame appends the native request frame for r.
+func AppendRequestFrame(b []byte, seq uint64, r *Request) []byte {
+	b = append(b, `{"type":"req","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"id":`...)
+	b = appendString(b, r.ID)
+	if r.Origin != "" {
+		b = append(b, `,"origin":`...)
+		b = appendString(b, r.Origin)
+	}
+	if r.Destination != "" {
+		b = append(b, `,"destination":`...)
+		b = appendString(b, r.Destination)
+	}
+	if r.Timestamp != 0 {
+		b = append(b, `,"timestamp":`...)
+		b = strconv.AppendInt(b, r.Timestamp, 10)
+	}
+	b = append(b, `,"method":`...)
+	b = appendString(b, r.Method)
+	if len(r.Params) > 0 {
+		b = append(b, `,"params":`...)
+		b = append(b, r.Params...)
+	}
+	b = append(b, `,"headers":`...)
+	b = appendHeaders(b, &r.Headers)
+	b = append(b, `,"version":`...)
+	b = appendString(b, orVersion(r.Version))
+	return append(b, '}')
+}
+
+// AppendResponseFrame appends the native response frame answering seq: the
+// result of res, or the error e when e is not nil. res may be nil for an
+// error that has no envelope fields to report.
+func AppendResponseFrame(b []byte, seq uint64, res *Response, e *Error) []byte {
+	b = append(b, `{"type":"res","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	if res != nil {
+		b = append(b, `,"id":`...)
+		b = appendString(b, res.ID)
+		if res.Origin != "" {
+			b = append(b, `,"origin":`...)
+			b = appendString(b, res.Origin)
+		}
+		if res.Destination != "" {
+			b = append(b, `,"destination":`...)
+			b = appendString(b, res.Destination)
+		}
+		if res.Timestamp != 0 {
+			b = append(b, `,"timestamp":`...)
+			b = strconv.AppendInt(b, res.Timestamp, 10)
+		}
+	}
+	if e != nil {
+		b = append(b, `,"error":`...)
+		b = appendErrorObject(b, e)
+	} else {
+		b = append(b, `,"result":`...)
+		if res == nil || len(res.Result) == 0 {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, res.Result...)
+		}
+	}
+	if res != nil {
+		b = append(b, `,"metrics":`...)
+		b = appendMetrics(b, &res.Metrics)
+		b = append(b, `,"headers":`...)
+		b = appendHeaders(b, &res.Headers)
+	}
+	return append(b, '}')
+}
+
+// AppendCancelFrame appends a frame telling the peer that the caller of
+// request seq gave up.
+func AppendCancelFrame(b []byte, seq uint64) []byte {
+	b = append(b, `{"type":"cancel","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	return append(b, '}')
+}
+
+func orVersion(v string) string {
+	if v == "" {
+		return Version
+	}
+	return v
+}
+
+// DecodeFrame decodes one native frame. On error the returned Frame still
+// carries Type and Seq when they could be read, so that the receiver can
+// answer the error to the right request.
+func DecodeFrame(data []byte, lim Limits) (Frame, *Error) {
+	var f Frame
+	if err := lim.check(data); err != nil {
+		return f, err
+	}
+	var typ string
+	var params, result, errObj, headers, metrics []byte
+	var id, origin, dest, method, version string
+	var ts int64
+	err := eachMember(data, func(key string, v []byte) *Error {
+		var e *Error
+		switch key {
+		case "type":
+			typ, e = stringField("type", v)
+		case "seq":
+			var n int64
+			n, e = intField("seq", v, 0, math.MaxInt64)
+			f.Seq = uint64(n)
+		case "id":
+			id, e = stringField("id", v)
+		case "origin":
+			origin, e = stringField("origin", v)
+		case "destination":
+			dest, e = stringField("destination", v)
+		case "timestamp":
+			ts, e = intField("timestamp", v, 0, math.MaxInt64)
+		case "method":
+			method, e = stringField("method", v)
+		case "version":
+			version, e = stringField("version", v)
+		case "params":
+			params = v
+		case "result":
+			result = v
+		case "error":
+			errObj = v
+		case "headers":
+			headers = v
+		case "metrics":
+			metrics = v
+		}
+		return e
+	})
+	switch typ {
+	case "req":
+		f.Type = FrameRequest
+	case "res":
+		f.Type = FrameResponse
+	case "cancel":
+		f.Type = FrameCancel
+	}
+	if err != nil {
+		return f, err
+	}
+	switch f.Type {
+	case FrameRequest:
+		if method == "" {
+			return f, NewError(CodeInvalidRequest, "method is missing")
+		}
+		r := &f.Request
+		r.ID, r.Origin, r.Destination, r.Timestamp, r.Method, r.Version = id, origin, dest, ts, method, version
+		if len(params) > 0 && params[0] != 'n' {
+			r.Params = params
+		}
+		if headers != nil {
+			if e := decodeHeaders(headers, &r.Headers); e != nil {
+				return f, e
+			}
+		}
+	case FrameResponse:
+		r := &f.Response
+		r.ID, r.Origin, r.Destination, r.Timestamp = id, origin, dest, ts
+		if headers != nil {
+			if e := decodeHeaders(headers, &r.Headers); e != nil {
+				return f, e
+			}
+		}
+		if metrics != nil {
+			if e := decodeMetrics(metrics, &r.Metrics); e != nil {
+				return f, e
+			}
+		}
+		if errObj != nil && errObj[0] != 'n' {
+			e, derr := decodeErrorObject(errObj)
+			if derr != nil {
+				return f, derr
+			}
+			f.Err = e
+		} else {
+			r.Result = result
+		}
+	case FrameCancel:
+	default:
+		return f, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
+	}
+	return f, nil
+}
+
+func appendHeaders(b []byte, h *Headers) []byte {
+	b = append(b, '{')
+	n := len(b)
+	field := func(name, v string) {
+		if v == "" {
+			return
+		}
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, name...)
+		b = append(b, '"', ':')
+		b = appendString(b, v)
+	}
+	field("traceId", h.TraceID)
+	field("traceparent", h.Traceparent)
+	field("tracestate", h.Tracestate)
+	field("baggage", h.Baggage)
+	field("authToken", h.AuthToken)
+	field("userId", h.UserID)
+	if h.TTL != 0 {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"ttl":`...)
+		b = strconv.AppendInt(b, h.TTL, 10)
+	}
+	field("priority", h.Priority)
+	if h.RetryCount != 0 {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"retryCount":`...)
+		b = strconv.AppendInt(b, int64(h.RetryCount), 10)
+	}
+	field("correlationId", h.CorrelationID)
+	return append(b, '}')
+}
+
+// decodeHeaders reads a headers object, checking every known member's type
+// and bounds (ttl within MaxTTL, a known priority).
+func decodeHeaders(v []byte, h *Headers) *Error {
+	if kindOf(v) == 'n' {
+		return nil
+	}
+	if kindOf(v) != '{' {
+		return NewError(CodeInvalidRequest, "headers must be an object")
+	}
+	return eachMember(v, func(key string, v []byte) *Error {
+		var e *Error
+		switch key {
+		case "traceId":
+			h.TraceID, e = stringField("headers.traceId", v)
+		case "traceparent":
+			h.Traceparent, e = stringField("headers.traceparent", v)
+		case "tracestate":
+			h.Tracestate, e = stringField("headers.tracestate", v)
+		case "baggage":
+			h.Baggage, e = stringField("headers.baggage", v)
+		case "authToken":
+			h.AuthToken, e = stringField("headers.authToken", v)
+		case "userId":
+			h.UserID, e = stringField("headers.userId", v)
+		case "ttl":
+			h.TTL, e = intField("headers.ttl", v, 0, MaxTTL.Milliseconds())
+		case "priority":
+			h.Priority, e = stringField("headers.priority", v)
+			switch h.Priority {
+			case "", PriorityLow, PriorityNormal, PriorityHigh, PriorityCritical:
+			default:
+				e = Errorf(CodeInvalidRequest, "headers.priority %q is not one of low, normal, high, critical", h.Priority)
+			}
+		case "retryCount":
+			var n int64
+			n, e = intField("headers.retryCount", v, 0, 1<<20)
+			h.RetryCount = int(n)
+		case "correlationId":
+			h.CorrelationID, e = stringField("headers.correlationId", v)
+		}
+		return e
+	})
+}
+
+func appendMetrics(b []byte, m *Metrics) []byte {
+	b = append(b, `{"latencyMs":`...)
+	b = strconv.AppendFloat(b, m.LatencyMs, 'f', -1, 64)
+	b = append(b, `,"retries":`...)
+	b = strconv.AppendInt(b, int64(m.Retries), 10)
+	if m.Backend != "" {
+		b = append(b, `,"backend":`...)
+		b = appendString(b, m.Backend)
+	}
+	if m.QueueTime != 0 {
+		b = append(b, `,"queueTime":`...)
+		b = strconv.AppendFloat(b, m.QueueTime, 'f', -1, 64)
+	}
+	if m.ProcessingTime != 0 {
+		b = append(b, `,"processingTime":`...)
+		b = strconv.AppendFloat(b, m.ProcessingTime, 'f', -1, 64)
+	}
+	return append(b, '}')
+}
+
+func decodeMetrics(v []byte, m *Metrics) *Error {
+	if kindOf(v) != '{' {
+		return nil
+	}
+	return eachMember(v, func(key string, v []byte) *Error {
+		var e *Error
+		switch key {
+		case "latencyMs":
+			m.LatencyMs, e = floatField("metrics.latencyMs", v)
+		case "retries":
+			var n int64
+			n, e = intField("metrics.retries", v, 0, 1<<20)
+			m.Retries = int(n)
+		case "backend":
+			m.Backend, e = stringField("metrics.backend", v)
+		case "queueTime":
+			m.QueueTime, e = floatField("metrics.queueTime", v)
+		case "processingTime":
+			m.ProcessingTime, e = floatField("metrics.processingTime", v)
+		}
+		return e
+	})
+}
+
+// appendErrorBody appends the members shared by the native error object
+// and the data of a JSON-RPC error: the symbolic code, the HTTP status,
+// whether a retry may help (TIMEOUT: for idempotent methods only), and the
+// details.
+func appendErrorBody(b []byte, e *Error) []byte {
+	b = append(b, `"code":`...)
+	b = appendString(b, e.Code.String())
+	b = append(b, `,"httpStatus":`...)
+	b = strconv.AppendInt(b, int64(e.Code.HTTPStatus()), 10)
+	b = append(b, `,"retryable":`...)
+	b = strconv.AppendBool(b, e.Code.Retry() != RetryNever)
+	if len(e.Data) > 0 {
+		b = append(b, `,"details":`...)
+		b = append(b, e.Data...)
+	}
+	return b
+}
+
+// appendErrorObject appends the native error object:
+// {"code":"TIMEOUT","httpStatus":504,"retryable":true,"rpcCode":-32003,"message":"...","details":...}.
+func appendErrorObject(b []byte, e *Error) []byte {
+	b = append(b, '{')
+	b = appendErrorBody(b, e)
+	b = append(b, `,"rpcCode":`...)
+	b = strconv.AppendInt(b, int64(e.Code.JSONRPC()), 10)
+	b = append(b, `,"message":`...)
+	b = appendString(b, e.Message)
+	return append(b, '}')
+}
+
+// decodeErrorObject reads a native error object or JSON-RPC error data. The
+// symbolic code wins over the number; an unknown code is RPC_ERROR.
+func decodeErrorObject(v []byte) (*Error, *Error) {
+	if kindOf(v) != '{' {
+		return nil, NewError(CodeInvalidRequest, "error must be an object")
+	}
+	e := &Error{Code: CodeRPCError, wire: true}
+	var sym string
+	var num int64
+	hasNum := false
+	err := eachMember(v, func(key string, v []byte) *Error {
+		var de *Error
+		switch key {
+		case "code":
+			if kindOf(v) == '"' {
+				sym, de = stringField("error.code", v)
+			} else {
+				num, de = intField("error.code", v, math.MinInt32, math.MaxInt32)
+				hasNum = true
+			}
+		case "rpcCode":
+			num, de = intField("error.rpcCode", v, math.MinInt32, math.MaxInt32)
+			hasNum = true
+		case "message":
+			e.Message, de = stringField("error.message", v)
+		case "details":
+			if kindOf(v) != 'n' {
+				e.Data = json.RawMessage(v)
+			}
+		}
+		return de
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := ParseCode(sym); ok && c != CodeOK {
+		e.Code = c
+	} else if hasNum {
+		e.Code, _ = CodeFromJSONRPC(int(num))
+	}
+	return e, nil
+}

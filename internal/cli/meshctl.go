@@ -1,0 +1,343 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+type ctlFlags struct {
+	hubs    []string
+	timeout time.Duration
+	output  string
+	stdin   io.Reader
+	stdout  io.Writer
+	stderr  io.Writer
+}
+
+// NewMeshctl returns the meshctl command tree.
+func NewMeshctl(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
+	g := &ctlFlags{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "meshctl",
+		Short: "Call methods on an agentmesh hub, list agents, run agents",
+		Long: `meshctl is the CLI tester of agentmesh.
+
+Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
+3 no hub could be reached.`,
+	}
+	pf := root.PersistentFlags()
+	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", mesh.DefaultHubURL)),
+		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
+	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout")
+	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd())
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	return root
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func (g *ctlFlags) client() (*mesh.Client, error) {
+	c, err := mesh.NewClient(g.hubs, mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"))
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	return c, nil
+}
+
+// callErr turns a failed call into the exit code and the stderr line.
+func (g *ctlFlags) callErr(err error, pretty bool) error {
+	e := envelope.AsError(err)
+	if pretty {
+		retry := "no"
+		switch e.Code.Retry() {
+		case envelope.RetryAlways:
+			retry = "yes"
+		case envelope.RetryIdempotent:
+			retry = "only if the method is idempotent"
+		}
+		fmt.Fprintf(g.stderr, "❌ Error: %s\nCode: %s (%d)\nRetryable: %s\n", e.Message, e.Code, e.Code.JSONRPC(), retry)
+	} else {
+		fmt.Fprintf(g.stderr, "%s: %s\n", e.Code, e.Message)
+	}
+	if errors.Is(err, mesh.ErrHubUnreachable) {
+		return withCode(ExitUnreachable, errReported)
+	}
+	return withCode(ExitError, errReported)
+}
+
+// readParams reads PARAMS_JSON: inline JSON, @file, or - for stdin.
+func (g *ctlFlags) readParams(arg string) (json.RawMessage, error) {
+	var data []byte
+	switch {
+	case arg == "-":
+		b, err := io.ReadAll(io.LimitReader(g.stdin, 64<<20))
+		if err != nil {
+			return nil, usageErr("reading params from stdin: %v", err)
+		}
+		data = b
+	case strings.HasPrefix(arg, "@"):
+		b, err := os.ReadFile(arg[1:])
+		if err != nil {
+			return nil, usageErr("reading params: %v", err)
+		}
+		data = b
+	default:
+		data = []byte(arg)
+	}
+	data = bytes.TrimSpace(data)
+	if !json.Valid(data) {
+		return nil, usageErr("params are not valid JSON: %.80s", data)
+	}
+	return data, nil
+}
+
+func (g *ctlFlags) callCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "call METHOD [PARAMS_JSON|@FILE|-]",
+		Short: "Call a method and print its result",
+		Long: `Call a method and print its result JSON on stdout.
+
+-o json prints the result alone; -o pretty (the default on a terminal) also
+reports the latency, or the error's message, code and whether it is retryable.
+On an RPC error it prints "CODE: message" on stderr and exits 1; it exits 3
+when it cannot reach the hub.`,
+		Example: `  meshctl call echo.echo '{"hello":"mesh"}'
+  meshctl call memory.put '{"key":"cat","value":"meow"}'
+  echo '{"key":"cat"}' | meshctl call memory.get -`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pretty, err := outputMode(output, g.stdout, "pretty", "json")
+			if err != nil {
+				return err
+			}
+			var params json.RawMessage
+			if len(args) == 2 {
+				if params, err = g.readParams(args[1]); err != nil {
+					return err
+				}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var result json.RawMessage
+			var res envelope.Response
+			start := time.Now()
+			err = c.Call(cmd.Context(), args[0], params, &result, mesh.ResponseInto(&res))
+			if err != nil {
+				return g.callErr(err, pretty)
+			}
+			if !pretty {
+				fmt.Fprintf(g.stdout, "%s\n", result)
+				return nil
+			}
+			var ind bytes.Buffer
+			if json.Indent(&ind, result, "", "  ") != nil {
+				ind.Write(result)
+			}
+			fmt.Fprintf(g.stdout, "✅ Success (%s)\nResult: %s\n", time.Since(start).Round(10*time.Microsecond), ind.String())
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json or pretty (default: pretty on a terminal, else json)")
+	return cmd
+}
+
+// outputMode resolves -o: "" picks the first choice on a terminal, the
+// second otherwise. It reports whether the first (human) form was chosen.
+func outputMode(o string, w io.Writer, human, machine string) (bool, error) {
+	switch o {
+	case "":
+		return isTerminal(w), nil
+	case human:
+		return true, nil
+	case machine:
+		return false, nil
+	}
+	return false, usageErr("-o must be %s or %s", human, machine)
+}
+
+func (g *ctlFlags) listCall(ctx context.Context, method string, out any) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var raw json.RawMessage
+	if err := c.Call(ctx, method, nil, &raw); err != nil {
+		return g.callErr(err, false)
+	}
+	if out == nil {
+		fmt.Fprintf(g.stdout, "%s\n", raw)
+		return nil
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return withCode(ExitError, fmt.Errorf("unexpected answer to %s: %v", method, err))
+	}
+	return nil
+}
+
+func (g *ctlFlags) agentsCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "agents",
+		Short: "List the registered agents (mesh.agents)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			table, err := outputMode(output, g.stdout, "table", "json")
+			if err != nil {
+				return err
+			}
+			if !table {
+				return g.listCall(cmd.Context(), "mesh.agents", nil)
+			}
+			var list []mesh.AgentInfo
+			if err := g.listCall(cmd.Context(), "mesh.agents", &list); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "AGENT ID\tNAME\tSTATUS\tLOAD\tINFLIGHT\tLAST HEARTBEAT\tMETHODS")
+			for _, a := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%d\t%s ago\t%s\n", a.AgentID, a.Name, a.Status, a.Load, a.InFlight,
+					time.Since(a.LastHeartbeat).Round(100*time.Millisecond), strings.Join(a.Methods, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, else json)")
+	return cmd
+}
+
+func (g *ctlFlags) methodsCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "methods",
+		Short: "List the methods served and the agents serving them (mesh.methods)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			table, err := outputMode(output, g.stdout, "table", "json")
+			if err != nil {
+				return err
+			}
+			if !table {
+				return g.listCall(cmd.Context(), "mesh.methods", nil)
+			}
+			var list []mesh.MethodInfo
+			if err := g.listCall(cmd.Context(), "mesh.methods", &list); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "METHOD\tREADY\tAGENTS")
+			for _, m := range list {
+				sort.Strings(m.Agents)
+				fmt.Fprintf(tw, "%s\t%d/%d\t%s\n", m.Method, m.Ready, len(m.Agents), strings.Join(m.Agents, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, else json)")
+	return cmd
+}
+
+func (g *ctlFlags) agentCmd() *cobra.Command {
+	agent := &cobra.Command{Use: "agent", Short: "Run a built-in agent"}
+	var (
+		id, logLevel string
+		chaos        agents.ChaosConfig
+		failCode     string
+		drain        time.Duration
+	)
+	run := &cobra.Command{
+		Use:   "run echo|kv|chaos",
+		Short: "Run a built-in agent against the hub until interrupted",
+		Long: `Run a built-in agent: it registers with the hub, heartbeats, reconnects
+with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
+
+  echo   echo.echo returns its params; echo.sleep {ms} sleeps
+  kv     memory.put/get/delete/query on an in-memory store
+  chaos  chaos.echo with injected faults; chaos.executions counts executions per request id`,
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{"echo", "kv", "chaos"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := telemetry.NewLogger(g.stderr, logLevel)
+			if err != nil {
+				return usageErr("%v", err)
+			}
+			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain)}
+			if id != "" {
+				opts = append(opts, agents.WithID(id))
+			}
+			var a *agents.Agent
+			switch args[0] {
+			case "echo":
+				a = agents.NewEcho(opts...)
+			case "kv":
+				a = agents.NewKV(opts...)
+			case "chaos":
+				if failCode != "" {
+					c, ok := envelope.ParseCode(failCode)
+					if !ok || c == envelope.CodeOK {
+						return usageErr("--fail-code %q is not an error code", failCode)
+					}
+					chaos.FailCode = c
+				}
+				if chaos.FailRate < 0 || chaos.FailRate > 1 || chaos.HangRate < 0 || chaos.HangRate > 1 {
+					return usageErr("--fail-rate and --hang-rate must be within 0..1")
+				}
+				chaos.Crash = func() {
+					log.Error("chaos: crashing on purpose (--crash-after)")
+					os.Exit(ExitError)
+				}
+				a = agents.NewChaos(chaos, opts...)
+			default:
+				return usageErr("unknown agent %q: want echo, kv or chaos", args[0])
+			}
+			return a.Run(cmd.Context(), g.hubs...)
+		},
+	}
+	f := run.Flags()
+	f.StringVar(&id, "id", "", "agent instance id (default: a new UUIDv7)")
+	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error")
+	f.DurationVar(&drain, "drain-timeout", 5*time.Second, "how long to wait for handlers in flight on shutdown")
+	f.Float64Var(&chaos.FailRate, "fail-rate", 0, "chaos: share of calls that fail (0..1)")
+	f.StringVar(&failCode, "fail-code", "UNAVAILABLE", "chaos: the code of injected failures")
+	f.DurationVar(&chaos.Latency, "latency", 0, "chaos: latency added to every call")
+	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
+	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
+	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
+	agent.AddCommand(run)
+	return agent
+}

@@ -1,0 +1,82 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// NewMeshd returns the meshd command.
+func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		listen, id, logLevel       string
+		demo                       bool
+		heartbeat, defTimeout, dur time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "meshd",
+		Short: "Run an agentmesh hub",
+		Long: `meshd runs a hub: agents register with it and clients call methods through it.
+
+It serves POST /rpc (JSON-RPC 2.0), GET /ws (WebSocket: native envelope frames
+with subprotocol agentmesh.v1, or plain JSON-RPC 2.0), /healthz, /livez and /readyz.
+On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
+(--drain-timeout) and exits.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := telemetry.NewLogger(stderr, logLevel)
+			if err != nil {
+				return usageErr("%v", err)
+			}
+			hub, err := mesh.NewHub(mesh.HubConfig{
+				ID: id, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
+			}, mesh.WithLogger(log))
+			if err != nil {
+				return usageErr("%v", err)
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				_ = hub.Shutdown(context.Background())
+				return withCode(ExitError, fmt.Errorf("listen on %s: %w", listen, err))
+			}
+			ctx := cmd.Context()
+			var wg sync.WaitGroup
+			actx, stopAgents := context.WithCancel(context.Background())
+			if demo {
+				url := "ws://" + ln.Addr().String() + "/ws"
+				for _, a := range []*agents.Agent{agents.NewEcho(agents.WithLogger(log)), agents.NewKV(agents.WithLogger(log))} {
+					wg.Go(func() { _ = a.Run(actx, url) })
+				}
+				log.Info("demo agents started", "agents", []string{"echo", "kv"})
+			}
+			err = hub.Serve(ctx, ln)
+			stopAgents()
+			wg.Wait()
+			if err != nil && ctx.Err() == nil {
+				return withCode(ExitError, err)
+			}
+			log.Info("hub stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", mesh.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
+	f.BoolVar(&demo, "demo", false, "also run the echo and kv agents in this process")
+	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
+	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")
+	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
+	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
+	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	return cmd
+}

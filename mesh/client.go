@@ -1,0 +1,380 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// DefaultCallTimeout bounds a call whose context has no deadline.
+const DefaultCallTimeout = 10 * time.Second
+
+type clientConfig struct {
+	timeout      time.Duration
+	origin       string
+	log          *slog.Logger
+	conn         ConnConfig
+	httpClient   *http.Client
+	waitForReady bool
+	middleware   []envelope.Middleware
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*clientConfig)
+
+// WithTimeout sets the timeout of calls whose context has no deadline
+// (default 10 s).
+func WithTimeout(d time.Duration) ClientOption { return func(c *clientConfig) { c.timeout = d } }
+
+// WithOrigin sets the origin written into requests (default "client").
+func WithOrigin(o string) ClientOption { return func(c *clientConfig) { c.origin = o } }
+
+// WithClientLogger sets the client's logger.
+func WithClientLogger(l *slog.Logger) ClientOption { return func(c *clientConfig) { c.log = l } }
+
+// WithConnConfig tunes the client's WebSocket.
+func WithConnConfig(cc ConnConfig) ClientOption { return func(c *clientConfig) { c.conn = cc } }
+
+// WithHTTPClient sets the HTTP client of an http:// client.
+func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig) { c.httpClient = hc } }
+
+// WithWaitForReady makes calls wait for a connection until their deadline
+// even after a dial failed. By default a call fails at once with
+// UNAVAILABLE while the client cannot reach any hub (gRPC's fail-fast).
+func WithWaitForReady() ClientOption { return func(c *clientConfig) { c.waitForReady = true } }
+
+// WithMiddleware adds middlewares around the transport, outermost first.
+func WithMiddleware(m ...envelope.Middleware) ClientOption {
+	return func(c *clientConfig) { c.middleware = append(c.middleware, m...) }
+}
+
+// Client is the unified client: the same Call over a WebSocket link
+// (ws://…/ws, many calls multiplexed on one connection) or over HTTP
+// (http://…/rpc, JSON-RPC 2.0). It is safe for concurrent use.
+//
+// A WebSocket client dials in the background from NewClient on, and
+// redials with backoff after a loss; calls pending on a lost connection
+// fail at once with UNAVAILABLE. Close stops it.
+type Client struct {
+	cfg    clientConfig
+	hubs   []string
+	useWS  bool
+	invoke envelope.Invoker
+
+	mu      sync.Mutex
+	link    *Link
+	lastErr error
+	changed chan struct{} // closed and replaced on every state change
+
+	httpSeq atomic.Uint64
+	stop    context.CancelFunc
+	done    chan struct{}
+	closed  sync.Once
+}
+
+// NewClient returns a client for the given hub URLs (tried in turn on
+// failure). All must be WebSocket (ws://, wss://) or all HTTP (http://,
+// https://). It does no I/O; a WebSocket client starts one goroutine.
+func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
+	if len(hubs) == 0 {
+		hubs = []string{DefaultHubURL}
+	}
+	c := &Client{
+		cfg: clientConfig{
+			timeout: DefaultCallTimeout, origin: "client", log: slog.New(slog.DiscardHandler),
+			httpClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}},
+		},
+		changed: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(&c.cfg)
+	}
+	hubs = slices.Clone(hubs)
+	for i, h := range hubs {
+		ws := strings.HasPrefix(h, "ws://") || strings.HasPrefix(h, "wss://")
+		hp := strings.HasPrefix(h, "http://") || strings.HasPrefix(h, "https://")
+		if !ws && !hp {
+			return nil, fmt.Errorf("mesh: hub URL %q must start with ws://, wss://, http:// or https://", h)
+		}
+		if i == 0 {
+			c.useWS = ws
+		} else if ws != c.useWS {
+			return nil, errors.New("mesh: hub URLs must all be WebSocket or all HTTP")
+		}
+		if ws {
+			u, err := WSURL(h)
+			if err != nil {
+				return nil, err
+			}
+			hubs[i] = u
+		} else if _, err := url.Parse(h); err != nil {
+			return nil, fmt.Errorf("mesh: bad hub URL %q: %w", h, err)
+		}
+	}
+	c.hubs = hubs
+	transport := c.httpInvoke
+	if c.useWS {
+		transport = c.wsInvoke
+	}
+	c.invoke = transport
+	if len(c.cfg.middleware) > 0 {
+		c.invoke = envelope.Chain(c.cfg.middleware[0], c.cfg.middleware[1:]...)(transport)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stop = cancel
+	if c.useWS {
+		go c.maintain(ctx)
+	} else {
+		close(c.done)
+	}
+	return c, nil
+}
+
+// CallOption adjusts one call.
+type CallOption func(*callOpts)
+
+type callOpts struct {
+	timeout     time.Duration
+	destination string
+	headers     func(*envelope.Headers)
+	response    *envelope.Response
+}
+
+// CallTimeout sets this call's timeout (when ctx has no earlier deadline).
+func CallTimeout(d time.Duration) CallOption { return func(o *callOpts) { o.timeout = d } }
+
+// To routes the call to one agent instance.
+func To(agentID string) CallOption { return func(o *callOpts) { o.destination = agentID } }
+
+// WithHeaders edits the request's headers before it is sent.
+func WithHeaders(f func(*envelope.Headers)) CallOption { return func(o *callOpts) { o.headers = f } }
+
+// ResponseInto stores the whole response envelope (metrics, headers) in r.
+func ResponseInto(r *envelope.Response) CallOption { return func(o *callOpts) { o.response = r } }
+
+// Call calls method with params (marshalled with encoding/json unless it
+// is a json.RawMessage or []byte) and decodes the result into result (a
+// *json.RawMessage receives it raw; nil discards it). Errors are
+// *envelope.Error values.
+func (c *Client) Call(ctx context.Context, method string, params, result any, opts ...CallOption) error {
+	var o callOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	raw, err := marshalParams(params)
+	if err != nil {
+		return err
+	}
+	req := &envelope.Request{
+		ID: envelope.NewID(), Origin: c.cfg.origin, Destination: o.destination,
+		Timestamp: time.Now().UnixMilli(), Method: method, Params: raw, Version: envelope.Version,
+	}
+	if o.headers != nil {
+		o.headers(&req.Headers)
+	}
+	timeout := c.cfg.timeout
+	if o.timeout > 0 {
+		timeout = o.timeout
+	}
+	if _, ok := ctx.Deadline(); !ok || o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	start := time.Now()
+	res, err := c.invoke(ctx, req)
+	if err != nil {
+		return envelope.AsError(err)
+	}
+	res.Metrics.LatencyMs = ms(time.Since(start))
+	if o.response != nil {
+		*o.response = *res
+	}
+	return unmarshalResult(res.Result, result)
+}
+
+// Invoke sends a prepared request through the client's middleware and
+// transport. It is the client's envelope.Invoker.
+func (c *Client) Invoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	return c.invoke(ctx, req)
+}
+
+func marshalParams(p any) (json.RawMessage, error) {
+	switch v := p.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		return v, nil
+	case []byte:
+		return v, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "cannot encode params: %v", err)
+	}
+	return b, nil
+}
+
+func unmarshalResult(raw json.RawMessage, result any) error {
+	switch v := result.(type) {
+	case nil:
+		return nil
+	case *json.RawMessage:
+		*v = append((*v)[:0], raw...)
+		return nil
+	}
+	if err := json.Unmarshal(raw, result); err != nil {
+		return envelope.Errorf(envelope.CodeInternal, "cannot decode result: %v", err)
+	}
+	return nil
+}
+
+// wsInvoke waits for a link (until ctx ends, or at once when the last dial
+// failed and WithWaitForReady is not set) and calls over it.
+func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	for {
+		c.mu.Lock()
+		l, lastErr, changed := c.link, c.lastErr, c.changed
+		c.mu.Unlock()
+		if l != nil {
+			return l.Call(ctx, req)
+		}
+		if lastErr != nil && !c.cfg.waitForReady {
+			return nil, lastErr
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, lastErr
+			}
+			return nil, envelope.WrapError(envelope.CodeOf(ctx.Err()), "no connection to a hub before the deadline", errors.Join(ErrNotSent, ctx.Err()))
+		}
+	}
+}
+
+func (c *Client) setState(l *Link, err error) {
+	c.mu.Lock()
+	c.link, c.lastErr = l, err
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// maintain keeps one link up, trying the hubs in turn with exponential
+// backoff and jitter between failed dials.
+func (c *Client) maintain(ctx context.Context) {
+	defer close(c.done)
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: 5 * time.Second,
+	}
+	bo.Reset()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	for i := 0; ; i++ {
+		hub := c.hubs[i%len(c.hubs)]
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		l, err := DialLink(dctx, hub, c.cfg.conn, WithLinkLogger(c.cfg.log))
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+				return
+			}
+			c.cfg.log.Debug("hub dial failed", "hub", hub, "error", err)
+			c.setState(nil, err)
+			t.Reset(bo.NextBackOff())
+			select {
+			case <-t.C:
+				continue
+			case <-ctx.Done():
+				c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+				return
+			}
+		}
+		bo.Reset()
+		c.setState(l, nil)
+		select {
+		case <-l.Done():
+			c.cfg.log.Debug("hub link lost", "hub", hub, "error", l.Err())
+			c.setState(nil, nil)
+			l.Close()
+			i-- // redial the same hub first
+		case <-ctx.Done():
+			c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+			l.Close()
+			return
+		}
+	}
+}
+
+// httpInvoke sends the request as JSON-RPC 2.0 over HTTP POST.
+func (c *Client) httpInvoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	r := *req
+	r.Headers.SetDeadline(ctx)
+	id := strconv.AppendUint(nil, c.httpSeq.Add(1), 10)
+	body := envelope.AppendJSONRPCRequest(nil, id, &r)
+	hub := c.hubs[0]
+	u := strings.TrimSuffix(hub, "/")
+	if !strings.HasSuffix(u, "/rpc") {
+		u += "/rpc"
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInvalidRequest, "bad hub URL", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hres, err := c.cfg.httpClient.Do(hreq)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, envelope.AsError(ctx.Err())
+		}
+		return nil, envelope.WrapError(envelope.CodeUnavailable, "cannot reach hub "+u+": "+netErrText(err), errors.Join(ErrHubUnreachable, err))
+	}
+	defer hres.Body.Close()
+	lim := envelope.DefaultLimits()
+	data, err := io.ReadAll(io.LimitReader(hres.Body, int64(lim.MaxBytes)+1))
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeUnavailable, "reading the hub's answer failed", err)
+	}
+	rep, derr := envelope.DecodeJSONRPCResponse(data, lim)
+	if derr != nil {
+		return nil, envelope.Errorf(envelope.CodeInternal, "hub answered HTTP %d with an undecodable body: %s", hres.StatusCode, derr.Message)
+	}
+	if rep.Err != nil {
+		return nil, rep.Err
+	}
+	return &envelope.Response{ID: req.ID, Result: rep.Result, Timestamp: time.Now().UnixMilli(), Metrics: envelope.Metrics{Backend: "HTTP"}}, nil
+}
+
+// Close stops the client: its link closes, pending calls fail with
+// UNAVAILABLE, and its goroutine exits. Idempotent.
+func (c *Client) Close() error {
+	c.closed.Do(func() {
+		c.stop()
+		<-c.done
+		if !c.useWS {
+			c.cfg.httpClient.CloseIdleConnections()
+		}
+	})
+	return nil
+}

@@ -1,0 +1,85 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// DefaultHubURL is the hub a client or agent uses unless told otherwise.
+const DefaultHubURL = "ws://127.0.0.1:7700/ws"
+
+// WSURL normalises a hub address for a WebSocket link: "host:port",
+// "http://host:port" and "ws://host:port" all become "ws://host:port/ws"
+// (https becomes wss); an explicit path is kept.
+func WSURL(hub string) (string, error) {
+	if !strings.Contains(hub, "://") {
+		hub = "ws://" + hub
+	}
+	u, err := url.Parse(hub)
+	if err != nil {
+		return "", fmt.Errorf("mesh: bad hub URL %q: %w", hub, err)
+	}
+	switch u.Scheme {
+	case "ws", "wss":
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("mesh: hub URL %q: scheme must be ws, wss, http or https", hub)
+	}
+	if u.Host == "" {
+		return "", fmt.Errorf("mesh: hub URL %q has no host", hub)
+	}
+	if u.Path == "" || u.Path == "/" || u.Path == "/rpc" {
+		u.Path = "/ws"
+	}
+	return u.String(), nil
+}
+
+// DialLink dials a hub's /ws with the native subprotocol and starts a Link
+// over it. ctx bounds the dial only.
+func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
+	u, err := WSURL(hub)
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInvalidRequest, err.Error(), err)
+	}
+	d := websocket.Dialer{
+		Proxy:            http.ProxyFromEnvironment,
+		HandshakeTimeout: 10 * time.Second,
+		Subprotocols:     []string{envelope.Subprotocol},
+		ReadBufferSize:   4096,
+		WriteBufferSize:  4096,
+	}
+	ws, resp, err := d.DialContext(ctx, u, nil)
+	if err != nil {
+		if resp != nil {
+			return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), errors.Join(ErrHubUnreachable, err))
+		}
+		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, netErrText(err)), errors.Join(ErrHubUnreachable, err))
+	}
+	if ws.Subprotocol() != envelope.Subprotocol {
+		_ = ws.Close()
+		return nil, envelope.Errorf(envelope.CodeUnavailable, "hub %s does not speak %s", u, envelope.Subprotocol)
+	}
+	return NewLink(ws, cfg, opts...), nil
+}
+
+// netErrText shortens "dial tcp 127.0.0.1:1: connect: connection refused".
+func netErrText(err error) string {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return oe.Op + " " + oe.Addr.String() + ": " + oe.Err.Error()
+	}
+	return err.Error()
+}

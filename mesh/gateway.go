@@ -1,0 +1,214 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// serveRPC is POST /rpc: JSON-RPC 2.0, single or batch. JSON-RPC errors are
+// answered with HTTP 200, as JSON-RPC clients expect; transport failures
+// (wrong HTTP method, body over the limit) get their HTTP status with a
+// JSON-RPC error body.
+func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeRPCError(w, http.StatusMethodNotAllowed, envelope.NewError(envelope.CodeInvalidRequest, "use POST for JSON-RPC"))
+		return
+	}
+	limit := h.cfg.Conn.Limits.MaxBytes
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+			return
+		}
+		writeRPCError(w, http.StatusBadRequest, envelope.NewError(envelope.CodeInvalidRequest, "cannot read the request body"))
+		return
+	}
+	calls, batch, derr := envelope.DecodeJSONRPC(data, h.cfg.Conn.Limits)
+	if derr != nil {
+		writeRPCError(w, http.StatusOK, derr)
+		return
+	}
+	out := h.answerAll(r.Context(), calls, batch, nil)
+	if out == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	_, _ = w.Write(out)
+}
+
+func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {
+	w.WriteHeader(status)
+	_, _ = w.Write(envelope.AppendJSONRPCError(nil, nil, e))
+}
+
+// answerAll runs decoded JSON-RPC calls (a batch concurrently) and returns
+// the encoded reply, or nil when there is nothing to answer (notifications).
+func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *Link) []byte {
+	if !batch {
+		return h.answer(ctx, &calls[0], l)
+	}
+	replies := make([][]byte, len(calls))
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() { replies[i] = h.answer(ctx, &calls[i], l) })
+	}
+	wg.Wait()
+	var out []byte
+	for _, r := range replies {
+		if r == nil {
+			continue
+		}
+		if out == nil {
+			out = append(out, '[')
+		} else {
+			out = append(out, ',')
+		}
+		out = append(out, r...)
+	}
+	if out == nil {
+		return nil
+	}
+	return append(out, ']')
+}
+
+// RPCCall is a decoded JSON-RPC request (see envelope.RPCCall).
+type RPCCall = envelope.RPCCall
+
+func (h *Hub) answer(ctx context.Context, c *RPCCall, l *Link) []byte {
+	if c.Err != nil {
+		if c.Notification {
+			return nil
+		}
+		return envelope.AppendJSONRPCError(nil, c.ID, c.Err)
+	}
+	req := &c.Request
+	if req.Timestamp == 0 {
+		req.Timestamp = time.Now().UnixMilli()
+	}
+	if l != nil {
+		ctx = context.WithValue(ctx, linkKey{}, l)
+	}
+	res, err := h.ingress(ctx, req)
+	if c.Notification {
+		return nil
+	}
+	if err != nil {
+		return envelope.AppendJSONRPCError(nil, c.ID, envelope.AsError(err))
+	}
+	return envelope.AppendJSONRPCResult(nil, c.ID, res.Result)
+}
+
+// serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
+// Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
+// plain JSON-RPC 2.0 and the envelope headers ride in "meta".
+func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
+		return
+	}
+	ws, err := h.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered with an HTTP error
+	}
+	if ws.Subprotocol() == envelope.Subprotocol {
+		h.startLink(ws)
+		return
+	}
+	h.startJSONRPC(ws)
+}
+
+func (h *Hub) startLink(ws *websocket.Conn) {
+	var l *Link
+	l = NewLink(ws, h.cfg.Conn,
+		WithLinkHandler(h.ingress),
+		WithLinkLogger(h.log),
+		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
+	)
+	if !h.track(l) {
+		go l.Close()
+	}
+}
+
+// linkClosed removes the instances attached over a lost link from the
+// registry. Their pending calls already failed with UNAVAILABLE.
+func (h *Hub) linkClosed(l *Link, err error) {
+	h.untrack(l)
+	h.bindings.Range(func(k, v any) bool {
+		b := v.(*binding)
+		if b.link == l && h.bindings.CompareAndDelete(k, v) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = h.reg.Deregister(ctx, b.id)
+			cancel()
+			h.log.Info("agent link lost; deregistered", "agent", b.id, "error", errString(err))
+		}
+		return true
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// rpcConn is a plain JSON-RPC 2.0 WebSocket client: requests in, responses
+// out, many in flight at once.
+type rpcConn struct {
+	c      *wsConn
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	h      *Hub
+}
+
+func (h *Hub) startJSONRPC(ws *websocket.Conn) {
+	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h}
+	rc.ctx, rc.cancel = context.WithCancel(context.Background())
+	if !h.track(rc) {
+		rc.cancel()
+		_ = ws.Close()
+		return
+	}
+	rc.c.start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
+}
+
+func (rc *rpcConn) onMessage(data []byte) {
+	calls, batch, derr := envelope.DecodeJSONRPC(data, rc.c.cfg.Limits)
+	if derr != nil {
+		b := getBuf()
+		*b = envelope.AppendJSONRPCError(*b, nil, derr)
+		rc.c.send(b)
+		return
+	}
+	rc.wg.Add(1)
+	go func() {
+		defer rc.wg.Done()
+		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
+		if out == nil {
+			return
+		}
+		b := getBuf()
+		*b = append(*b, out...)
+		rc.c.send(b)
+	}()
+}
+
+// Close closes the connection and waits for its calls to end.
+func (rc *rpcConn) Close() {
+	rc.c.Close()
+	rc.cancel()
+	rc.wg.Wait()
+}

@@ -1,0 +1,376 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/registry/memory"
+)
+
+// DefaultListen is where meshd listens unless told otherwise: loopback only.
+const DefaultListen = "127.0.0.1:7700"
+
+// HubConfig is the hub's data configuration. The zero value takes the
+// defaults of DefaultHubConfig.
+type HubConfig struct {
+	// ID names the hub (default: a new UUIDv7).
+	ID string
+	// HeartbeatInterval is assigned to agents when they register; an agent
+	// silent for three intervals expires (default 5 s).
+	HeartbeatInterval time.Duration
+	// DefaultTimeout bounds a request that carries no ttl (default 30 s).
+	DefaultTimeout time.Duration
+	// DrainTimeout bounds how long Serve waits for in-flight calls when its
+	// context ends (default 10 s).
+	DrainTimeout time.Duration
+	// Conn tunes every WebSocket (pings, idle and write timeouts, limits).
+	Conn ConnConfig
+}
+
+// DefaultHubConfig returns the defaults.
+func DefaultHubConfig() HubConfig {
+	return HubConfig{
+		HeartbeatInterval: 5 * time.Second,  // the kOS seed's order of magnitude; TTL 15 s
+		DefaultTimeout:    30 * time.Second, // JSON-RPC callers send no ttl; longer than any policy default but llm/media
+		DrainTimeout:      10 * time.Second, // a rolling restart should not wait on a stuck call for ever
+		Conn:              ConnConfig{}.withDefaults(),
+	}
+}
+
+// Validate checks the configuration.
+func (c HubConfig) Validate() error {
+	if c.HeartbeatInterval < 10*time.Millisecond {
+		return errors.New("mesh: heartbeat interval must be at least 10ms")
+	}
+	if c.DefaultTimeout <= 0 || c.DrainTimeout < 0 {
+		return errors.New("mesh: timeouts must be positive")
+	}
+	return nil
+}
+
+func (c HubConfig) withDefaults() HubConfig {
+	d := DefaultHubConfig()
+	if c.ID == "" {
+		c.ID = envelope.NewID()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if c.DefaultTimeout <= 0 {
+		c.DefaultTimeout = d.DefaultTimeout
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	c.Conn = c.Conn.withDefaults()
+	return c
+}
+
+// HubOption wires a code dependency into the hub.
+type HubOption func(*Hub)
+
+// WithRegistry sets the registry (default: a new memory registry, which
+// the hub then owns and closes).
+func WithRegistry(r registry.Registry) HubOption { return func(h *Hub) { h.reg = r } }
+
+// WithLogger sets the hub's logger (default: discard).
+func WithLogger(l *slog.Logger) HubOption { return func(h *Hub) { h.log = l } }
+
+// Hub is the mesh's router: it accepts agents and clients over /ws and
+// /rpc, answers the built-in methods and forwards every other call to a
+// ready agent instance serving the method.
+//
+// NewHub starts one goroutine that follows the registry; Shutdown stops it.
+// A Hub is safe for concurrent use.
+type Hub struct {
+	cfg      HubConfig
+	reg      registry.Registry
+	ownsReg  bool
+	log      *slog.Logger
+	upgrader websocket.Upgrader
+	builtins map[string]builtin
+	invoke   envelope.Invoker // dispatcher for callers
+
+	bindings sync.Map // instance id -> *binding (agents attached here)
+
+	mu          sync.Mutex
+	conns       map[closer]struct{}
+	connsClosed bool
+	srv         *http.Server
+
+	draining atomic.Bool
+	inflight atomic.Int64
+
+	stop     context.CancelFunc
+	done     chan struct{}
+	shutOnce sync.Once
+}
+
+type closer interface{ Close() }
+
+// binding attaches a registered instance to the link it came over.
+type binding struct {
+	link  *Link
+	id    string
+	ready atomic.Bool // set once the registry holds the instance
+}
+
+// NewHub validates cfg and returns a hub. It does no I/O.
+func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	h := &Hub{
+		cfg:   cfg,
+		log:   slog.New(slog.DiscardHandler),
+		conns: map[closer]struct{}{},
+		done:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(h)
+	}
+	if h.reg == nil {
+		h.reg = memory.New()
+		h.ownsReg = true
+	}
+	h.upgrader = websocket.Upgrader{
+		Subprotocols:    []string{envelope.Subprotocol, "jsonrpc"},
+		ReadBufferSize:  4096,
+		WriteBufferSize: 4096,
+	}
+	h.builtins = h.builtinMethods()
+	h.invoke = h.dispatch
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	watch, err := h.reg.Watch(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	go h.follow(watch)
+	return h, nil
+}
+
+// ID returns the hub's id.
+func (h *Hub) ID() string { return h.cfg.ID }
+
+// Registry returns the hub's registry.
+func (h *Hub) Registry() registry.Registry { return h.reg }
+
+// Handler returns the hub's HTTP handler: /rpc, /ws, /healthz, /livez, /readyz.
+func (h *Hub) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/rpc", h.serveRPC)
+	mux.HandleFunc("/ws", h.serveWS)
+	live := func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	}
+	mux.HandleFunc("/healthz", live)
+	mux.HandleFunc("/livez", live)
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if h.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// Serve serves on ln until ctx ends, then drains (at most DrainTimeout)
+// and returns. It returns early with the error if the listener fails.
+func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           h.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second, // the NEXUS3 seed's bound for reading a request
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	h.mu.Lock()
+	h.srv = srv
+	h.mu.Unlock()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	h.log.Info("hub listening", "addr", ln.Addr().String(), "hub", h.cfg.ID)
+	select {
+	case err := <-errc:
+		_ = h.Shutdown(context.Background())
+		return err
+	case <-ctx.Done():
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), h.cfg.DrainTimeout)
+	defer cancel()
+	err := h.Shutdown(dctx)
+	<-errc
+	return err
+}
+
+// Shutdown drains the hub: /readyz turns 503, new calls are refused with
+// UNAVAILABLE, calls in flight get until ctx ends to finish; then every
+// link closes (their pending calls fail with UNAVAILABLE) and the hub's
+// goroutines stop. It is idempotent; later calls wait for the first.
+func (h *Hub) Shutdown(ctx context.Context) error {
+	var err error
+	h.shutOnce.Do(func() {
+		h.draining.Store(true)
+		t := time.NewTicker(5 * time.Millisecond)
+		for h.inflight.Load() > 0 {
+			select {
+			case <-ctx.Done():
+				err = ctx.Err()
+				h.log.Warn("drain timed out", "inflight", h.inflight.Load())
+			case <-t.C:
+				continue
+			}
+			break
+		}
+		t.Stop()
+		h.mu.Lock()
+		srv := h.srv
+		h.connsClosed = true
+		conns := make([]closer, 0, len(h.conns))
+		for c := range h.conns {
+			conns = append(conns, c)
+		}
+		h.mu.Unlock()
+		if srv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = srv.Shutdown(sctx) // hijacked WebSockets are ours to close, below
+			cancel()
+		}
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(c.Close)
+		}
+		wg.Wait()
+		h.stop()
+		<-h.done
+		if h.ownsReg {
+			_ = h.reg.Close()
+		}
+	})
+	<-h.done
+	return err
+}
+
+// track records a connection for Shutdown to close; false once Shutdown
+// has collected them (the caller then closes it itself).
+func (h *Hub) track(c closer) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.connsClosed {
+		return false
+	}
+	h.conns[c] = struct{}{}
+	return true
+}
+
+func (h *Hub) untrack(c closer) {
+	h.mu.Lock()
+	delete(h.conns, c)
+	h.mu.Unlock()
+}
+
+// follow watches the registry: an instance attached here that left the
+// registry (expired, or deregistered by another path) loses its link, so
+// that the calls pending on it fail at once with UNAVAILABLE.
+func (h *Hub) follow(watch <-chan *registry.Snapshot) {
+	defer close(h.done)
+	for range watch {
+		snap := h.reg.Snapshot()
+		h.bindings.Range(func(k, v any) bool {
+			b := v.(*binding)
+			if b.ready.Load() && snap.Instance(b.id) == nil {
+				h.log.Info("instance left the registry; closing its link", "agent", b.id)
+				h.bindings.CompareAndDelete(k, v)
+				go b.link.Close()
+			}
+			return true
+		})
+	}
+}
+
+// ingress is the dispatcher as callers see it: it counts calls for the
+// drain and refuses new ones while draining.
+func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if h.draining.Load() && !isAgentControl(req.Method) {
+		return nil, unavailableNotSent("hub is draining")
+	}
+	h.inflight.Add(1)
+	defer h.inflight.Add(-1)
+	if req.ID == "" {
+		req.ID = envelope.NewID()
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = req.WithTTL(ctx, h.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	return h.invoke(ctx, req)
+}
+
+func isAgentControl(m string) bool {
+	return m == "agent.heartbeat" || m == "agent.deregister"
+}
+
+// dispatch answers built-in methods and routes the rest. It enforces the
+// Invoker contract: exactly one of response and error.
+func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	var res *envelope.Response
+	var err error
+	if b, ok := h.builtins[req.Method]; ok {
+		res, err = h.runBuiltin(ctx, req, b)
+	} else {
+		res, err = h.route(ctx, req)
+	}
+	if (res == nil) == (err == nil) {
+		h.log.Error("invoker broke its contract", "method", req.Method, "response", res != nil, "error", err)
+		return nil, envelope.NewError(envelope.CodeInternal, "internal error")
+	}
+	return res, err
+}
+
+// route forwards a call to an instance: the one named by Destination, or
+// one picked by the balancer among the ready instances serving the method.
+func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	snap := h.reg.Snapshot()
+	var in *registry.Instance
+	if req.Destination != "" {
+		in = snap.Instance(req.Destination)
+		if in == nil {
+			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination)
+		}
+		if !in.Serves(req.Method) {
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method)
+		}
+	} else {
+		in = registry.Pick(snap.Lookup(req.Method), nil)
+		if in == nil {
+			if snap.Known(req.Method) {
+				return nil, unavailableNotSent("no ready instance serves " + req.Method)
+			}
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method)
+		}
+	}
+	v, ok := h.bindings.Load(in.InstanceID)
+	if !ok {
+		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+	}
+	release := in.Acquire()
+	defer release()
+	return v.(*binding).link.Call(ctx, req)
+}

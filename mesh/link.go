@@ -1,0 +1,280 @@
+package mesh
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Link is one native-envelope WebSocket (subprotocol agentmesh.v1) between
+// two parties that may both call and serve: hub and agent, or hub and SDK
+// client. Many calls are multiplexed over it, paired by a link-scoped seq.
+//
+// A Link is safe for concurrent use. When it closes, every call waiting on
+// it fails at once with UNAVAILABLE, and every handler it started sees its
+// context cancelled.
+type Link struct {
+	c       *wsConn
+	serve   envelope.Invoker // handles incoming requests; nil refuses them
+	log     *slog.Logger
+	backend string
+
+	seq     atomic.Uint64
+	mu      sync.Mutex
+	pending map[uint64]chan linkResult
+	serving map[uint64]context.CancelFunc
+	closed  bool
+
+	ctx    context.Context // cancelled when the link closes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // handlers of incoming requests
+
+	maxServing int
+	nserving   atomic.Int64
+	onClose    func(*Link, error)
+	Remote     string // the peer's address, for logs
+}
+
+type linkResult struct {
+	res *envelope.Response
+	err *envelope.Error
+}
+
+// LinkOption configures a Link.
+type LinkOption func(*Link)
+
+// WithLinkHandler sets the invoker that serves requests arriving on the link.
+func WithLinkHandler(h envelope.Invoker) LinkOption { return func(l *Link) { l.serve = h } }
+
+// WithLinkLogger sets the logger.
+func WithLinkLogger(lg *slog.Logger) LinkOption { return func(l *Link) { l.log = lg } }
+
+// WithLinkOnClose sets a hook called once, after the link closed and its
+// pending calls were failed.
+func WithLinkOnClose(f func(*Link, error)) LinkOption { return func(l *Link) { l.onClose = f } }
+
+// WithMaxServing bounds the requests served concurrently for the peer
+// (default 10,000); past it the peer gets OVERLOADED at once.
+func WithMaxServing(n int) LinkOption { return func(l *Link) { l.maxServing = n } }
+
+// NewLink starts a Link over an established WebSocket. It starts the
+// link's reader and writer goroutines; Close stops them.
+func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
+	l := &Link{
+		c:          newWSConn(ws, cfg),
+		pending:    map[uint64]chan linkResult{},
+		serving:    map[uint64]context.CancelFunc{},
+		log:        slog.New(slog.DiscardHandler),
+		backend:    "WebSocket",
+		maxServing: 10000,
+		Remote:     ws.RemoteAddr().String(),
+	}
+	for _, o := range opts {
+		o(l)
+	}
+	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
+	l.c.start(l.onMessage, l.closed_)
+	return l
+}
+
+// Done is closed when the link has closed.
+func (l *Link) Done() <-chan struct{} { return l.c.done() }
+
+// Err reports why the link closed (nil while open).
+func (l *Link) Err() error {
+	select {
+	case <-l.c.done():
+		return l.c.err
+	default:
+		return nil
+	}
+}
+
+// Close closes the link and waits for its goroutines, including handlers
+// it started (their contexts are cancelled first).
+func (l *Link) Close() {
+	l.c.Close()
+	l.wg.Wait()
+}
+
+var resultChans = sync.Pool{New: func() any { return make(chan linkResult, 1) }}
+
+// Call sends req over the link and waits for its answer, the link's loss,
+// or ctx's end. The time left on ctx travels in the ttl header; when ctx
+// ends first, the peer is told to cancel.
+func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	seq := l.seq.Add(1)
+	ch := resultChans.Get().(chan linkResult)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		resultChans.Put(ch)
+		return nil, unavailableNotSent("link closed")
+	}
+	l.pending[seq] = ch
+	l.mu.Unlock()
+
+	r := *req
+	r.Headers.SetDeadline(ctx)
+	b := getBuf()
+	*b = envelope.AppendRequestFrame(*b, seq, &r)
+	if !l.c.trySend(b) {
+		l.forget(seq, ch)
+		if l.Err() != nil {
+			return nil, unavailableNotSent("link closed")
+		}
+		return nil, envelope.NewError(envelope.CodeOverloaded, "link send queue is full")
+	}
+	select {
+	case res := <-ch:
+		resultChans.Put(ch)
+		if res.err != nil {
+			return nil, res.err
+		}
+		return res.res, nil
+	case <-ctx.Done():
+		l.forget(seq, ch)
+		cb := getBuf()
+		*cb = envelope.AppendCancelFrame(*cb, seq)
+		l.c.trySend(cb)
+		return nil, envelope.AsError(ctx.Err())
+	}
+}
+
+// forget removes a pending call. If a deliverer already took the entry it
+// will send on ch exactly once, so ch is then left to the garbage collector
+// rather than reused.
+func (l *Link) forget(seq uint64, ch chan linkResult) {
+	l.mu.Lock()
+	_, mine := l.pending[seq]
+	delete(l.pending, seq)
+	l.mu.Unlock()
+	if mine {
+		resultChans.Put(ch)
+	}
+}
+
+func unavailableNotSent(msg string) *envelope.Error {
+	return envelope.WrapError(envelope.CodeUnavailable, msg, ErrNotSent)
+}
+
+func (l *Link) onMessage(data []byte) {
+	f, err := envelope.DecodeFrame(data, l.c.cfg.Limits)
+	if err != nil {
+		if f.Type == envelope.FrameRequest && f.Seq != 0 {
+			b := getBuf()
+			*b = envelope.AppendResponseFrame(*b, f.Seq, nil, err)
+			l.c.send(b)
+			return
+		}
+		if f.Type == envelope.FrameResponse && f.Seq != 0 {
+			l.deliver(f.Seq, linkResult{err: envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", err.Message)})
+			return
+		}
+		l.log.Warn("dropping undecodable frame", "remote", l.Remote, "error", err.Error())
+		return
+	}
+	switch f.Type {
+	case envelope.FrameResponse:
+		if f.Err != nil {
+			l.deliver(f.Seq, linkResult{err: f.Err})
+		} else {
+			res := f.Response
+			l.deliver(f.Seq, linkResult{res: &res})
+		}
+	case envelope.FrameRequest:
+		l.startServing(f.Seq, &f.Request)
+	case envelope.FrameCancel:
+		l.mu.Lock()
+		cancel := l.serving[f.Seq]
+		l.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+	}
+}
+
+func (l *Link) deliver(seq uint64, r linkResult) {
+	l.mu.Lock()
+	ch, ok := l.pending[seq]
+	if ok {
+		delete(l.pending, seq)
+	}
+	l.mu.Unlock()
+	if ok {
+		ch <- r // buffered 1, and only one deliverer removes the entry
+	}
+}
+
+func (l *Link) startServing(seq uint64, req *envelope.Request) {
+	reply := func(res *envelope.Response, e *envelope.Error) {
+		b := getBuf()
+		*b = envelope.AppendResponseFrame(*b, seq, res, e)
+		l.c.send(b)
+	}
+	if l.serve == nil {
+		reply(nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
+		return
+	}
+	if l.nserving.Add(1) > int64(l.maxServing) {
+		l.nserving.Add(-1)
+		reply(nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
+		return
+	}
+	ctx, cancel := req.WithTTL(l.ctx, 0)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		cancel()
+		l.nserving.Add(-1)
+		return
+	}
+	l.serving[seq] = cancel
+	l.wg.Add(1)
+	l.mu.Unlock()
+	r := *req
+	go func() {
+		defer l.wg.Done()
+		start := time.Now()
+		res, err := l.serve(ctx, &r)
+		l.mu.Lock()
+		delete(l.serving, seq)
+		l.mu.Unlock()
+		cancel()
+		l.nserving.Add(-1)
+		if err != nil {
+			reply(&envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
+				Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+			return
+		}
+		if res.ID == "" {
+			res.ID = r.ID
+		}
+		reply(res, nil)
+	}()
+}
+
+// closed_ runs once when the connection closes: it fails every pending
+// call and cancels every handler.
+func (l *Link) closed_(err error) {
+	l.mu.Lock()
+	l.closed = true
+	pending := l.pending
+	l.pending = map[uint64]chan linkResult{}
+	l.mu.Unlock()
+	l.cancel()
+	for _, ch := range pending {
+		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err)}
+	}
+	if l.onClose != nil {
+		l.onClose(l, err)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,114 @@
+// Package meshtest starts hubs, agents and clients on real loopback
+// sockets for tests, and stops them in tb.Cleanup.
+package meshtest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/mesh"
+)
+
+// Mesh is a running hub on a loopback port.
+type Mesh struct {
+	Hub  *mesh.Hub
+	Addr string // host:port
+	WS   string // ws://host:port/ws
+	HTTP string // http://host:port
+}
+
+// Start runs a hub on 127.0.0.1 on a free port until the test ends.
+func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
+	tb.Helper()
+	h, err := mesh.NewHub(cfg, opts...)
+	if err != nil {
+		tb.Fatalf("NewHub: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, ln) }()
+	tb.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			tb.Errorf("hub did not stop within 30s")
+		}
+	})
+	addr := ln.Addr().String()
+	m := &Mesh{Hub: h, Addr: addr, WS: "ws://" + addr + "/ws", HTTP: "http://" + addr}
+	WaitFor(tb, 5*time.Second, func() bool {
+		res, err := http.Get(m.HTTP + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	return m
+}
+
+// RunAgent runs a until the test ends (or stop is called) and waits until
+// it is registered.
+func (m *Mesh) RunAgent(tb testing.TB, a *agents.Agent) (stop func()) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := a.Run(ctx, m.WS); err != nil {
+			tb.Errorf("agent %s: %v", a.Name(), err)
+		}
+	})
+	select {
+	case <-a.Registered():
+	case <-time.After(10 * time.Second):
+		cancel()
+		wg.Wait()
+		tb.Fatalf("agent %s did not register within 10s", a.Name())
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	tb.Cleanup(stop)
+	return stop
+}
+
+// Client returns a WebSocket client of the hub, closed when the test ends.
+func (m *Mesh) Client(tb testing.TB, opts ...mesh.ClientOption) *mesh.Client {
+	return m.client(tb, m.WS, opts...)
+}
+
+// HTTPClient returns a JSON-RPC-over-HTTP client of the hub.
+func (m *Mesh) HTTPClient(tb testing.TB, opts ...mesh.ClientOption) *mesh.Client {
+	return m.client(tb, m.HTTP, opts...)
+}
+
+func (m *Mesh) client(tb testing.TB, url string, opts ...mesh.ClientOption) *mesh.Client {
+	tb.Helper()
+	c, err := mesh.NewClient([]string{url}, opts...)
+	if err != nil {
+		tb.Fatalf("NewClient: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// WaitFor polls cond every 5 ms until it holds or d passes (then fails).
+func WaitFor(tb testing.TB, d time.Duration, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

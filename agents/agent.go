@@ -52,7 +52,8 @@ func WithDrainTimeout(d time.Duration) Option { return func(a *Agent) { a.drain 
 // Run; Run blocks until ctx ends.
 type Agent struct {
 	name     string
-	id       string
+	id       string                 // proposed at New; the hub's answer goes in assigned
+	assigned atomic.Pointer[string] // the id the hub registered us under
 	log      *slog.Logger
 	conn     mesh.ConnConfig
 	metadata map[string]any
@@ -90,8 +91,14 @@ func New(name string, opts ...Option) *Agent {
 	return a
 }
 
-// ID returns the agent's instance id.
-func (a *Agent) ID() string { return a.id }
+// ID returns the agent's instance id (the one the hub assigned, once
+// registered).
+func (a *Agent) ID() string {
+	if p := a.assigned.Load(); p != nil {
+		return *p
+	}
+	return a.id
+}
 
 // Name returns the agent's logical name.
 func (a *Agent) Name() string { return a.name }
@@ -218,7 +225,7 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 		return false, err
 	}
 	a.setRegistered(true)
-	a.log.Info("registered", "hub", hub, "agent", a.id, "methods", a.Methods(), "heartbeat", interval)
+	a.log.Info("registered", "hub", hub, "agent", a.ID(), "methods", a.Methods(), "heartbeat", interval.String())
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -246,7 +253,7 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 }
 
 func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {
-	p := mesh.RegisterParams{AgentID: a.id, Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}}
+	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
 		md[k] = v
@@ -260,7 +267,7 @@ func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, erro
 		return 0, errors.New("agents: the hub did not accept the registration")
 	}
 	if res.AgentID != "" {
-		a.id = res.AgentID
+		a.assigned.Store(&res.AgentID)
 	}
 	iv := time.Duration(res.HeartbeatInterval * float64(time.Second))
 	if iv <= 0 {
@@ -270,7 +277,7 @@ func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, erro
 }
 
 func (a *Agent) heartbeat(ctx context.Context, l *mesh.Link, interval time.Duration) error {
-	p := mesh.HeartbeatParams{AgentID: a.id, Status: mesh.AgentStatus{
+	p := mesh.HeartbeatParams{AgentID: a.ID(), Status: mesh.AgentStatus{
 		State: registry.StateReady, QueuedRequests: int(a.inflight.Load()), LastActivity: time.Now().UnixMilli(),
 	}}
 	return callLink(ctx, l, "agent.heartbeat", p, nil, interval)
@@ -280,7 +287,7 @@ func (a *Agent) heartbeat(ctx context.Context, l *mesh.Link, interval time.Durat
 func (a *Agent) shutdown(l *mesh.Link) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.drain)
 	defer cancel()
-	if err := callLink(ctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.id, Reason: "shutdown"}, nil, 2*time.Second); err != nil {
+	if err := callLink(ctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "shutdown"}, nil, 2*time.Second); err != nil {
 		a.log.Warn("deregister failed", "error", err)
 	}
 	t := time.NewTicker(5 * time.Millisecond)
@@ -317,7 +324,7 @@ func callLink(ctx context.Context, l *mesh.Link, method string, params, result a
 func (a *Agent) serve(ctx context.Context, req *envelope.Request) (res *envelope.Response, err error) {
 	h := a.handler(req.Method)
 	if h == nil {
-		return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %s does not serve %q", a.id, req.Method)
+		return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %s does not serve %q", a.ID(), req.Method)
 	}
 	a.inflight.Add(1)
 	defer a.inflight.Add(-1)
@@ -348,7 +355,7 @@ func (a *Agent) serve(ctx context.Context, req *envelope.Request) (res *envelope
 	}
 	d := time.Since(start)
 	return &envelope.Response{
-		ID: req.ID, Origin: a.id, Destination: req.Origin, Timestamp: time.Now().UnixMilli(), Result: raw,
+		ID: req.ID, Origin: a.ID(), Destination: req.Origin, Timestamp: time.Now().UnixMilli(), Result: raw,
 		Metrics: envelope.Metrics{LatencyMs: float64(d.Microseconds()) / 1000, ProcessingTime: float64(d.Microseconds()) / 1000, Backend: "WebSocket"},
 		Headers: envelope.Headers{TraceID: req.Headers.TraceID, CorrelationID: req.Headers.CorrelationID},
 	}, nil

@@ -156,7 +156,7 @@ when it cannot reach the hub.`,
 			var result json.RawMessage
 			var res envelope.Response
 			start := time.Now()
-			err = c.Call(cmd.Context(), args[0], params, &result, mesh.ResponseInto(&res))
+			err = c.Call(cmd.Context(), args[0], params, &result, mesh.ResponseInto(&res), mesh.CallTimeout(g.timeout))
 			if err != nil {
 				return g.callErr(err, pretty)
 			}
@@ -197,7 +197,7 @@ func (g *ctlFlags) listCall(ctx context.Context, method string, out any) error {
 	}
 	defer c.Close()
 	var raw json.RawMessage
-	if err := c.Call(ctx, method, nil, &raw); err != nil {
+	if err := c.Call(ctx, method, nil, &raw, mesh.CallTimeout(g.timeout)); err != nil {
 		return g.callErr(err, false)
 	}
 	if out == nil {

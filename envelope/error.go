@@ -21,6 +21,12 @@ type Error struct {
 	// wire is set on errors decoded from a peer: they happened elsewhere.
 	wire  bool
 	cause error
+	// notSent: the request provably never reached a handler, so a retry
+	// is safe even for a method that is not idempotent.
+	notSent bool
+	// attempts made by the retry loop that gave this error up (0: no
+	// retry loop decided on it yet); a loop upstream does not retry it again.
+	attempts int
 }
 
 // Sentinels for errors.Is.
@@ -79,6 +85,25 @@ func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
 }
+
+// MarkNotSent records that the request provably never reached a handler
+// and returns e. Call it on a fresh error, never on a shared one.
+func (e *Error) MarkNotSent() *Error { e.notSent = true; return e }
+
+// NotSent reports whether the request provably never reached a handler.
+func (e *Error) NotSent() bool { return e.notSent }
+
+// WithAttempts returns a copy of e recording that a retry loop made n
+// attempts and gave up: no retry loop upstream retries it again.
+func (e *Error) WithAttempts(n int) *Error {
+	cp := *e
+	cp.attempts = n
+	return &cp
+}
+
+// Attempts returns how many attempts the retry loop that gave e up made
+// (0 when no retry loop has decided on it).
+func (e *Error) Attempts() int { return e.attempts }
 
 // IsWire reports whether the error was decoded from a peer rather than
 // raised on this side.

@@ -269,9 +269,10 @@ func DecodeJSONRPCResponse(data []byte, lim Limits) (RPCReply, *Error) {
 	if kindOf(errObj) != '{' {
 		return r, NewError(CodeInvalidRequest, "error must be an object")
 	}
-	var num int64
+	var num, attempts int64
 	var msg, detail, sym string
 	var details json.RawMessage
+	var notSent bool
 	err = eachMember(errObj, func(key string, v []byte) *Error {
 		var e *Error
 		switch key {
@@ -296,6 +297,10 @@ func DecodeJSONRPCResponse(data []byte, lim Limits) (RPCReply, *Error) {
 					}
 				case "details":
 					details = json.RawMessage(v)
+				case "notSent":
+					notSent = kindOf(v) == 't'
+				case "attempts":
+					attempts, _ = intField("error.data.attempts", v, 0, 1<<20)
 				}
 				return nil
 			})
@@ -313,5 +318,6 @@ func DecodeJSONRPCResponse(data []byte, lim Limits) (RPCReply, *Error) {
 		msg = detail
 	}
 	r.Err = WireError(c, msg, details)
+	r.Err.notSent, r.Err.attempts = notSent, int(attempts)
 	return r, nil
 }

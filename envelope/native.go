@@ -357,6 +357,13 @@ func appendErrorBody(b []byte, e *Error) []byte {
 	b = strconv.AppendInt(b, int64(e.Code.HTTPStatus()), 10)
 	b = append(b, `,"retryable":`...)
 	b = strconv.AppendBool(b, e.Code.Retry() != RetryNever)
+	if e.notSent {
+		b = append(b, `,"notSent":true`...)
+	}
+	if e.attempts > 0 {
+		b = append(b, `,"attempts":`...)
+		b = strconv.AppendInt(b, int64(e.attempts), 10)
+	}
 	if len(e.Data) > 0 {
 		b = append(b, `,"details":`...)
 		b = append(b, e.Data...)
@@ -405,6 +412,12 @@ func decodeErrorObject(v []byte) (*Error, *Error) {
 			if kindOf(v) != 'n' {
 				e.Data = json.RawMessage(v)
 			}
+		case "notSent":
+			e.notSent = kindOf(v) == 't'
+		case "attempts":
+			var n int64
+			n, de = intField("error.attempts", v, 0, 1<<20)
+			e.attempts = int(n)
 		}
 		return de
 	})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -265,7 +266,7 @@ func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope
 			if lastErr != nil {
 				return nil, lastErr
 			}
-			return nil, envelope.WrapError(envelope.CodeOf(ctx.Err()), "no connection to a hub before the deadline", errors.Join(ErrNotSent, ctx.Err()))
+			return nil, envelope.WrapError(envelope.CodeOf(ctx.Err()), "no connection to a hub before the deadline", ctx.Err()).MarkNotSent()
 		}
 	}
 }
@@ -297,7 +298,7 @@ func (c *Client) maintain(ctx context.Context) {
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
-				c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+				c.setState(nil, envelope.NewError(envelope.CodeUnavailable, "client closed").MarkNotSent())
 				return
 			}
 			c.cfg.log.Debug("hub dial failed", "hub", hub, "error", err)
@@ -307,7 +308,7 @@ func (c *Client) maintain(ctx context.Context) {
 			case <-t.C:
 				continue
 			case <-ctx.Done():
-				c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+				c.setState(nil, envelope.NewError(envelope.CodeUnavailable, "client closed").MarkNotSent())
 				return
 			}
 		}
@@ -320,7 +321,7 @@ func (c *Client) maintain(ctx context.Context) {
 			l.Close()
 			i-- // redial the same hub first
 		case <-ctx.Done():
-			c.setState(nil, envelope.WrapError(envelope.CodeUnavailable, "client closed", ErrNotSent))
+			c.setState(nil, envelope.NewError(envelope.CodeUnavailable, "client closed").MarkNotSent())
 			l.Close()
 			return
 		}
@@ -348,7 +349,12 @@ func (c *Client) httpInvoke(ctx context.Context, req *envelope.Request) (*envelo
 		if ctx.Err() != nil {
 			return nil, envelope.AsError(ctx.Err())
 		}
-		return nil, envelope.WrapError(envelope.CodeUnavailable, "cannot reach hub "+u+": "+netErrText(err), errors.Join(ErrHubUnreachable, err))
+		e := envelope.WrapError(envelope.CodeUnavailable, "cannot reach hub "+u+": "+netErrText(err), errors.Join(ErrHubUnreachable, err))
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Op == "dial" {
+			e.MarkNotSent()
+		}
+		return nil, e
 	}
 	defer hres.Body.Close()
 	lim := envelope.DefaultLimits()

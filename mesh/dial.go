@@ -64,9 +64,9 @@ func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOptio
 	ws, resp, err := d.DialContext(ctx, u, nil)
 	if err != nil {
 		if resp != nil {
-			return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), errors.Join(ErrHubUnreachable, err))
+			return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 		}
-		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, netErrText(err)), errors.Join(ErrHubUnreachable, err))
+		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, netErrText(err)), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 	}
 	if ws.Subprotocol() != envelope.Subprotocol {
 		_ = ws.Close()

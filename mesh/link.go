@@ -129,7 +129,7 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 		if l.Err() != nil {
 			return nil, unavailableNotSent("link closed")
 		}
-		return nil, envelope.NewError(envelope.CodeOverloaded, "link send queue is full")
+		return nil, envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
 	}
 	select {
 	case res := <-ch:
@@ -160,8 +160,10 @@ func (l *Link) forget(seq uint64, ch chan linkResult) {
 	}
 }
 
+// unavailableNotSent is UNAVAILABLE for a request that provably never
+// left this side: safe to retry even when not idempotent.
 func unavailableNotSent(msg string) *envelope.Error {
-	return envelope.WrapError(envelope.CodeUnavailable, msg, ErrNotSent)
+	return envelope.NewError(envelope.CodeUnavailable, msg).MarkNotSent()
 }
 
 func (l *Link) onMessage(data []byte) {

@@ -33,6 +33,7 @@ func (h *Hub) builtinMethods() map[string]builtin {
 		"mesh.ping":        h.meshPing,
 		"mesh.agents":      h.meshAgents,
 		"mesh.methods":     h.meshMethods,
+		"mesh.breakers":    h.meshBreakers,
 	}
 }
 
@@ -316,4 +317,11 @@ func (h *Hub) meshMethods(ctx context.Context, _ *Link, raw json.RawMessage) (an
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Method < out[j].Method })
 	return out, nil
+}
+
+func (h *Hub) meshBreakers(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+	if err := decodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
+		return nil, err
+	}
+	return h.breakers.List(), nil
 }

@@ -21,7 +21,13 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/reliability"
 )
+
+func ptr[T any](v T) *T { return &v }
+
+// Breakers returns the client's per-method breakers (nil without reliability).
+func (c *Client) Breakers() *reliability.Breakers { return c.breakers }
 
 // DefaultCallTimeout bounds a call whose context has no deadline.
 const DefaultCallTimeout = 10 * time.Second
@@ -34,6 +40,7 @@ type clientConfig struct {
 	httpClient   *http.Client
 	waitForReady bool
 	middleware   []envelope.Middleware
+	reliability  *reliability.Config // nil: no reliability chain
 }
 
 // ClientOption configures a Client.
@@ -60,6 +67,16 @@ func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig)
 // UNAVAILABLE while the client cannot reach any hub (gRPC's fail-fast).
 func WithWaitForReady() ClientOption { return func(c *clientConfig) { c.waitForReady = true } }
 
+// WithReliability sets the client's policies, per-method breakers,
+// bulkheads and retry budget (default: reliability.DefaultConfig()).
+func WithReliability(rc reliability.Config) ClientOption {
+	return func(c *clientConfig) { c.reliability = &rc }
+}
+
+// WithoutReliability sends calls straight to the transport: no breaker,
+// bulkhead, retry or policy timeout. For measurements and tests.
+func WithoutReliability() ClientOption { return func(c *clientConfig) { c.reliability = nil } }
+
 // WithMiddleware adds middlewares around the transport, outermost first.
 func WithMiddleware(m ...envelope.Middleware) ClientOption {
 	return func(c *clientConfig) { c.middleware = append(c.middleware, m...) }
@@ -73,10 +90,12 @@ func WithMiddleware(m ...envelope.Middleware) ClientOption {
 // redials with backoff after a loss; calls pending on a lost connection
 // fail at once with UNAVAILABLE. Close stops it.
 type Client struct {
-	cfg    clientConfig
-	hubs   []string
-	useWS  bool
-	invoke envelope.Invoker
+	cfg      clientConfig
+	hubs     []string
+	useWS    bool
+	invoke   envelope.Invoker
+	policies *reliability.PolicySet // nil without reliability
+	breakers *reliability.Breakers
 
 	mu      sync.Mutex
 	link    *Link
@@ -99,7 +118,8 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	c := &Client{
 		cfg: clientConfig{
 			timeout: DefaultCallTimeout, origin: "client", log: slog.New(slog.DiscardHandler),
-			httpClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}},
+			httpClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}},
+			reliability: ptr(reliability.DefaultConfig()),
 		},
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
@@ -134,9 +154,25 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	if c.useWS {
 		transport = c.wsInvoke
 	}
+	mws := c.cfg.middleware
+	if rc := c.cfg.reliability; rc != nil {
+		if err := rc.Validate(); err != nil {
+			return nil, err
+		}
+		c.policies, _ = rc.PolicySet()
+		c.breakers = reliability.NewBreakers(rc.CircuitBreaker, nil)
+		// The breaker sits outside the retry loop, so that a rejection is
+		// never retried; the retry loop retries only what failed on the
+		// way to the hub (the hub's router retries what failed beyond it).
+		mws = append(slices.Clone(mws), c.breakers.Middleware,
+			reliability.NewBulkheads(rc.Bulkhead).Middleware,
+			reliability.Retry(c.policies, reliability.RetryOptions{
+				Budget: reliability.NewBudget(rc.RetryBudget), Latency: reliability.NewLatency(),
+			}))
+	}
 	c.invoke = transport
-	if len(c.cfg.middleware) > 0 {
-		c.invoke = envelope.Chain(c.cfg.middleware[0], c.cfg.middleware[1:]...)(transport)
+	if len(mws) > 0 {
+		c.invoke = envelope.Chain(mws[0], mws[1:]...)(transport)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
@@ -190,11 +226,19 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 	if o.headers != nil {
 		o.headers(&req.Headers)
 	}
-	timeout := c.cfg.timeout
-	if o.timeout > 0 {
-		timeout = o.timeout
+	// The deadline: this call's CallTimeout, else the caller's, else the
+	// method's policy timeout, else the client's default. The policy
+	// timeout also caps the first two (in the retry middleware).
+	timeout := o.timeout
+	if _, ok := ctx.Deadline(); !ok && timeout <= 0 {
+		timeout = c.cfg.timeout
+		if c.policies != nil {
+			if pt := c.policies.For(method).Timeout; pt > 0 {
+				timeout = pt
+			}
+		}
 	}
-	if _, ok := ctx.Deadline(); !ok || o.timeout > 0 {
+	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()

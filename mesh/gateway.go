@@ -148,6 +148,7 @@ func (h *Hub) linkClosed(l *Link, err error) {
 	h.bindings.Range(func(k, v any) bool {
 		b := v.(*binding)
 		if b.link == l && h.bindings.CompareAndDelete(k, v) {
+			h.breakers.Forget(b.id)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = h.reg.Deregister(ctx, b.id)
 			cancel()

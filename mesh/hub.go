@@ -15,6 +15,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
+	"github.com/agentmesh/agentmesh/reliability"
 )
 
 // DefaultListen is where meshd listens unless told otherwise: loopback only.
@@ -35,6 +36,9 @@ type HubConfig struct {
 	DrainTimeout time.Duration
 	// Conn tunes every WebSocket (pings, idle and write timeouts, limits).
 	Conn ConnConfig
+	// Reliability holds the per-method policies, breakers, bulkheads and
+	// retry budget the router applies (nil: reliability.DefaultConfig()).
+	Reliability *reliability.Config
 }
 
 // DefaultHubConfig returns the defaults.
@@ -100,6 +104,11 @@ type Hub struct {
 	upgrader websocket.Upgrader
 	builtins map[string]builtin
 	invoke   envelope.Invoker // dispatcher for callers
+	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
+
+	policies  *reliability.PolicySet
+	breakers  *reliability.Breakers // per (method, instance)
+	bulkheads *reliability.Bulkheads
 
 	bindings sync.Map // instance id -> *binding (agents attached here)
 
@@ -131,6 +140,14 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	rc := reliability.DefaultConfig()
+	if cfg.Reliability != nil {
+		rc = *cfg.Reliability
+	}
+	if err := rc.Validate(); err != nil {
+		return nil, err
+	}
+	ps, _ := rc.PolicySet()
 	h := &Hub{
 		cfg:   cfg,
 		log:   slog.New(slog.DiscardHandler),
@@ -150,6 +167,17 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		WriteBufferSize: 4096,
 	}
 	h.builtins = h.builtinMethods()
+	h.policies = ps
+	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, nil)
+	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)
+	h.routed = envelope.Chain(
+		h.bulkheads.Middleware,
+		reliability.Retry(ps, reliability.RetryOptions{
+			Budget:   reliability.NewBudget(rc.RetryBudget),
+			Latency:  reliability.NewLatency(),
+			UseTried: true,
+		}),
+	)(h.attempt)
 	h.invoke = h.dispatch
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
@@ -297,6 +325,7 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 			if b.ready.Load() && snap.Instance(b.id) == nil {
 				h.log.Info("instance left the registry; closing its link", "agent", b.id)
 				h.bindings.CompareAndDelete(k, v)
+				h.breakers.Forget(b.id)
 				go b.link.Close()
 			}
 			return true
@@ -345,32 +374,59 @@ func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Re
 }
 
 // route forwards a call to an instance: the one named by Destination, or
-// one picked by the balancer among the ready instances serving the method.
+// one picked by the balancer among the ready instances serving the method,
+// under the method's policy (bulkhead, retries, breakers per instance).
 func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	return h.routed(ctx, req)
+}
+
+// attempt is one try of a routed call. It prefers instances the call has
+// not tried yet and skips those whose breaker is open.
+func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 	snap := h.reg.Snapshot()
+	tried := reliability.TriedFrom(ctx)
 	var in *registry.Instance
 	if req.Destination != "" {
 		in = snap.Instance(req.Destination)
 		if in == nil {
-			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination)
+			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
 		}
 		if !in.Serves(req.Method) {
-			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method)
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method).WithAttempts(1)
 		}
 	} else {
-		in = registry.Pick(snap.Lookup(req.Method), nil)
-		if in == nil {
+		cands := snap.Lookup(req.Method)
+		if len(cands) == 0 {
+			// No responders: answered at once (S22). The attempts mark
+			// tells every retry loop that another try cannot help.
 			if snap.Known(req.Method) {
-				return nil, unavailableNotSent("no ready instance serves " + req.Method)
+				return nil, unavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
 			}
-			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method)
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
+		}
+		open := func(in *registry.Instance) bool {
+			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+		}
+		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		if in == nil && tried != nil {
+			in = registry.Pick(cands, open) // every instance tried: any that is not open
+		}
+		if in == nil {
+			return nil, envelope.Errorf(envelope.CodeCircuitOpen, "the circuit is open for every instance serving %s", req.Method).MarkNotSent()
 		}
 	}
+	tried.Add(in.InstanceID)
 	v, ok := h.bindings.Load(in.InstanceID)
 	if !ok {
 		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
 	}
+	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+	if err != nil {
+		return nil, err
+	}
 	release := in.Acquire()
-	defer release()
-	return v.(*binding).link.Call(ctx, req)
+	res, err := v.(*binding).link.Call(ctx, req)
+	release()
+	done(err)
+	return res, err
 }

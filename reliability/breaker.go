@@ -1,0 +1,183 @@
+package reliability
+
+import (
+	"errors"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// BreakerConfig maps the kOS seed's circuitBreaker onto gobreaker:
+// FailureThreshold consecutive failures open it (ReadyToTrip), it stays
+// open RecoveryTimeout (Timeout), then admits SuccessThreshold probes and
+// closes after that many successes (MaxRequests is both in gobreaker).
+type BreakerConfig struct {
+	FailureThreshold uint32        `koanf:"failureThreshold" json:"failureThreshold"`
+	RecoveryTimeout  time.Duration `koanf:"recoveryTimeout" json:"recoveryTimeout"`
+	SuccessThreshold uint32        `koanf:"successThreshold" json:"successThreshold"`
+}
+
+// DefaultBreakerConfig is the seed's: 5 failures, 30 s, 3 successes.
+func DefaultBreakerConfig() BreakerConfig {
+	return BreakerConfig{FailureThreshold: 5, RecoveryTimeout: 30 * time.Second, SuccessThreshold: 3}
+}
+
+// Validate checks the configuration.
+func (c BreakerConfig) Validate() error {
+	if c.FailureThreshold == 0 || c.SuccessThreshold == 0 || c.RecoveryTimeout <= 0 {
+		return errors.New("circuitBreaker: failureThreshold, successThreshold and recoveryTimeout must be positive")
+	}
+	return nil
+}
+
+// BreakerKey names one breaker: a method, and an instance for the hub's
+// per-instance breakers (empty on the client's per-method ones).
+type BreakerKey struct {
+	Method   string
+	Instance string
+}
+
+// BreakerInfo is one breaker's state for mesh.breakers.
+type BreakerInfo struct {
+	Method              string `json:"method"`
+	Instance            string `json:"instance,omitempty"`
+	State               string `json:"state"`
+	Requests            uint32 `json:"requests"`
+	TotalSuccesses      uint32 `json:"totalSuccesses"`
+	TotalFailures       uint32 `json:"totalFailures"`
+	ConsecutiveFailures uint32 `json:"consecutiveFailures"`
+}
+
+// Breakers holds one two-step breaker per key, made on first use. The map
+// is copy-on-write behind an atomic pointer: a lookup takes no lock and
+// allocates nothing. Safe for concurrent use.
+type Breakers struct {
+	cfg      BreakerConfig
+	m        atomic.Pointer[map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}]]
+	mu       sync.Mutex
+	onChange func(k BreakerKey, from, to gobreaker.State)
+}
+
+// NewBreakers returns an empty set. onChange, if not nil, is called on
+// every state transition while the breaker's lock is held: it may update a
+// metric, never call the breaker.
+func NewBreakers(cfg BreakerConfig, onChange func(k BreakerKey, from, to gobreaker.State)) *Breakers {
+	b := &Breakers{cfg: cfg, onChange: onChange}
+	m := map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}]{}
+	b.m.Store(&m)
+	return b
+}
+
+// counted reports whether an error says something about the callee's
+// health. Caller mistakes, refusals by the mesh itself and requests that
+// never reached a handler are excluded: they neither trip nor heal a
+// breaker.
+func counted(err error) bool {
+	var e *envelope.Error
+	if errors.As(err, &e) && e.NotSent() {
+		return false
+	}
+	switch envelope.CodeOf(err) {
+	case envelope.CodeCancelled, envelope.CodeInvalidParams, envelope.CodeInvalidRequest,
+		envelope.CodeParseError, envelope.CodeMethodNotFound, envelope.CodeAgentNotFound,
+		envelope.CodeUnauthenticated, envelope.CodePermissionDenied, envelope.CodeCircuitOpen:
+		return false
+	}
+	return true
+}
+
+func (b *Breakers) get(k BreakerKey) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	if cb, ok := (*b.m.Load())[k]; ok {
+		return cb
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := *b.m.Load()
+	if cb, ok := old[k]; ok {
+		return cb
+	}
+	threshold := b.cfg.FailureThreshold
+	st := gobreaker.Settings{
+		Name:        k.Method + "@" + k.Instance,
+		MaxRequests: b.cfg.SuccessThreshold,
+		Timeout:     b.cfg.RecoveryTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= threshold },
+		IsExcluded:  func(err error) bool { return !counted(err) },
+	}
+	if b.onChange != nil {
+		st.OnStateChange = func(_ string, from, to gobreaker.State) { b.onChange(k, from, to) }
+	}
+	cb := gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+	m := make(map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old)+1)
+	for kk, v := range old {
+		m[kk] = v
+	}
+	m[k] = cb
+	b.m.Store(&m)
+	return cb
+}
+
+// Allow asks the breaker of k for permission. On success the caller must
+// call done with the outcome; otherwise the error is CIRCUIT_OPEN (marked
+// not sent).
+func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
+	done, err = b.get(k).Allow()
+	if err != nil {
+		msg := "circuit open for " + k.Method
+		if k.Instance != "" {
+			msg += " on " + k.Instance
+		}
+		if errors.Is(err, gobreaker.ErrTooManyRequests) {
+			msg += " (half-open: probes in flight)"
+		}
+		return nil, envelope.WrapError(envelope.CodeCircuitOpen, msg, err).MarkNotSent()
+	}
+	return done, nil
+}
+
+// IsOpen reports whether k's breaker refuses calls now (open, or
+// half-open with its probes all in flight is not counted: it may admit).
+func (b *Breakers) IsOpen(k BreakerKey) bool {
+	cb, ok := (*b.m.Load())[k]
+	return ok && cb.State() == gobreaker.StateOpen
+}
+
+// Forget drops the breakers of an instance that left.
+func (b *Breakers) Forget(instance string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := *b.m.Load()
+	m := make(map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old))
+	for k, v := range old {
+		if k.Instance != instance || instance == "" {
+			m[k] = v
+		}
+	}
+	b.m.Store(&m)
+}
+
+// List returns every breaker's state, sorted by method then instance.
+func (b *Breakers) List() []BreakerInfo {
+	m := *b.m.Load()
+	out := make([]BreakerInfo, 0, len(m))
+	for k, cb := range m {
+		c := cb.Counts()
+		out = append(out, BreakerInfo{
+			Method: k.Method, Instance: k.Instance, State: cb.State().String(),
+			Requests: c.Requests, TotalSuccesses: c.TotalSuccesses, TotalFailures: c.TotalFailures,
+			ConsecutiveFailures: c.ConsecutiveFailures,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Method != out[j].Method {
+			return out[i].Method < out[j].Method
+		}
+		return out[i].Instance < out[j].Instance
+	})
+	return out
+}

@@ -1,0 +1,124 @@
+package reliability
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// BudgetConfig bounds retries per method so that a failing cluster does
+// not get a retry storm: over a sliding Window, retries may be at most
+// Ratio × requests plus MinPerSecond × the window's seconds (Linkerd's
+// retry budget, Envoy's retry_budget).
+type BudgetConfig struct {
+	Ratio        float64       `koanf:"ratio" json:"ratio"`
+	MinPerSecond float64       `koanf:"minPerSecond" json:"minPerSecond"`
+	Window       time.Duration `koanf:"window" json:"window"`
+}
+
+// DefaultBudgetConfig: 20 % of requests plus 10 retries per second over
+// 10 s, Linkerd's values.
+func DefaultBudgetConfig() BudgetConfig {
+	return BudgetConfig{Ratio: 0.2, MinPerSecond: 10, Window: 10 * time.Second}
+}
+
+// Budget tracks requests and retries per method. Safe for concurrent use.
+type Budget struct {
+	cfg     BudgetConfig
+	slots   int
+	methods atomic.Pointer[map[string]*methodBudget]
+	mu      sync.Mutex // guards copy-on-write of methods
+	now     func() time.Time
+}
+
+type methodBudget struct {
+	mu      sync.Mutex
+	buckets []budgetBucket // one per second of the window
+}
+
+type budgetBucket struct {
+	sec               int64
+	requests, retries int64
+}
+
+// NewBudget returns a budget; a zero Window disables it (every retry allowed).
+func NewBudget(cfg BudgetConfig) *Budget {
+	b := &Budget{cfg: cfg, now: time.Now}
+	b.slots = int(cfg.Window / time.Second)
+	if b.slots < 1 && cfg.Window > 0 {
+		b.slots = 1
+	}
+	m := map[string]*methodBudget{}
+	b.methods.Store(&m)
+	return b
+}
+
+func (b *Budget) method(name string) *methodBudget {
+	if mb, ok := (*b.methods.Load())[name]; ok {
+		return mb
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := *b.methods.Load()
+	if mb, ok := old[name]; ok {
+		return mb
+	}
+	mb := &methodBudget{buckets: make([]budgetBucket, b.slots)}
+	m := make(map[string]*methodBudget, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[name] = mb
+	b.methods.Store(&m)
+	return mb
+}
+
+func (mb *methodBudget) bucket(sec int64) *budgetBucket {
+	bk := &mb.buckets[sec%int64(len(mb.buckets))]
+	if bk.sec != sec {
+		*bk = budgetBucket{sec: sec}
+	}
+	return bk
+}
+
+func (mb *methodBudget) sums(sec int64) (req, ret int64) {
+	for i := range mb.buckets {
+		bk := &mb.buckets[i]
+		if sec-bk.sec < int64(len(mb.buckets)) {
+			req += bk.requests
+			ret += bk.retries
+		}
+	}
+	return
+}
+
+// Request counts a new call of method (its first attempt).
+func (b *Budget) Request(method string) {
+	if b == nil || b.slots == 0 {
+		return
+	}
+	mb := b.method(method)
+	sec := b.now().Unix()
+	mb.mu.Lock()
+	mb.bucket(sec).requests++
+	mb.mu.Unlock()
+}
+
+// TryRetry reports whether method may make one more retry now, and counts
+// it when it may.
+func (b *Budget) TryRetry(method string) bool {
+	if b == nil || b.slots == 0 {
+		return true
+	}
+	mb := b.method(method)
+	sec := b.now().Unix()
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	req, ret := mb.sums(sec)
+	allowed := b.cfg.Ratio*float64(req) + b.cfg.MinPerSecond*float64(b.slots)
+	if float64(ret+1) > allowed {
+		return false
+	}
+	mb.bucket(sec).retries++
+	return true
+}

@@ -1,0 +1,75 @@
+package reliability
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Bulkheads keeps one Bulkhead per method, all with the same config.
+// Lookups take no lock. Safe for concurrent use.
+type Bulkheads struct {
+	cfg   BulkheadConfig
+	pools atomic.Pointer[map[string]*Bulkhead]
+	mu    sync.Mutex
+}
+
+// NewBulkheads returns an empty set of pools.
+func NewBulkheads(cfg BulkheadConfig) *Bulkheads {
+	b := &Bulkheads{cfg: cfg}
+	m := map[string]*Bulkhead{}
+	b.pools.Store(&m)
+	return b
+}
+
+// Pool returns the pool of method, made on first use.
+func (b *Bulkheads) Pool(method string) *Bulkhead {
+	if p, ok := (*b.pools.Load())[method]; ok {
+		return p
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := *b.pools.Load()
+	if p, ok := old[method]; ok {
+		return p
+	}
+	p := NewBulkhead(b.cfg)
+	m := make(map[string]*Bulkhead, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[method] = p
+	b.pools.Store(&m)
+	return p
+}
+
+// Middleware admits each call through its method's pool, by the
+// request's priority header; a full pool answers OVERLOADED at once.
+func (b *Bulkheads) Middleware(next envelope.Invoker) envelope.Invoker {
+	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		release, err := b.Pool(req.Method).Acquire(ctx, ParsePriority(req.Headers.Priority))
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		return next(ctx, req)
+	}
+}
+
+// Middleware puts the per-method breaker (BreakerKey{Method}) around each
+// call: an open breaker answers CIRCUIT_OPEN at once, and the call's
+// outcome is recorded. On the client it sits outside the retry loop, so
+// a rejection is never retried.
+func (b *Breakers) Middleware(next envelope.Invoker) envelope.Invoker {
+	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		done, err := b.Allow(BreakerKey{Method: req.Method})
+		if err != nil {
+			return nil, err
+		}
+		res, err := next(ctx, req)
+		done(err)
+		return res, err
+	}
+}

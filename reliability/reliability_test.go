@@ -1,0 +1,436 @@
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/reliability"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPolicySetMostSpecificWins(t *testing.T) {
+	ps, err := reliability.NewPolicySet(reliability.Policy{Timeout: time.Second}, map[string]reliability.Policy{
+		"memory.*":     {Timeout: 2 * time.Second},
+		"memory.get":   {Timeout: 3 * time.Second},
+		"memory.big.*": {Timeout: 4 * time.Second},
+		"*":            {Timeout: 5 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for method, want := range map[string]time.Duration{
+		"memory.get": 3 * time.Second, "memory.put": 2 * time.Second, "memory.big.x": 4 * time.Second,
+		"other.thing": 5 * time.Second, "memoryx": 5 * time.Second,
+	} {
+		if got := ps.For(method).Timeout; got != want {
+			t.Errorf("For(%q).Timeout = %v; want %v", method, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { ps.For("memory.big.x") }); n != 0 {
+		t.Errorf("For allocates %v times; want 0", n)
+	}
+}
+
+func TestSeedDefaults(t *testing.T) {
+	ps := reliability.DefaultPolicySet()
+	cases := []struct {
+		method  string
+		timeout time.Duration
+		retries int
+		strat   reliability.Strategy
+	}{
+		{"agent.x", 5 * time.Second, 3, reliability.Linear},
+		{"memory.get", 2500 * time.Millisecond, 2, reliability.Exponential},
+		{"llm_chat.complete", 30 * time.Second, 1, reliability.Fixed},
+		{"media_gen.image", 60 * time.Second, 0, reliability.Fixed},
+		{"echo.echo", 10 * time.Second, 2, reliability.Exponential},
+	}
+	for _, tc := range cases {
+		p := ps.For(tc.method)
+		if p.Timeout != tc.timeout || p.Retries != tc.retries || p.Backoff.Strategy != tc.strat {
+			t.Errorf("For(%s) = %v/%d/%s; want %v/%d/%s", tc.method, p.Timeout, p.Retries, p.Backoff.Strategy, tc.timeout, tc.retries, tc.strat)
+		}
+	}
+}
+
+func TestPolicyValidationNamesTheKey(t *testing.T) {
+	cases := []struct {
+		name string
+		p    reliability.Policy
+		key  string
+	}{
+		{"retries", reliability.Policy{Retries: -1}, "policies.x.*.retries"},
+		{"strategy", reliability.Policy{Backoff: reliability.BackoffConfig{Strategy: "wild"}}, "policies.x.*.backoff.strategy"},
+		{"max below initial", reliability.Policy{Backoff: reliability.BackoffConfig{Initial: time.Second, Max: time.Millisecond}}, "policies.x.*.backoff.max"},
+		{"retryOn", reliability.Policy{RetryOn: []string{"SOMETIMES"}}, "policies.x.*.retryOn"},
+		{"hedge without idempotent", reliability.Policy{HedgeAfter: time.Millisecond}, "policies.x.*.hedgeAfter"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := reliability.NewPolicySet(reliability.DefaultPolicy(), map[string]reliability.Policy{"x.*": tc.p})
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Errorf("error = %v; want one naming %s", err, tc.key)
+			}
+		})
+	}
+	if _, err := reliability.NewPolicySet(reliability.DefaultPolicy(), map[string]reliability.Policy{"x*": {}}); err == nil {
+		t.Error(`pattern "x*" accepted; want an error`)
+	}
+}
+
+func TestBackoffSequences(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		name string
+		cfg  reliability.BackoffConfig
+		want []time.Duration
+	}{
+		{"fixed", reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: 5 * ms, Max: 5 * ms}, []time.Duration{5 * ms, 5 * ms, 5 * ms}},
+		{"linear", reliability.BackoffConfig{Strategy: reliability.Linear, Initial: 100 * ms, Max: 250 * ms}, []time.Duration{100 * ms, 200 * ms, 250 * ms, 250 * ms}},
+		{"exponential", reliability.BackoffConfig{Strategy: reliability.Exponential, Initial: 10 * ms, Max: 100 * ms, Multiplier: 3}, []time.Duration{10 * ms, 30 * ms, 90 * ms, 100 * ms}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.cfg.NewBackOff()
+			for i, want := range tc.want {
+				if got := b.NextBackOff(); got != want {
+					t.Errorf("delay %d = %v; want %v", i+1, got, want)
+				}
+			}
+		})
+	}
+	t.Run("jitter stays within ±50% and the cap", func(t *testing.T) {
+		cfg := reliability.BackoffConfig{Strategy: reliability.Linear, Initial: 100 * ms, Max: 150 * ms, Jitter: true}
+		for range 200 {
+			b := cfg.NewBackOff()
+			if d := b.NextBackOff(); d < 50*ms || d > 150*ms {
+				t.Fatalf("jittered first delay %v outside [50ms, 150ms]", d)
+			}
+		}
+	})
+}
+
+func TestBudget(t *testing.T) {
+	b := reliability.NewBudget(reliability.BudgetConfig{Ratio: 0.2, MinPerSecond: 1, Window: 10 * time.Second})
+	for range 100 {
+		b.Request("m")
+	}
+	allowed := 0
+	for range 100 {
+		if b.TryRetry("m") {
+			allowed++
+		}
+	}
+	if want := 20 + 10; allowed != want {
+		t.Errorf("retries allowed after 100 requests = %d; want %d (20%% + 1/s floor × 10s)", allowed, want)
+	}
+	if !b.TryRetry("other") {
+		t.Error("another method's floor was used up by m")
+	}
+}
+
+func TestBreakerStateMachine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := reliability.NewBreakers(reliability.BreakerConfig{FailureThreshold: 5, RecoveryTimeout: 30 * time.Second, SuccessThreshold: 3}, nil)
+		k := reliability.BreakerKey{Method: "m"}
+		fail := envelope.NewError(envelope.CodeUnavailable, "down")
+		for range 5 {
+			done, err := b.Allow(k)
+			if err != nil {
+				t.Fatalf("Allow while closed: %v", err)
+			}
+			done(fail)
+		}
+		if _, err := b.Allow(k); envelope.CodeOf(err) != envelope.CodeCircuitOpen {
+			t.Fatalf("6th call: %v; want CIRCUIT_OPEN", err)
+		}
+		if !b.IsOpen(k) {
+			t.Error("IsOpen = false after the threshold")
+		}
+		time.Sleep(30*time.Second + time.Millisecond)
+		// Half-open: three probes, a fourth is refused.
+		var dones []func(error)
+		for range 3 {
+			done, err := b.Allow(k)
+			if err != nil {
+				t.Fatalf("probe refused: %v", err)
+			}
+			dones = append(dones, done)
+		}
+		if _, err := b.Allow(k); envelope.CodeOf(err) != envelope.CodeCircuitOpen {
+			t.Errorf("4th concurrent probe: %v; want CIRCUIT_OPEN", err)
+		}
+		for _, d := range dones {
+			d(nil)
+		}
+		if got := b.List()[0].State; got != "closed" {
+			t.Errorf("after 3 successful probes the state is %s; want closed", got)
+		}
+		// Caller errors count neither way.
+		for range 10 {
+			done, _ := b.Allow(k)
+			done(envelope.NewError(envelope.CodeInvalidParams, "bad"))
+		}
+		if b.IsOpen(k) {
+			t.Error("INVALID_PARAMS opened the breaker")
+		}
+	})
+}
+
+func TestBulkheadLimitsAndPriorities(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := reliability.NewBulkhead(reliability.BulkheadConfig{MaxConcurrent: 2, QueueSize: 2, QueueTimeout: time.Second})
+		ctx := context.Background()
+		var releases []func()
+		for range 2 {
+			r, err := b.Acquire(ctx, reliability.PriorityNormal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			releases = append(releases, r)
+		}
+		type outcome struct {
+			p   reliability.Priority
+			err error
+		}
+		results := make(chan outcome, 10)
+		acquire := func(p reliability.Priority) {
+			go func() {
+				r, err := b.Acquire(ctx, p)
+				if err == nil {
+					defer r()
+				}
+				results <- outcome{p, err}
+			}()
+			synctest.Wait()
+		}
+		acquire(reliability.PriorityLow)
+		acquire(reliability.PriorityNormal)
+		// Queue full: a critical call sheds the low one.
+		acquire(reliability.PriorityCritical)
+		if o := <-results; o.p != reliability.PriorityLow || envelope.CodeOf(o.err) != envelope.CodeOverloaded {
+			t.Fatalf("first outcome = %+v; want the low call shed with OVERLOADED", o)
+		}
+		// Queue full of normal+critical: another low call is refused at once.
+		r, err := b.Acquire(ctx, reliability.PriorityLow)
+		if envelope.CodeOf(err) != envelope.CodeOverloaded || r != nil {
+			t.Fatalf("low call on a full queue: %v; want OVERLOADED", err)
+		}
+		// A slot frees: the critical call goes first.
+		releases[0]()
+		if o := <-results; o.p != reliability.PriorityCritical || o.err != nil {
+			t.Fatalf("admitted first = %+v; want the critical call", o)
+		}
+		if o := <-results; o.p != reliability.PriorityNormal || o.err != nil {
+			t.Fatalf("admitted next = %+v; want the normal call", o)
+		}
+		// Queue timeout: fill the pool again, then queue two calls.
+		held, err := b.Acquire(ctx, reliability.PriorityNormal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquire(reliability.PriorityNormal)
+		acquire(reliability.PriorityNormal)
+		time.Sleep(time.Second + time.Millisecond)
+		for range 2 {
+			if o := <-results; envelope.CodeOf(o.err) != envelope.CodeOverloaded {
+				t.Errorf("queued past queueTimeout: %+v; want OVERLOADED", o)
+			}
+		}
+		releases[1]()
+		held()
+		if run, q := b.Active(); run != 0 || q != 0 {
+			t.Errorf("Active = %d running, %d queued; want 0, 0", run, q)
+		}
+		if b.Rejected() != 4 {
+			t.Errorf("Rejected = %d; want 4", b.Rejected())
+		}
+	})
+}
+
+// scripted answers attempt n with errs[n] (nil: success) and counts calls.
+type scripted struct {
+	mu    sync.Mutex
+	errs  []error
+	calls int
+	seen  []int // retryCount per call
+}
+
+func (s *scripted) invoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	s.mu.Lock()
+	n := s.calls
+	s.calls++
+	s.seen = append(s.seen, req.Headers.RetryCount)
+	s.mu.Unlock()
+	if n < len(s.errs) && s.errs[n] != nil {
+		return nil, s.errs[n]
+	}
+	return &envelope.Response{ID: req.ID, Result: []byte("1")}, nil
+}
+
+func TestRetryDecisions(t *testing.T) {
+	unavail := func() error { return envelope.NewError(envelope.CodeUnavailable, "down") }
+	notSent := func() error { return envelope.NewError(envelope.CodeUnavailable, "no link").MarkNotSent() }
+	cases := []struct {
+		name       string
+		idempotent bool
+		errs       []error
+		wantCalls  int
+		wantErr    envelope.Code
+	}{
+		{"idempotent retried until success", true, []error{unavail(), unavail()}, 3, envelope.CodeOK},
+		{"not idempotent not retried", false, []error{unavail()}, 1, envelope.CodeUnavailable},
+		{"not sent retried even if not idempotent", false, []error{notSent(), notSent()}, 3, envelope.CodeOK},
+		{"invalid params never retried", true, []error{envelope.NewError(envelope.CodeInvalidParams, "x")}, 1, envelope.CodeInvalidParams},
+		{"rpc error never retried", true, []error{envelope.NewError(envelope.CodeRPCError, "x")}, 1, envelope.CodeRPCError},
+		{"attempts exhausted", true, []error{unavail(), unavail(), unavail(), unavail()}, 4, envelope.CodeUnavailable},
+		{"final downstream not retried", true, []error{envelope.NewError(envelope.CodeUnavailable, "x").WithAttempts(3)}, 1, envelope.CodeUnavailable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 3, Idempotent: tc.idempotent,
+					Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: 10 * time.Millisecond}}, nil)
+				s := &scripted{errs: tc.errs}
+				inv := reliability.Retry(ps, reliability.RetryOptions{})(s.invoke)
+				res, err := inv(context.Background(), &envelope.Request{Method: "m"})
+				if envelope.CodeOf(err) != tc.wantErr {
+					t.Fatalf("error = %v; want %s", err, tc.wantErr)
+				}
+				if s.calls != tc.wantCalls {
+					t.Errorf("calls = %d; want %d", s.calls, tc.wantCalls)
+				}
+				for i, rc := range s.seen {
+					if rc != i {
+						t.Errorf("attempt %d carried retryCount %d", i, rc)
+					}
+				}
+				if err == nil && res.Metrics.Retries != tc.wantCalls-1 {
+					t.Errorf("metrics.retries = %d; want %d", res.Metrics.Retries, tc.wantCalls-1)
+				}
+				var e *envelope.Error
+				if errors.As(err, &e) && e.Attempts() != tc.wantCalls && tc.name != "final downstream not retried" {
+					t.Errorf("error attempts = %d; want %d", e.Attempts(), tc.wantCalls)
+				}
+			})
+		})
+	}
+}
+
+func TestRetryDeadlineDuringBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 3, Idempotent: true,
+			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Second}}, nil)
+		var calls atomic.Int32
+		inv := reliability.Retry(ps, reliability.RetryOptions{})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+			calls.Add(1)
+			return nil, envelope.NewError(envelope.CodeUnavailable, "down")
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		_, err := inv(ctx, &envelope.Request{Method: "m"})
+		// 2nd attempt at 1s; the 3rd would start at 2s, after the deadline:
+		// the loop does not wait for it.
+		if envelope.CodeOf(err) != envelope.CodeUnavailable || calls.Load() != 2 {
+			t.Errorf("err = %v after %d calls; want UNAVAILABLE after 2 (no wait past the deadline)", err, calls.Load())
+		}
+	})
+}
+
+func TestRetryBudgetBoundsAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 3, Idempotent: true,
+			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed}}, nil)
+		budget := reliability.NewBudget(reliability.BudgetConfig{Ratio: 0.2, MinPerSecond: 1, Window: 10 * time.Second})
+		var calls atomic.Int32
+		var budgetRefusals atomic.Int32
+		inv := reliability.Retry(ps, reliability.RetryOptions{Budget: budget, OnRetry: func(_, reason string) {
+			if reason == "budget" {
+				budgetRefusals.Add(1)
+			}
+		}})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+			calls.Add(1)
+			return nil, envelope.NewError(envelope.CodeUnavailable, "down")
+		})
+		for range 100 {
+			_, _ = inv(context.Background(), &envelope.Request{Method: "m"})
+		}
+		// Without a budget: 400 attempts. With it: 100 + at most 20 + 10.
+		if got := calls.Load(); got > 130 {
+			t.Errorf("attempts = %d for 100 requests; want at most 130 under the budget", got)
+		}
+		if budgetRefusals.Load() == 0 {
+			t.Error("no retry was refused by the budget")
+		}
+	})
+}
+
+func TestRetryDeadlineAware(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 3, Idempotent: true,
+			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)
+		lat := reliability.NewLatency()
+		for range 20 {
+			lat.Observe("m", 500*time.Millisecond)
+		}
+		var calls atomic.Int32
+		inv := reliability.Retry(ps, reliability.RetryOptions{Latency: lat})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+			calls.Add(1)
+			time.Sleep(200 * time.Millisecond)
+			return nil, envelope.NewError(envelope.CodeUnavailable, "down")
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+		defer cancel()
+		_, err := inv(ctx, &envelope.Request{Method: "m"})
+		// After the first attempt 400ms are left, less than the 500ms p90.
+		if calls.Load() != 1 || envelope.CodeOf(err) != envelope.CodeUnavailable {
+			t.Errorf("%d calls, err %v; want 1 call and no retry that could not finish", calls.Load(), err)
+		}
+	})
+}
+
+func TestHedging(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 1, Idempotent: true, HedgeAfter: 50 * time.Millisecond}, nil)
+		var cancelled atomic.Int32
+		inv := reliability.Retry(ps, reliability.RetryOptions{UseTried: true})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+			tr := reliability.TriedFrom(ctx)
+			if r.Headers.RetryCount == 0 {
+				tr.Add("slow")
+				select { // the slow instance
+				case <-time.After(time.Second):
+					return &envelope.Response{Result: []byte(`"slow"`)}, nil
+				case <-ctx.Done():
+					cancelled.Add(1)
+					return nil, ctx.Err()
+				}
+			}
+			if !tr.Has("slow") {
+				t.Error("the hedge does not know which instance the first attempt took")
+			}
+			time.Sleep(10 * time.Millisecond)
+			return &envelope.Response{Result: []byte(`"fast"`)}, nil
+		})
+		start := time.Now()
+		res, err := inv(context.Background(), &envelope.Request{Method: "m"})
+		if err != nil || string(res.Result) != `"fast"` {
+			t.Fatalf("hedged call = %v, %v; want the hedge's answer", res, err)
+		}
+		if d := time.Since(start); d != 60*time.Millisecond {
+			t.Errorf("hedged call took %v; want 50ms + 10ms", d)
+		}
+		if cancelled.Load() != 1 {
+			t.Error("the losing attempt was not cancelled")
+		}
+	})
+}

@@ -1,0 +1,265 @@
+package reliability
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Tried is the set of instances a call has tried; the router wraps its
+// instance choice around it so that a retry prefers an instance not yet
+// tried. Safe for concurrent use (hedged attempts share it).
+type Tried struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+type triedKey struct{}
+
+// TriedFrom returns the call's Tried set, or nil outside a retry loop.
+func TriedFrom(ctx context.Context) *Tried {
+	t, _ := ctx.Value(triedKey{}).(*Tried)
+	return t
+}
+
+// Has reports whether id was tried.
+func (t *Tried) Has(id string) bool {
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Contains(t.ids, id)
+}
+
+// Add records that id is being tried.
+func (t *Tried) Add(id string) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	t.ids = append(t.ids, id)
+	t.mu.Unlock()
+}
+
+// RetryOptions are the shared helpers of a retry loop.
+type RetryOptions struct {
+	Budget  *Budget  // nil: no budget
+	Latency *Latency // nil: no deadline-aware skipping
+	// OnRetry, if set, is told of every decision not to retry a failed
+	// attempt ("budget", "deadline", "attempts", "code", "not idempotent")
+	// and of every retry ("retry"). For metrics.
+	OnRetry func(method, reason string)
+	// UseTried puts a Tried set in the context for the invoker to use.
+	UseTried bool
+}
+
+// decide is the retry decision, in order: attempts left; an error a retry
+// loop downstream already gave up on is final; a request that provably
+// never reached a handler is safe to retry; otherwise only idempotent
+// methods are retried, and only on the policy's retryable codes.
+func decide(p *Policy, e *envelope.Error, attempt int) (bool, string) {
+	switch {
+	case attempt >= p.Retries:
+		return false, "attempts"
+	case e.Code == envelope.CodeCancelled:
+		return false, "cancelled"
+	case e.Attempts() > 0:
+		return false, "final downstream"
+	case e.NotSent():
+		return true, "not sent"
+	case !p.Idempotent:
+		return false, "not idempotent"
+	case !p.Retryable(e.Code):
+		return false, "code"
+	}
+	return true, "retryable"
+}
+
+// Retry is the retry middleware: it bounds the call by the policy's
+// timeout, runs attempts under its per-try timeout, retries by decide
+// within the budget and the time left, waits the backoff between
+// attempts, and hedges idempotent calls when the policy says so. The
+// error it returns records its attempts, so that no loop upstream retries
+// the call again; a deadline that ends a backoff wait gives TIMEOUT with
+// the last attempt's code in its message. The response's metrics report
+// the retries.
+func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
+	return func(next envelope.Invoker) envelope.Invoker {
+		return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+			p := ps.For(req.Method)
+			o.Budget.Request(req.Method)
+			if p.Timeout > 0 {
+				if d, ok := ctx.Deadline(); !ok || time.Until(d) > p.Timeout {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, p.Timeout)
+					defer cancel()
+				}
+			}
+			if o.UseTried && (p.Retries > 0 || p.HedgeAfter > 0) {
+				ctx = context.WithValue(ctx, triedKey{}, &Tried{})
+			}
+			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 {
+				return hedge(ctx, req, p, next, &o)
+			}
+			return retryLoop(ctx, req, p, next, &o)
+		}
+	}
+}
+
+func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions) (*envelope.Response, error) {
+	start := time.Now()
+	if p.PerTryTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.PerTryTimeout)
+		defer cancel()
+	}
+	res, err := next(ctx, req)
+	if err == nil {
+		o.Latency.Observe(req.Method, time.Since(start))
+	}
+	return res, err
+}
+
+func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions) (*envelope.Response, error) {
+	var delays interface{ NextBackOff() time.Duration }
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for n := 0; ; n++ {
+		req.Headers.RetryCount = n
+		res, err := attempt(ctx, req, p, next, o)
+		if err == nil {
+			res.Metrics.Retries = n
+			return res, nil
+		}
+		e := envelope.AsError(err)
+		ok, reason := decide(p, e, n)
+		if ok {
+			if delays == nil {
+				delays = p.Backoff.NewBackOff()
+			}
+			wait := delays.NextBackOff()
+			if left, has := timeLeft(ctx); has {
+				if p90, known := o.Latency.P90(req.Method); left <= wait || (known && left < wait+p90) {
+					ok, reason = false, "deadline"
+				}
+			}
+			if ok && !o.Budget.TryRetry(req.Method) {
+				ok, reason = false, "budget"
+			}
+			if ok {
+				o.report(req.Method, "retry")
+				if wait > 0 {
+					if timer == nil {
+						timer = time.NewTimer(wait)
+					} else {
+						timer.Reset(wait)
+					}
+					select {
+					case <-timer.C:
+					case <-ctx.Done():
+						c := envelope.CodeOf(ctx.Err())
+						return nil, envelope.Errorf(c, "%s while waiting to retry after %s: %s",
+							map[bool]string{true: "deadline exceeded", false: "cancelled"}[c == envelope.CodeTimeout], e.Code, e.Message).WithAttempts(n + 1)
+					}
+				}
+				continue
+			}
+		}
+		if n > 0 || reason != "attempts" {
+			o.report(req.Method, reason)
+		}
+		return nil, e.WithAttempts(n + 1)
+	}
+}
+
+func (o *RetryOptions) report(method, reason string) {
+	if o.OnRetry != nil {
+		o.OnRetry(method, reason)
+	}
+}
+
+func timeLeft(ctx context.Context) (time.Duration, bool) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0, false
+	}
+	return time.Until(d), true
+}
+
+type hedgeResult struct {
+	res *envelope.Response
+	err error
+	n   int
+}
+
+// hedge runs a first attempt and, if it has not answered after
+// HedgeAfter (or failed retryably before), a second one, which the
+// invoker sends to another instance; the first success wins and the other
+// attempt is cancelled and awaited. A hedge counts as the policy's first
+// retry.
+func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions) (*envelope.Response, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	results := make(chan hedgeResult, 2)
+	outstanding := 0
+	launch := func(n int) {
+		r := *req
+		r.Headers.RetryCount = n
+		outstanding++
+		go func() {
+			res, err := attempt(ctx, &r, p, next, o)
+			results <- hedgeResult{res, err, n}
+		}()
+	}
+	defer func() {
+		cancel()
+		for ; outstanding > 0; outstanding-- {
+			<-results
+		}
+	}()
+	launch(0)
+	t := time.NewTimer(p.HedgeAfter)
+	defer t.Stop()
+	hedged := false
+	var last *envelope.Error
+	for {
+		select {
+		case <-t.C:
+			if !hedged && o.Budget.TryRetry(req.Method) {
+				hedged = true
+				o.report(req.Method, "hedge")
+				launch(1)
+			}
+		case r := <-results:
+			outstanding--
+			if r.err == nil {
+				r.res.Metrics.Retries = r.n
+				return r.res, nil
+			}
+			last = envelope.AsError(r.err)
+			if outstanding > 0 {
+				continue // the other attempt may still win
+			}
+			if ok, _ := decide(p, last, r.n); ok && !hedged && o.Budget.TryRetry(req.Method) {
+				hedged = true
+				o.report(req.Method, "retry")
+				launch(1)
+				continue
+			}
+			return nil, last.WithAttempts(r.n + 1)
+		case <-ctx.Done():
+			e := envelope.AsError(ctx.Err())
+			if last != nil {
+				e = envelope.Errorf(e.Code, "%s after %s: %s", e.Message, last.Code, last.Message)
+			}
+			return nil, e.WithAttempts(1)
+		}
+	}
+}

@@ -18,11 +18,13 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 type ctlFlags struct {
+	config  string
 	hubs    []string
 	timeout time.Duration
 	output  string
@@ -45,7 +47,8 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	pf := root.PersistentFlags()
 	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", mesh.DefaultHubURL)),
 		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
-	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout")
+	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
+	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd())
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -68,7 +71,11 @@ func isTerminal(w io.Writer) bool {
 }
 
 func (g *ctlFlags) client() (*mesh.Client, error) {
-	c, err := mesh.NewClient(g.hubs, mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"))
+	file, err := config.Load(g.config)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	c, err := mesh.NewClient(g.hubs, mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config))
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}

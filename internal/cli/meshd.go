@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -18,7 +19,7 @@ import (
 // NewMeshd returns the meshd command.
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 	var (
-		listen, id, logLevel       string
+		listen, id, logLevel, conf string
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
 	)
@@ -37,8 +38,13 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			if err != nil {
 				return usageErr("%v", err)
 			}
+			file, err := config.Load(conf)
+			if err != nil {
+				return usageErr("%v", err)
+			}
 			hub, err := mesh.NewHub(mesh.HubConfig{
 				ID: id, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
+				Reliability: &file.Config,
 			}, mesh.WithLogger(log))
 			if err != nil {
 				return usageErr("%v", err)
@@ -71,6 +77,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", mesh.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
 	f.BoolVar(&demo, "demo", false, "also run the echo and kv agents in this process")
+	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")

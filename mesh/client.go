@@ -41,6 +41,7 @@ type clientConfig struct {
 	waitForReady bool
 	middleware   []envelope.Middleware
 	reliability  *reliability.Config // nil: no reliability chain
+	transport    envelope.Invoker    // replaces ws/http when set
 }
 
 // ClientOption configures a Client.
@@ -77,6 +78,12 @@ func WithReliability(rc reliability.Config) ClientOption {
 // bulkhead, retry or policy timeout. For measurements and tests.
 func WithoutReliability() ClientOption { return func(c *clientConfig) { c.reliability = nil } }
 
+// WithTransport replaces the network with an invoker (see meshtest.Transport):
+// the client dials nothing and sends every attempt to inv.
+func WithTransport(inv envelope.Invoker) ClientOption {
+	return func(c *clientConfig) { c.transport = inv }
+}
+
 // WithMiddleware adds middlewares around the transport, outermost first.
 func WithMiddleware(m ...envelope.Middleware) ClientOption {
 	return func(c *clientConfig) { c.middleware = append(c.middleware, m...) }
@@ -112,9 +119,6 @@ type Client struct {
 // failure). All must be WebSocket (ws://, wss://) or all HTTP (http://,
 // https://). It does no I/O; a WebSocket client starts one goroutine.
 func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
-	if len(hubs) == 0 {
-		hubs = []string{DefaultHubURL}
-	}
 	c := &Client{
 		cfg: clientConfig{
 			timeout: DefaultCallTimeout, origin: "client", log: slog.New(slog.DiscardHandler),
@@ -126,6 +130,12 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	}
 	for _, o := range opts {
 		o(&c.cfg)
+	}
+	if len(hubs) == 0 {
+		hubs = []string{DefaultHubURL}
+	}
+	if c.cfg.transport != nil {
+		hubs = []string{"http://in-memory"}
 	}
 	hubs = slices.Clone(hubs)
 	for i, h := range hubs {
@@ -153,6 +163,9 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	transport := c.httpInvoke
 	if c.useWS {
 		transport = c.wsInvoke
+	}
+	if c.cfg.transport != nil {
+		transport = c.cfg.transport
 	}
 	mws := c.cfg.middleware
 	if rc := c.cfg.reliability; rc != nil {

@@ -93,12 +93,15 @@ func (mb *methodBudget) sums(sec int64) (req, ret int64) {
 }
 
 // Request counts a new call of method (its first attempt).
-func (b *Budget) Request(method string) {
+func (b *Budget) Request(method string) { b.RequestAt(method, b.now()) }
+
+// RequestAt is Request with the caller's reading of the clock.
+func (b *Budget) RequestAt(method string, now time.Time) {
 	if b == nil || b.slots == 0 {
 		return
 	}
 	mb := b.method(method)
-	sec := b.now().Unix()
+	sec := now.Unix()
 	mb.mu.Lock()
 	mb.bucket(sec).requests++
 	mb.mu.Unlock()

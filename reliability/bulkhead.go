@@ -62,6 +62,7 @@ type Bulkhead struct {
 	queued   int
 	queues   [numPriorities][]*waiter
 	rejected atomic.Int64
+	rel      func() // b.release, bound once so that Acquire does not allocate it
 }
 
 type waiter struct {
@@ -69,7 +70,11 @@ type waiter struct {
 }
 
 // NewBulkhead returns a pool; MaxConcurrent <= 0 means unbounded.
-func NewBulkhead(cfg BulkheadConfig) *Bulkhead { return &Bulkhead{cfg: cfg} }
+func NewBulkhead(cfg BulkheadConfig) *Bulkhead {
+	b := &Bulkhead{cfg: cfg}
+	b.rel = b.release
+	return b
+}
 
 // Rejected counts the calls refused or shed so far.
 func (b *Bulkhead) Rejected() int64 { return b.rejected.Load() }
@@ -95,7 +100,7 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
 		b.active++
 		b.mu.Unlock()
-		return b.release, nil
+		return b.rel, nil
 	}
 	if b.queued >= b.cfg.QueueSize && !b.evictLocked(p) {
 		b.mu.Unlock()
@@ -115,7 +120,7 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	select {
 	case ok := <-w.ch:
 		if ok {
-			return b.release, nil
+			return b.rel, nil
 		}
 		return nil, b.overloaded("shed from the bulkhead queue by a call of higher priority")
 	case <-timeout:
@@ -129,7 +134,7 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	}
 	// Admitted or shed just as we gave up: the verdict stands.
 	if <-w.ch {
-		return b.release, nil
+		return b.rel, nil
 	}
 	return nil, b.overloaded("shed from the bulkhead queue by a call of higher priority")
 }

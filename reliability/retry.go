@@ -91,9 +91,10 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 	return func(next envelope.Invoker) envelope.Invoker {
 		return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 			p := ps.For(req.Method)
-			o.Budget.Request(req.Method)
+			now := time.Now() // read the clock once: it is not cheap on every host
+			o.Budget.RequestAt(req.Method, now)
 			if p.Timeout > 0 {
-				if d, ok := ctx.Deadline(); !ok || time.Until(d) > p.Timeout {
+				if d, ok := ctx.Deadline(); !ok || d.Sub(now) > p.Timeout {
 					var cancel context.CancelFunc
 					ctx, cancel = context.WithTimeout(ctx, p.Timeout)
 					defer cancel()
@@ -105,13 +106,12 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 {
 				return hedge(ctx, req, p, next, &o)
 			}
-			return retryLoop(ctx, req, p, next, &o)
+			return retryLoop(ctx, req, p, next, &o, now)
 		}
 	}
 }
 
-func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions) (*envelope.Response, error) {
-	start := time.Now()
+func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time) (*envelope.Response, error) {
 	if p.PerTryTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.PerTryTimeout)
@@ -124,7 +124,7 @@ func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelop
 	return res, err
 }
 
-func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions) (*envelope.Response, error) {
+func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time) (*envelope.Response, error) {
 	var delays interface{ NextBackOff() time.Duration }
 	var timer *time.Timer
 	defer func() {
@@ -134,7 +134,10 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 	}()
 	for n := 0; ; n++ {
 		req.Headers.RetryCount = n
-		res, err := attempt(ctx, req, p, next, o)
+		if n > 0 {
+			start = time.Now()
+		}
+		res, err := attempt(ctx, req, p, next, o, start)
 		if err == nil {
 			res.Metrics.Retries = n
 			return res, nil
@@ -214,7 +217,7 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 		r.Headers.RetryCount = n
 		outstanding++
 		go func() {
-			res, err := attempt(ctx, &r, p, next, o)
+			res, err := attempt(ctx, &r, p, next, o, time.Now())
 			results <- hedgeResult{res, err, n}
 		}()
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Limits bound what a decoder accepts.
@@ -146,7 +147,7 @@ func eachMember(obj []byte, fn func(key string, val []byte) *Error) *Error {
 	var big map[string]struct{}
 	for i < len(obj) {
 		ke := stringEnd(obj, i)
-		key, ok := unquote(obj[i:ke])
+		key, ok := keyString(obj[i:ke])
 		if !ok {
 			return NewError(CodeParseError, "bad object key")
 		}
@@ -164,7 +165,7 @@ func eachMember(obj []byte, fn func(key string, val []byte) *Error) *Error {
 				small[nsmall] = key
 				nsmall++
 			} else {
-				big = make(map[string]struct{}, 2*len(small))
+				big = make(map[string]struct{}, 2*len(small)) // keys alias obj, which outlives the map
 				for _, s := range small {
 					big[s] = struct{}{}
 				}
@@ -205,6 +206,24 @@ func eachElement(arr []byte, fn func(val []byte)) {
 		}
 		i = skipSpace(arr, i+1)
 	}
+}
+
+// keyString returns an object key for comparison during eachMember. A key
+// without escapes aliases the message's bytes instead of being copied:
+// keys are compared and dropped, never kept, and the message is not
+// modified while it is decoded. Escaped keys are decoded (and copied).
+func keyString(tok []byte) (string, bool) {
+	if len(tok) < 2 || tok[0] != '"' || tok[len(tok)-1] != '"' {
+		return "", false
+	}
+	inner := tok[1 : len(tok)-1]
+	if len(inner) == 0 {
+		return "", true
+	}
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return unsafe.String(&inner[0], len(inner)), true
+	}
+	return unquote(tok)
 }
 
 // unquote decodes a JSON string token. Strings without escapes (the usual

@@ -1,0 +1,112 @@
+package envelope_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+var allHeaders = envelope.Headers{
+	TraceID: "t1", Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "k=v",
+	Baggage: "b=1", AuthToken: "secret", UserID: "u", TTL: 1234, Priority: "low", RetryCount: 3, CorrelationID: "wf",
+}
+
+func TestNativeFrameRoundTrip(t *testing.T) {
+	req := &envelope.Request{ID: envelope.NewID(), Origin: "o", Destination: "d", Timestamp: 1718963981000, Method: "memory.query",
+		Params: json.RawMessage(`{"q":"cat","n":[1,2.5,null]}`), Headers: allHeaders, Version: "1.0"}
+	f, err := envelope.DecodeFrame(envelope.AppendRequestFrame(nil, 42, req), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameRequest || f.Seq != 42 {
+		t.Fatalf("DecodeFrame = %+v, %v", f, err)
+	}
+	if got := f.Request; got.ID != req.ID || got.Origin != "o" || got.Destination != "d" || got.Timestamp != req.Timestamp ||
+		got.Method != req.Method || string(got.Params) != string(req.Params) || got.Headers != req.Headers || got.Version != "1.0" {
+		t.Errorf("request round trip = %+v; want %+v", got, *req)
+	}
+
+	res := &envelope.Response{ID: req.ID, Origin: "agent-1", Timestamp: 5, Result: json.RawMessage(`[1,"two"]`),
+		Metrics: envelope.Metrics{LatencyMs: 1.5, Retries: 2, Backend: "WebSocket", QueueTime: 0.25, ProcessingTime: 1}, Headers: envelope.Headers{TraceID: "t1"}}
+	f, err = envelope.DecodeFrame(envelope.AppendResponseFrame(nil, 43, res, nil), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameResponse || f.Seq != 43 || f.Err != nil {
+		t.Fatalf("DecodeFrame(response) = %+v, %v", f, err)
+	}
+	if got := f.Response; got.ID != res.ID || got.Origin != "agent-1" || string(got.Result) != string(res.Result) || got.Metrics != res.Metrics || got.Headers != res.Headers {
+		t.Errorf("response round trip = %+v; want %+v", got, *res)
+	}
+
+	e := envelope.NewError(envelope.CodeOverloaded, `queue "full"`).WithData(map[string]int{"queued": 1000}).MarkNotSent().WithAttempts(3)
+	f, err = envelope.DecodeFrame(envelope.AppendResponseFrame(nil, 44, nil, e), envelope.Limits{})
+	if err != nil || f.Err == nil {
+		t.Fatalf("DecodeFrame(error) = %+v, %v", f, err)
+	}
+	if f.Err.Code != envelope.CodeOverloaded || f.Err.Message != `queue "full"` || string(f.Err.Data) != `{"queued":1000}` ||
+		!f.Err.IsWire() || !f.Err.NotSent() || f.Err.Attempts() != 3 {
+		t.Errorf("error round trip = %+v", f.Err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendCancelFrame(nil, 45), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameCancel || f.Seq != 45 {
+		t.Errorf("cancel round trip = %+v, %v", f, err)
+	}
+}
+
+func TestNativeStringsEncodeAsJSON(t *testing.T) {
+	for _, s := range []string{"plain", `quote " backslash \ slash /`, "ctl \x00\x01\x1f\n\r\t", "ünïcødé 日本 🙂", "bad \xff utf8", "sep \u2028\u2029", ""} {
+		req := &envelope.Request{ID: s, Method: "m" + s, Origin: s}
+		out := envelope.AppendRequestFrame(nil, 1, req)
+		if !json.Valid(out) {
+			t.Fatalf("frame for %q is not valid JSON: %s", s, out)
+		}
+		f, err := envelope.DecodeFrame(out, envelope.Limits{})
+		if err != nil {
+			t.Fatalf("DecodeFrame: %v", err)
+		}
+		want := strings.ToValidUTF8(s, "\uFFFD")
+		if f.Request.ID != want || f.Request.Origin != want {
+			t.Errorf("string %q came back as %q", s, f.Request.ID)
+		}
+	}
+}
+
+func TestNativeFrameErrors(t *testing.T) {
+	cases := []struct {
+		name, in string
+		typ      envelope.FrameType
+		seq      uint64
+		field    string
+	}{
+		{"unknown type", `{"type":"push","seq":1}`, 0, 1, "push"},
+		{"seq a string", `{"type":"req","seq":"1","method":"m"}`, envelope.FrameRequest, 0, "seq"},
+		{"method a number", `{"type":"req","seq":7,"method":5}`, envelope.FrameRequest, 7, "method"},
+		{"method missing", `{"type":"req","seq":7}`, envelope.FrameRequest, 7, "method"},
+		{"ttl negative", `{"type":"req","seq":8,"method":"m","headers":{"ttl":-5}}`, envelope.FrameRequest, 8, "headers.ttl"},
+		{"headers an array", `{"type":"req","seq":9,"method":"m","headers":[]}`, envelope.FrameRequest, 9, "headers"},
+		{"error not an object", `{"type":"res","seq":3,"error":"boom"}`, envelope.FrameResponse, 3, "error"},
+		{"not an object", `[1,2]`, 0, 0, "object"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := envelope.DecodeFrame([]byte(tc.in), envelope.Limits{})
+			if err == nil {
+				t.Fatalf("DecodeFrame(%s) accepted it", tc.in)
+			}
+			if err.Code != envelope.CodeInvalidRequest || !strings.Contains(err.Message, tc.field) {
+				t.Errorf("error = %v; want INVALID_REQUEST naming %q", err, tc.field)
+			}
+			if f.Type != tc.typ || f.Seq != tc.seq {
+				t.Errorf("frame kept type %v seq %d; want %v %d", f.Type, f.Seq, tc.typ, tc.seq)
+			}
+		})
+	}
+}
+
+func TestHeadersCarrier(t *testing.T) {
+	var h envelope.Headers
+	for _, k := range h.Keys() {
+		h.Set(k, "v-"+k)
+	}
+	h.Set("other", "x")
+	if h.Get("traceparent") != "v-traceparent" || h.Get("tracestate") != "v-tracestate" || h.Get("baggage") != "v-baggage" || h.Get("other") != "" {
+		t.Errorf("carrier = %+v", h)
+	}
+}

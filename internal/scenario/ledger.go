@@ -1,0 +1,165 @@
+// Package scenario is the harness of the acceptance scenarios of
+// RELIABILITY.md: an open-loop load driver that measures latency from the
+// intended send time, and a Jepsen-style ledger that joins what clients saw
+// with what agents executed and prints one JSON summary line.
+package scenario
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Outcome is what a client saw of one request.
+type Outcome struct {
+	ID         string
+	Method     string
+	Idempotent bool
+	Intended   time.Time // when it should have been sent (open loop)
+	End        time.Time
+	Code       envelope.Code // CodeOK on success
+	NotSent    bool          // the error says the request never reached a handler
+	Echo       string        // what came back, to check it is this request's
+	Want       string        // what should have come back
+}
+
+// Ledger collects outcomes and executions. Safe for concurrent use.
+type Ledger struct {
+	mu       sync.Mutex
+	outcomes []Outcome
+	execs    map[string]int // request id -> executions seen by agents
+}
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger { return &Ledger{execs: map[string]int{}} }
+
+// Record adds a client outcome.
+func (l *Ledger) Record(o Outcome) {
+	l.mu.Lock()
+	l.outcomes = append(l.outcomes, o)
+	l.mu.Unlock()
+}
+
+// Executed adds n executions of request id (from the agents' counts).
+func (l *Ledger) Executed(id string, n int) {
+	l.mu.Lock()
+	l.execs[id] += n
+	l.mu.Unlock()
+}
+
+// Summary is the ledger's verdict, printed as one JSON line.
+type Summary struct {
+	Scenario      string         `json:"scenario"`
+	Requests      int            `json:"requests"`
+	Succeeded     int            `json:"succeeded"`
+	Failed        map[string]int `json:"failed"`
+	Lost          int            `json:"lost"`
+	Duplicates    int            `json:"duplicates"`
+	Phantom       int            `json:"phantom"`
+	Misdelivered  int            `json:"misdelivered"`
+	Indeterminate int            `json:"indeterminate"`
+	P50Ms         float64        `json:"p50Ms"`
+	P99Ms         float64        `json:"p99Ms"`
+	MaxMs         float64        `json:"maxMs"`
+}
+
+// Summarize joins outcomes and executions. sent is how many requests the
+// driver issued: those without an outcome are lost.
+func (l *Ledger) Summarize(name string, sent int) Summary {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := Summary{Scenario: name, Requests: sent, Failed: map[string]int{}}
+	lat := make([]time.Duration, 0, len(l.outcomes))
+	for _, o := range l.outcomes {
+		lat = append(lat, o.End.Sub(o.Intended))
+		if o.Code == envelope.CodeOK {
+			s.Succeeded++
+			if o.Echo != o.Want {
+				s.Misdelivered++
+			}
+		} else {
+			s.Failed[o.Code.String()]++
+			if !o.NotSent && (o.Code == envelope.CodeTimeout || o.Code == envelope.CodeUnavailable) {
+				s.Indeterminate++
+			}
+		}
+		n := l.execs[o.ID]
+		if !o.Idempotent && n > 1 {
+			s.Duplicates++
+		}
+		if o.NotSent && n > 0 {
+			s.Phantom++
+		}
+	}
+	s.Lost = sent - len(l.outcomes)
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		s.P50Ms, s.P99Ms, s.MaxMs = ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100]), ms(lat[len(lat)-1])
+	}
+	return s
+}
+
+// Print writes s as one JSON line.
+func (s Summary) Print(w io.Writer) {
+	b, _ := json.Marshal(s)
+	fmt.Fprintf(w, "%s\n", b)
+}
+
+// Drive sends rate requests per second for d, open loop: each request
+// starts at its intended time on its own goroutine (at most maxInFlight at
+// once; a send that finds them all busy is still recorded, late). call
+// makes request i and reports its outcome; Drive returns how many it sent
+// after every call returned.
+func Drive(ctx context.Context, rate float64, d time.Duration, maxInFlight int, call func(ctx context.Context, i int, intended time.Time)) int {
+	interval := time.Duration(float64(time.Second) / rate)
+	sem := make(chan struct{}, maxInFlight)
+	var wg sync.WaitGroup
+	start := time.Now()
+	n := 0
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for ; ; n++ {
+		intended := start.Add(time.Duration(n) * interval)
+		if intended.Sub(start) >= d {
+			break
+		}
+		if wait := time.Until(intended); wait > 0 {
+			t.Reset(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				wg.Wait()
+				return n
+			}
+		}
+		sem <- struct{}{}
+		i := n
+		wg.Go(func() {
+			defer func() { <-sem }()
+			call(ctx, i, intended)
+		})
+	}
+	wg.Wait()
+	return n
+}
+
+// Outcomes returns a copy of the recorded outcomes.
+func (l *Ledger) Outcomes() []Outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.outcomes)
+}
+
+// Executions returns how many executions of id were recorded.
+func (l *Ledger) Executions(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.execs[id]
+}

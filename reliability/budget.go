@@ -16,16 +16,23 @@ type BudgetConfig struct {
 	Window       time.Duration `koanf:"window" json:"window"`
 }
 
-// DefaultBudgetConfig: 20 % of requests plus 10 retries per second over
-// 10 s, Linkerd's values.
+// DefaultBudgetConfig: 20 % of requests plus 10 retries per second
+// (Linkerd's values) over a 2 s window. A window much longer than that
+// (Linkerd's 10 s) lets a sudden failure spend the allowance saved during
+// the healthy seconds before it all at once: more than 1.25 attempts per
+// request during the first seconds of an outage.
 func DefaultBudgetConfig() BudgetConfig {
-	return BudgetConfig{Ratio: 0.2, MinPerSecond: 10, Window: 10 * time.Second}
+	return BudgetConfig{Ratio: 0.2, MinPerSecond: 10, Window: 2 * time.Second}
 }
+
+// budgetSlots is how many buckets a window is cut into.
+const budgetSlots = 10
 
 // Budget tracks requests and retries per method. Safe for concurrent use.
 type Budget struct {
 	cfg     BudgetConfig
 	slots   int
+	width   int64 // nanoseconds per bucket
 	methods atomic.Pointer[map[string]*methodBudget]
 	mu      sync.Mutex // guards copy-on-write of methods
 	now     func() time.Time
@@ -37,16 +44,16 @@ type methodBudget struct {
 }
 
 type budgetBucket struct {
-	sec               int64
+	slot              int64 // which bucket of time it counts (unix nanos / width)
 	requests, retries int64
 }
 
 // NewBudget returns a budget; a zero Window disables it (every retry allowed).
 func NewBudget(cfg BudgetConfig) *Budget {
 	b := &Budget{cfg: cfg, now: time.Now}
-	b.slots = int(cfg.Window / time.Second)
-	if b.slots < 1 && cfg.Window > 0 {
-		b.slots = 1
+	if cfg.Window > 0 {
+		b.slots = budgetSlots
+		b.width = max(int64(cfg.Window)/budgetSlots, 1)
 	}
 	m := map[string]*methodBudget{}
 	b.methods.Store(&m)
@@ -73,18 +80,18 @@ func (b *Budget) method(name string) *methodBudget {
 	return mb
 }
 
-func (mb *methodBudget) bucket(sec int64) *budgetBucket {
-	bk := &mb.buckets[sec%int64(len(mb.buckets))]
-	if bk.sec != sec {
-		*bk = budgetBucket{sec: sec}
+func (mb *methodBudget) bucket(slot int64) *budgetBucket {
+	bk := &mb.buckets[slot%int64(len(mb.buckets))]
+	if bk.slot != slot {
+		*bk = budgetBucket{slot: slot}
 	}
 	return bk
 }
 
-func (mb *methodBudget) sums(sec int64) (req, ret int64) {
+func (mb *methodBudget) sums(slot int64) (req, ret int64) {
 	for i := range mb.buckets {
 		bk := &mb.buckets[i]
-		if sec-bk.sec < int64(len(mb.buckets)) {
+		if slot-bk.slot < int64(len(mb.buckets)) {
 			req += bk.requests
 			ret += bk.retries
 		}
@@ -101,9 +108,9 @@ func (b *Budget) RequestAt(method string, now time.Time) {
 		return
 	}
 	mb := b.method(method)
-	sec := now.Unix()
+	slot := now.UnixNano() / b.width
 	mb.mu.Lock()
-	mb.bucket(sec).requests++
+	mb.bucket(slot).requests++
 	mb.mu.Unlock()
 }
 
@@ -114,14 +121,14 @@ func (b *Budget) TryRetry(method string) bool {
 		return true
 	}
 	mb := b.method(method)
-	sec := b.now().Unix()
+	slot := b.now().UnixNano() / b.width
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	req, ret := mb.sums(sec)
-	allowed := b.cfg.Ratio*float64(req) + b.cfg.MinPerSecond*float64(b.slots)
+	req, ret := mb.sums(slot)
+	allowed := b.cfg.Ratio*float64(req) + b.cfg.MinPerSecond*b.cfg.Window.Seconds()
 	if float64(ret+1) > allowed {
 		return false
 	}
-	mb.bucket(sec).retries++
+	mb.bucket(slot).retries++
 	return true
 }

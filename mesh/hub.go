@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
@@ -87,6 +88,13 @@ type HubOption func(*Hub)
 // the hub then owns and closes).
 func WithRegistry(r registry.Registry) HubOption { return func(h *Hub) { h.reg = r } }
 
+// WithBreakerHook is told of every state change of the hub's per-instance
+// breakers ("closed", "half-open", "open"). It runs under the breaker's
+// lock: it may count or log, never call into the hub.
+func WithBreakerHook(f func(k reliability.BreakerKey, from, to string)) HubOption {
+	return func(h *Hub) { h.breakerHook = f }
+}
+
 // WithLogger sets the hub's logger (default: discard).
 func WithLogger(l *slog.Logger) HubOption { return func(h *Hub) { h.log = l } }
 
@@ -106,9 +114,10 @@ type Hub struct {
 	invoke   envelope.Invoker // dispatcher for callers
 	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
 
-	policies  *reliability.PolicySet
-	breakers  *reliability.Breakers // per (method, instance)
-	bulkheads *reliability.Bulkheads
+	breakerHook func(k reliability.BreakerKey, from, to string)
+	policies    *reliability.PolicySet
+	breakers    *reliability.Breakers // per (method, instance)
+	bulkheads   *reliability.Bulkheads
 
 	bindings sync.Map // instance id -> *binding (agents attached here)
 
@@ -168,7 +177,11 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	}
 	h.builtins = h.builtinMethods()
 	h.policies = ps
-	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, nil)
+	var onChange func(reliability.BreakerKey, gobreaker.State, gobreaker.State)
+	if hook := h.breakerHook; hook != nil {
+		onChange = func(k reliability.BreakerKey, from, to gobreaker.State) { hook(k, from.String(), to.String()) }
+	}
+	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, onChange)
 	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)
 	h.routed = envelope.Chain(
 		h.bulkheads.Middleware,

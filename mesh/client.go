@@ -256,6 +256,11 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	if err := ctx.Err(); err != nil {
+		// Expired or cancelled before anything was sent: the caller's own
+		// doing, which no breaker should count.
+		return envelope.AsError(err).MarkNotSent()
+	}
 	start := time.Now()
 	res, err := c.invoke(ctx, req)
 	if err != nil {

@@ -1,10 +1,12 @@
 package envelope
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error is the one error type of the mesh: a Code from the table, a message
@@ -104,6 +106,21 @@ func (e *Error) WithAttempts(n int) *Error {
 // Attempts returns how many attempts the retry loop that gave e up made
 // (0 when no retry loop has decided on it).
 func (e *Error) Attempts() int { return e.attempts }
+
+// RetryAfter returns the pushback a callee asked for in its details
+// ({"retryAfterMs": N}), or 0. A retry loop waits at least that long.
+func (e *Error) RetryAfter() time.Duration {
+	if len(e.Data) == 0 || !bytes.Contains(e.Data, []byte(`"retryAfterMs"`)) {
+		return 0
+	}
+	var d struct {
+		RetryAfterMs int64 `json:"retryAfterMs"`
+	}
+	if json.Unmarshal(e.Data, &d) != nil || d.RetryAfterMs <= 0 || d.RetryAfterMs > MaxTTL.Milliseconds() {
+		return 0
+	}
+	return time.Duration(d.RetryAfterMs) * time.Millisecond
+}
 
 // IsWire reports whether the error was decoded from a peer rather than
 // raised on this side.

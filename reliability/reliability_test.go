@@ -434,3 +434,24 @@ func TestHedging(t *testing.T) {
 		}
 	})
 }
+
+func TestRetryHonoursPushback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ps, _ := reliability.NewPolicySet(reliability.Policy{Timeout: time.Minute, Retries: 2, Idempotent: true,
+			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)
+		var at []time.Time
+		inv := reliability.Retry(ps, reliability.RetryOptions{})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+			at = append(at, time.Now())
+			if len(at) == 1 {
+				return nil, envelope.NewError(envelope.CodeOverloaded, "slow down").WithData(map[string]int{"retryAfterMs": 250})
+			}
+			return &envelope.Response{}, nil
+		})
+		if _, err := inv(context.Background(), &envelope.Request{Method: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		if len(at) != 2 || at[1].Sub(at[0]) != 250*time.Millisecond {
+			t.Errorf("attempts at %v; want the retry 250ms after the pushback, not the 1ms backoff", at)
+		}
+	})
+}

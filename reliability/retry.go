@@ -148,7 +148,7 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 			if delays == nil {
 				delays = p.Backoff.NewBackOff()
 			}
-			wait := delays.NextBackOff()
+			wait := max(delays.NextBackOff(), e.RetryAfter()) // the callee's pushback wins if longer
 			if left, has := timeLeft(ctx); has {
 				if p90, known := o.Latency.P90(req.Method); left <= wait || (known && left < wait+p90) {
 					ok, reason = false, "deadline"
@@ -170,7 +170,7 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 					case <-ctx.Done():
 						c := envelope.CodeOf(ctx.Err())
 						return nil, envelope.Errorf(c, "%s while waiting to retry after %s: %s",
-							map[bool]string{true: "deadline exceeded", false: "cancelled"}[c == envelope.CodeTimeout], e.Code, e.Message).WithAttempts(n + 1)
+							envelope.AsError(ctx.Err()).Message, e.Code, e.Message).WithAttempts(n + 1)
 					}
 				}
 				continue

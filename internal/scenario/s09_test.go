@@ -273,4 +273,29 @@ func TestS09RetrySemantics(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("f pushback honoured", func(t *testing.T) {
+		m := meshtest.Start(t, mesh.HubConfig{Reliability: config("s09f", reliability.Policy{Timeout: 5 * time.Second, Retries: 2, Idempotent: true,
+			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)})
+		log := &attemptLog{m: map[string][]attemptRec{}}
+		a := agents.New("s09f")
+		a.Handle("s09f.work", func(ctx context.Context, p json.RawMessage) (any, error) {
+			if rec := log.add(ctx, "f"); rec.retry == 0 {
+				return nil, envelope.NewError(envelope.CodeOverloaded, "slow down").WithData(map[string]int{"retryAfterMs": 100})
+			}
+			return p, nil
+		})
+		m.RunAgent(t, a)
+		c := m.Client(t, mesh.WithoutReliability())
+		for i := range 10 {
+			req := &envelope.Request{ID: envelope.NewID(), Method: "s09f.work", Params: json.RawMessage(fmt.Sprint(i))}
+			if _, err := c.Invoke(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+			recs := log.get(req.ID)
+			if len(recs) != 2 || recs[1].at.Sub(recs[0].at) < 100*time.Millisecond {
+				t.Errorf("attempts %+v; want the retry no sooner than the 100ms pushback", recs)
+			}
+		}
+	})
 }

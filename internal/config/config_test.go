@@ -82,3 +82,17 @@ func TestLoadEmptyPathIsDefaults(t *testing.T) {
 		t.Errorf("Load(\"\") = %+v, %v; want the seed defaults", f, err)
 	}
 }
+
+func TestShippedExampleLoads(t *testing.T) {
+	f, err := config.Load("../../deploy/mesh.yaml")
+	if err != nil {
+		t.Fatalf("deploy/mesh.yaml: %v", err)
+	}
+	ps, _ := f.PolicySet()
+	if p := ps.For("echo.echo"); !p.Idempotent || p.HedgeAfter != 50*time.Millisecond {
+		t.Errorf("echo.* = %+v", p)
+	}
+	if f.RetryBudget.Window != 2*time.Second {
+		t.Errorf("retryBudget = %+v", f.RetryBudget)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // HandlerFunc serves one method. params is the request's raw JSON; the
@@ -44,6 +45,10 @@ func WithConnConfig(c mesh.ConnConfig) Option { return func(a *Agent) { a.conn =
 // WithMetadata sets the metadata sent with agent.register.
 func WithMetadata(m map[string]any) Option { return func(a *Agent) { a.metadata = m } }
 
+// WithTelemetry instruments the agent: a SERVER span per call, continuing
+// the caller's trace, and the server metrics when t has them.
+func WithTelemetry(t *telemetry.Telemetry) Option { return func(a *Agent) { a.tel = t } }
+
 // WithDrainTimeout bounds how long Run waits for handlers in flight after
 // deregistering (default 5 s).
 func WithDrainTimeout(d time.Duration) Option { return func(a *Agent) { a.drain = d } }
@@ -58,6 +63,7 @@ type Agent struct {
 	conn     mesh.ConnConfig
 	metadata map[string]any
 	drain    time.Duration
+	tel      *telemetry.Telemetry
 
 	mu       sync.RWMutex
 	exact    map[string]HandlerFunc
@@ -213,7 +219,7 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 // session runs one link's life: dial, register, heartbeat, serve.
 func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.serve), mesh.WithLinkLogger(a.log))
+	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
 	cancel()
 	if err != nil {
 		return false, err

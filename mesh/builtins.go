@@ -235,6 +235,7 @@ func (h *Hub) agentHeartbeat(ctx context.Context, l *Link, raw json.RawMessage) 
 	if p.Status.Load < 0 || p.Status.Load > 1 || math.IsNaN(p.Status.Load) {
 		return nil, envelope.NewError(envelope.CodeInvalidParams, "agent.heartbeat: status.load must be within 0..1")
 	}
+	h.metrics().Heartbeat()
 	if err := h.reg.Heartbeat(ctx, p.AgentID, registry.Beat{State: p.Status.State, Load: p.Status.Load}); err != nil {
 		if errors.Is(err, registry.ErrNotFound) {
 			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "agent.heartbeat: agent %q expired; register again", p.AgentID)

@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -42,6 +44,7 @@ type clientConfig struct {
 	middleware   []envelope.Middleware
 	reliability  *reliability.Config // nil: no reliability chain
 	transport    envelope.Invoker    // replaces ws/http when set
+	tel          *telemetry.Telemetry
 }
 
 // ClientOption configures a Client.
@@ -82,6 +85,13 @@ func WithoutReliability() ClientOption { return func(c *clientConfig) { c.reliab
 // the client dials nothing and sends every attempt to inv.
 func WithTransport(inv envelope.Invoker) ClientOption {
 	return func(c *clientConfig) { c.transport = inv }
+}
+
+// WithClientTelemetry instruments the client: a CLIENT span per call, a
+// child per attempt whose context travels in the headers, and the client
+// metrics when t has them.
+func WithClientTelemetry(t *telemetry.Telemetry) ClientOption {
+	return func(c *clientConfig) { c.tel = t }
 }
 
 // WithMiddleware adds middlewares around the transport, outermost first.
@@ -167,22 +177,36 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	if c.cfg.transport != nil {
 		transport = c.cfg.transport
 	}
-	mws := c.cfg.middleware
+	mws := slices.Clone(c.cfg.middleware)
+	tel := c.cfg.tel
+	mws = append(mws, tel.Client)
 	if rc := c.cfg.reliability; rc != nil {
 		if err := rc.Validate(); err != nil {
 			return nil, err
 		}
 		c.policies, _ = rc.PolicySet()
-		c.breakers = reliability.NewBreakers(rc.CircuitBreaker, nil)
+		var onChange func(reliability.BreakerKey, gobreaker.State, gobreaker.State)
+		if tel != nil && tel.M != nil {
+			m := tel.M
+			onChange = func(k reliability.BreakerKey, from, to gobreaker.State) {
+				m.BreakerChanged(k.Method, from.String(), to.String())
+			}
+		}
+		c.breakers = reliability.NewBreakers(rc.CircuitBreaker, onChange)
 		// The breaker sits outside the retry loop, so that a rejection is
 		// never retried; the retry loop retries only what failed on the
 		// way to the hub (the hub's router retries what failed beyond it).
-		mws = append(slices.Clone(mws), c.breakers.Middleware,
+		var onRetry func(method, reason string)
+		if tel != nil && tel.M != nil {
+			onRetry = tel.M.Retry
+		}
+		mws = append(mws, c.breakers.Middleware,
 			reliability.NewBulkheads(rc.Bulkhead).Middleware,
 			reliability.Retry(c.policies, reliability.RetryOptions{
-				Budget: reliability.NewBudget(rc.RetryBudget), Latency: reliability.NewLatency(),
+				Budget: reliability.NewBudget(rc.RetryBudget), Latency: reliability.NewLatency(), OnRetry: onRetry,
 			}))
 	}
+	mws = append(mws, tel.Attempt)
 	c.invoke = transport
 	if len(mws) > 0 {
 		c.invoke = envelope.Chain(mws[0], mws[1:]...)(transport)
@@ -379,6 +403,9 @@ func (c *Client) maintain(ctx context.Context) {
 		select {
 		case <-l.Done():
 			c.cfg.log.Debug("hub link lost", "hub", hub, "error", l.Err())
+			if c.cfg.tel != nil {
+				c.cfg.tel.M.Reconnected("client")
+			}
 			c.setState(nil, nil)
 			l.Close()
 			i-- // redial the same hub first

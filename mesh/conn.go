@@ -26,6 +26,9 @@ type ConnConfig struct {
 	QueueSize int
 	// Limits bound each incoming message (default 1 MiB, depth 64).
 	Limits envelope.Limits
+	// Bytes, if set, is told the size of every message read (in) and
+	// written (out), for metrics. It must not block.
+	Bytes func(in, out int)
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {
@@ -98,6 +101,9 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 			return
 		}
 		_ = c.ws.SetReadDeadline(time.Now().Add(idle))
+		if c.cfg.Bytes != nil {
+			c.cfg.Bytes(len(data), 0)
+		}
 		if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
 			continue
 		}
@@ -114,6 +120,9 @@ func (c *wsConn) writeLoop() {
 		case b := <-c.out:
 			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 			err := c.ws.WriteMessage(websocket.TextMessage, *b)
+			if c.cfg.Bytes != nil {
+				c.cfg.Bytes(0, len(*b))
+			}
 			putBuf(b)
 			if err != nil {
 				c.shutdown(err)

@@ -17,7 +17,47 @@ import (
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
+
+// metrics returns the hub's metrics, or nil.
+func (h *Hub) metrics() *telemetry.Metrics {
+	if h.tel == nil {
+		return nil
+	}
+	return h.tel.M
+}
+
+// state is what /metrics reports about the hub at scrape time.
+func (h *Hub) state() telemetry.HubState {
+	snap := h.reg.Snapshot()
+	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0}}
+	for _, in := range snap.Instances() {
+		s.AgentsByState[in.State()]++
+	}
+	s.Methods = len(snap.Methods())
+	agentLinks := map[*Link]bool{}
+	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
+	h.mu.Lock()
+	for c := range h.conns {
+		l, ok := c.(*Link)
+		switch {
+		case ok && agentLinks[l]:
+			s.Links["agent"]++
+		default:
+			s.Links["client"]++
+		}
+		if ok {
+			s.Pending += l.Pending()
+		}
+	}
+	h.mu.Unlock()
+	h.bulkheads.Each(func(m string, b *reliability.Bulkhead) {
+		run, q := b.Active()
+		s.Pools = append(s.Pools, telemetry.PoolState{Method: m, Running: run, Queued: q})
+	})
+	return s
+}
 
 // DefaultListen is where meshd listens unless told otherwise: loopback only.
 const DefaultListen = "127.0.0.1:7700"
@@ -95,6 +135,10 @@ func WithBreakerHook(f func(k reliability.BreakerKey, from, to string)) HubOptio
 	return func(h *Hub) { h.breakerHook = f }
 }
 
+// WithTelemetry instruments the hub: a SERVER span per call received, a
+// CLIENT span per forward attempt, and, with metrics, /metrics.
+func WithTelemetry(t *telemetry.Telemetry) HubOption { return func(h *Hub) { h.tel = t } }
+
 // WithLogger sets the hub's logger (default: discard).
 func WithLogger(l *slog.Logger) HubOption { return func(h *Hub) { h.log = l } }
 
@@ -115,6 +159,7 @@ type Hub struct {
 	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
 
 	breakerHook func(k reliability.BreakerKey, from, to string)
+	tel         *telemetry.Telemetry
 	policies    *reliability.PolicySet
 	breakers    *reliability.Breakers // per (method, instance)
 	bulkheads   *reliability.Bulkheads
@@ -177,21 +222,33 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	}
 	h.builtins = h.builtinMethods()
 	h.policies = ps
-	var onChange func(reliability.BreakerKey, gobreaker.State, gobreaker.State)
-	if hook := h.breakerHook; hook != nil {
-		onChange = func(k reliability.BreakerKey, from, to gobreaker.State) { hook(k, from.String(), to.String()) }
-	}
-	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, onChange)
+	m := h.metrics()
+	hook := h.breakerHook
+	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, func(k reliability.BreakerKey, from, to gobreaker.State) {
+		m.BreakerChanged(k.Method, from.String(), to.String())
+		if hook != nil {
+			hook(k, from.String(), to.String())
+		}
+	})
 	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)
+	var onRetry func(method, reason string)
+	if m != nil {
+		h.bulkheads.OnReject = m.BulkheadRejected
+		onRetry = m.Retry
+		h.cfg.Conn.Bytes = m.Bytes
+		m.RegisterHubState(h.state)
+	}
 	h.routed = envelope.Chain(
 		h.bulkheads.Middleware,
 		reliability.Retry(ps, reliability.RetryOptions{
 			Budget:   reliability.NewBudget(rc.RetryBudget),
 			Latency:  reliability.NewLatency(),
 			UseTried: true,
+			OnRetry:  onRetry,
 		}),
+		h.tel.Attempt,
 	)(h.attempt)
-	h.invoke = h.dispatch
+	h.invoke = h.tel.Server(h.logFailures(h.dispatch))
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
 	watch, err := h.reg.Watch(ctx)
@@ -201,6 +258,15 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	}
 	go h.follow(watch)
 	return h, nil
+}
+
+// KnownMethod reports whether method is a built-in or served (now or
+// recently) by some agent: what may appear as a metric label.
+func (h *Hub) KnownMethod(method string) bool {
+	if _, ok := h.builtins[method]; ok {
+		return true
+	}
+	return h.reg.Snapshot().Known(method)
 }
 
 // ID returns the hub's id.
@@ -217,6 +283,9 @@ func (h *Hub) Handler() http.Handler {
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))
+	}
+	if m := h.metrics(); m != nil {
+		mux.Handle("/metrics", m.Handler())
 	}
 	mux.HandleFunc("/healthz", live)
 	mux.HandleFunc("/livez", live)
@@ -337,6 +406,7 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 			b := v.(*binding)
 			if b.ready.Load() && snap.Instance(b.id) == nil {
 				h.log.Info("instance left the registry; closing its link", "agent", b.id)
+				h.metrics().Expired()
 				h.bindings.CompareAndDelete(k, v)
 				h.breakers.Forget(b.id)
 				go b.link.Close()
@@ -363,6 +433,24 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 		defer cancel()
 	}
 	return h.invoke(ctx, req)
+}
+
+// logFailures logs every failed call with its request id (and, through
+// the logger's handler, the trace and span ids of the server span).
+func (h *Hub) logFailures(next envelope.Invoker) envelope.Invoker {
+	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		res, err := next(ctx, req)
+		if err != nil {
+			e := envelope.AsError(err)
+			level := slog.LevelDebug
+			if e.Code == envelope.CodeInternal {
+				level = slog.LevelError
+			}
+			h.log.LogAttrs(ctx, level, "call failed", slog.String("method", req.Method),
+				slog.String("request_id", req.ID), slog.String("code", e.Code.String()), slog.String("error", e.Message))
+		}
+		return res, err
+	}
 }
 
 func isAgentControl(m string) bool {
@@ -429,6 +517,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		}
 	}
 	tried.Add(in.InstanceID)
+	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
 	v, ok := h.bindings.Load(in.InstanceID)
 	if !ok {
 		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")

@@ -83,6 +83,13 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 	return l
 }
 
+// Pending returns how many calls on this link await an answer.
+func (l *Link) Pending() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending)
+}
+
 // Done is closed when the link has closed.
 func (l *Link) Done() <-chan struct{} { return l.c.done() }
 

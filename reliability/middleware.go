@@ -14,6 +14,8 @@ type Bulkheads struct {
 	cfg   BulkheadConfig
 	pools atomic.Pointer[map[string]*Bulkhead]
 	mu    sync.Mutex
+	// OnReject, if set before use, is told of every call a pool refused.
+	OnReject func(method string)
 }
 
 // NewBulkheads returns an empty set of pools.
@@ -45,12 +47,22 @@ func (b *Bulkheads) Pool(method string) *Bulkhead {
 	return p
 }
 
+// Each calls f for every pool.
+func (b *Bulkheads) Each(f func(method string, p *Bulkhead)) {
+	for m, p := range *b.pools.Load() {
+		f(m, p)
+	}
+}
+
 // Middleware admits each call through its method's pool, by the
 // request's priority header; a full pool answers OVERLOADED at once.
 func (b *Bulkheads) Middleware(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		release, err := b.Pool(req.Method).Acquire(ctx, ParsePriority(req.Headers.Priority))
 		if err != nil {
+			if b.OnReject != nil && envelope.CodeOf(err) == envelope.CodeOverloaded {
+				b.OnReject(req.Method)
+			}
 			return nil, err
 		}
 		defer release()

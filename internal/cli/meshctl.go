@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"sort"
 	"strings"
@@ -70,12 +73,13 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-func (g *ctlFlags) client() (*mesh.Client, error) {
+func (g *ctlFlags) client(extra ...mesh.ClientOption) (*mesh.Client, error) {
 	file, err := config.Load(g.config)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
-	c, err := mesh.NewClient(g.hubs, mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config))
+	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config)}, extra...)
+	c, err := mesh.NewClient(g.hubs, opts...)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -131,6 +135,7 @@ func (g *ctlFlags) readParams(arg string) (json.RawMessage, error) {
 
 func (g *ctlFlags) callCmd() *cobra.Command {
 	var output string
+	var traced bool
 	cmd := &cobra.Command{
 		Use:   "call METHOD [PARAMS_JSON|@FILE|-]",
 		Short: "Call a method and print its result",
@@ -155,7 +160,29 @@ when it cannot reach the hub.`,
 					return err
 				}
 			}
-			c, err := g.client()
+			var opts []mesh.ClientOption
+			var traceID string
+			if traced {
+				// A recording provider even with no exporter configured, so
+				// that the call has a real trace id for the hub and agents
+				// (which export if they are configured to).
+				tp, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{ServiceName: "meshctl", Force: true}, nil)
+				if err != nil {
+					return usageErr("%v", err)
+				}
+				defer func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					_ = tp.Shutdown(ctx)
+				}()
+				opts = append(opts, mesh.WithClientTelemetry(telemetry.New(tp, nil)), mesh.WithMiddleware(func(next envelope.Invoker) envelope.Invoker {
+					return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+						traceID = telemetry.TraceID(ctx)
+						return next(ctx, req)
+					}
+				}))
+			}
+			c, err := g.client(opts...)
 			if err != nil {
 				return err
 			}
@@ -164,6 +191,12 @@ when it cannot reach the hub.`,
 			var res envelope.Response
 			start := time.Now()
 			err = c.Call(cmd.Context(), args[0], params, &result, mesh.ResponseInto(&res), mesh.CallTimeout(g.timeout))
+			if traced && traceID != "" {
+				fmt.Fprintf(g.stderr, "trace_id: %s\n", traceID)
+				if u := os.Getenv("MESH_JAEGER_URL"); u != "" {
+					fmt.Fprintf(g.stderr, "jaeger: %s/trace/%s\n", strings.TrimSuffix(u, "/"), traceID)
+				}
+			}
 			if err != nil {
 				return g.callErr(err, pretty)
 			}
@@ -180,6 +213,7 @@ when it cannot reach the hub.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json or pretty (default: pretty on a terminal, else json)")
+	cmd.Flags().BoolVar(&traced, "trace", false, "trace the call and print its trace id on stderr (a Jaeger link when $MESH_JAEGER_URL is set)")
 	return cmd
 }
 
@@ -282,10 +316,10 @@ func (g *ctlFlags) methodsCmd() *cobra.Command {
 func (g *ctlFlags) agentCmd() *cobra.Command {
 	agent := &cobra.Command{Use: "agent", Short: "Run a built-in agent"}
 	var (
-		id, logLevel string
-		chaos        agents.ChaosConfig
-		failCode     string
-		drain        time.Duration
+		id, logLevel, metricsAddr string
+		chaos                     agents.ChaosConfig
+		failCode                  string
+		drain                     time.Duration
 	)
 	run := &cobra.Command{
 		Use:   "run echo|kv|chaos",
@@ -303,10 +337,29 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain)}
-			if id != "" {
-				opts = append(opts, agents.WithID(id))
+			if id == "" {
+				id = envelope.NewID()
 			}
+			tp, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{ServiceName: "agent-" + args[0], InstanceID: id, Version: envelope.Version}, log)
+			if err != nil {
+				return usageErr("%v", err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = tp.Shutdown(ctx) // flush the last spans
+			}()
+			var metrics *telemetry.Metrics
+			if metricsAddr != "" {
+				metrics = telemetry.NewMetrics(nil)
+				stop, err := serveMetrics(metricsAddr, metrics, log)
+				if err != nil {
+					return withCode(ExitError, err)
+				}
+				defer stop()
+			}
+			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id),
+				agents.WithTelemetry(telemetry.New(tp, metrics))}
 			var a *agents.Agent
 			switch args[0] {
 			case "echo":
@@ -337,6 +390,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	}
 	f := run.Flags()
 	f.StringVar(&id, "id", "", "agent instance id (default: a new UUIDv7)")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9465 (default: off)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error")
 	f.DurationVar(&drain, "drain-timeout", 5*time.Second, "how long to wait for handlers in flight on shutdown")
 	f.Float64Var(&chaos.FailRate, "fail-rate", 0, "chaos: share of calls that fail (0..1)")
@@ -347,4 +401,19 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
 	agent.AddCommand(run)
 	return agent
+}
+
+// serveMetrics serves /metrics on addr until stop is called.
+func serveMetrics(addr string, m *telemetry.Metrics, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(done) }()
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return func() { _ = srv.Close(); <-done }, nil
 }

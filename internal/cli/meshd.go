@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -20,6 +21,8 @@ import (
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		listen, id, logLevel, conf string
+		logFormat, otlpEndpoint    string
+		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
 	)
@@ -34,18 +37,36 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 (--drain-timeout) and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := telemetry.NewLogger(stderr, logLevel)
+			log, err := telemetry.NewLoggerFormat(stderr, logLevel, logFormat)
 			if err != nil {
 				return usageErr("%v", err)
 			}
+			if id == "" {
+				id = envelope.NewID()
+			}
+			tp, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{
+				ServiceName: "meshd", InstanceID: id, Version: envelope.Version, Endpoint: otlpEndpoint, SampleRatio: sampleRatio,
+			}, log)
+			if err != nil {
+				return usageErr("%v", err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = tp.Shutdown(ctx) // flush the last spans
+			}()
+			hubID := id
+			var hub *mesh.Hub
+			labels := telemetry.NewLabeler(func(m string) bool { return hub != nil && hub.KnownMethod(m) })
+			tel := telemetry.New(tp, telemetry.NewMetrics(labels))
 			file, err := config.Load(conf)
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			hub, err := mesh.NewHub(mesh.HubConfig{
-				ID: id, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
+			hub, err = mesh.NewHub(mesh.HubConfig{
+				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config,
-			}, mesh.WithLogger(log))
+			}, mesh.WithLogger(log), mesh.WithTelemetry(tel))
 			if err != nil {
 				return usageErr("%v", err)
 			}
@@ -80,6 +101,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")
+	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")
+	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
+	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")

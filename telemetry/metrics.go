@@ -1,0 +1,270 @@
+package telemetry
+
+import (
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Buckets are the OTel semconv advisory buckets for RPC durations, plus
+// 30, 60 and 120 s for llm_chat.* and media_gen.* calls.
+var Buckets = []float64{.005, .01, .025, .05, .075, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 30, 60, 120}
+
+// Metrics are the mesh's Prometheus series on a private registry (one per
+// hub or process, so tests stay hermetic). Safe for concurrent use.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	serverDur, clientDur *prometheus.HistogramVec
+	inflight             *prometheus.GaugeVec
+	breakerOpen          *prometheus.GaugeVec
+	breakerTransitions   *prometheus.CounterVec
+	bulkheadRejected     *prometheus.CounterVec
+	retries              *prometheus.CounterVec
+	heartbeats           prometheus.Counter
+	expirations          prometheus.Counter
+	reconnects           *prometheus.CounterVec
+	bytes                *prometheus.CounterVec
+
+	labels *Labeler
+}
+
+// NewMetrics makes the collectors and registers them, with the Go and
+// process collectors, on a new registry. labels bounds rpc_method.
+func NewMetrics(labels *Labeler) *Metrics {
+	if labels == nil {
+		labels = NewLabeler(nil)
+	}
+	rpcLabels := []string{labelSystem, labelMethod, labelStatus}
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		labels:   labels,
+		serverDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rpc_server_call_duration_seconds", Help: "Duration of calls served (OTel rpc.server.call.duration).",
+			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
+		}, rpcLabels),
+		clientDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rpc_client_call_duration_seconds", Help: "Duration of calls made, retries included (OTel rpc.client.call.duration).",
+			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
+		}, rpcLabels),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentmesh_rpc_inflight_requests", Help: "Calls in flight.",
+		}, []string{"side"}),
+		breakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentmesh_circuit_breaker_open", Help: "Circuit breakers open now, per method (summed over instances on a hub).",
+		}, []string{"method"}),
+		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_circuit_breaker_transitions_total", Help: "Circuit breaker state changes, by the state entered.",
+		}, []string{"method", "to"}),
+		bulkheadRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_bulkhead_rejected_total", Help: "Calls refused or shed by a bulkhead.",
+		}, []string{"pool"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_client_retries_total", Help: "Retry decisions: reason retry, hedge, or why a failed attempt was not retried (budget, deadline, attempts, code, not idempotent).",
+		}, []string{"method", "reason"}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_registry_heartbeats_total", Help: "Agent heartbeats received.",
+		}),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_registry_expirations_total", Help: "Agents that expired for missing heartbeats.",
+		}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_link_reconnects_total", Help: "Links re-established after a loss.",
+		}, []string{"kind"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
+		}, []string{"direction"}),
+	}
+	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves /metrics (OpenMetrics when asked, for exemplars).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true, Registry: m.Registry})
+}
+
+// Method returns the bounded label for method.
+func (m *Metrics) Method(method string) string { return m.labels.Label(method) }
+
+// Heartbeat counts an agent heartbeat.
+func (m *Metrics) Heartbeat() {
+	if m != nil {
+		m.heartbeats.Inc()
+	}
+}
+
+// Expired counts an agent that expired.
+func (m *Metrics) Expired() {
+	if m != nil {
+		m.expirations.Inc()
+	}
+}
+
+// Reconnected counts a link re-established after a loss.
+func (m *Metrics) Reconnected(kind string) {
+	if m != nil {
+		m.reconnects.WithLabelValues(kind).Inc()
+	}
+}
+
+// Retry counts a retry decision (see agentmesh_client_retries_total).
+func (m *Metrics) Retry(method, reason string) {
+	if m != nil {
+		m.retries.WithLabelValues(m.Method(method), reason).Inc()
+	}
+}
+
+// BreakerChanged records a breaker's transition (states as gobreaker
+// names them: closed, half-open, open).
+func (m *Metrics) BreakerChanged(method, from, to string) {
+	if m == nil {
+		return
+	}
+	l := m.Method(method)
+	m.breakerTransitions.WithLabelValues(l, to).Inc()
+	switch {
+	case to == "open":
+		m.breakerOpen.WithLabelValues(l).Inc()
+	case from == "open":
+		m.breakerOpen.WithLabelValues(l).Dec()
+	}
+}
+
+// BulkheadRejected counts a call a bulkhead refused.
+func (m *Metrics) BulkheadRejected(method string) {
+	if m != nil {
+		m.bulkheadRejected.WithLabelValues(m.Method(method)).Inc()
+	}
+}
+
+// Bytes counts WebSocket message bytes.
+func (m *Metrics) Bytes(in, out int) {
+	if m == nil {
+		return
+	}
+	if in > 0 {
+		m.bytes.WithLabelValues("in").Add(float64(in))
+	}
+	if out > 0 {
+		m.bytes.WithLabelValues("out").Add(float64(out))
+	}
+}
+
+// MustRegister adds collectors (the hub's registry and bulkhead gauges).
+func (m *Metrics) MustRegister(cs ...prometheus.Collector) { m.Registry.MustRegister(cs...) }
+
+// Labeler bounds the rpc_method label: a method the known func accepts
+// keeps its name; other methods keep theirs only while fewer than max
+// distinct names were seen, then collapse into _OTHER.
+type Labeler struct {
+	known func(string) bool
+	max   int
+	mu    sync.Mutex
+	seen  atomic.Pointer[map[string]struct{}]
+}
+
+// NewLabeler returns a labeler; known may be nil.
+func NewLabeler(known func(string) bool) *Labeler {
+	l := &Labeler{known: known, max: 256}
+	m := map[string]struct{}{}
+	l.seen.Store(&m)
+	return l
+}
+
+// Label returns the label value for method.
+func (l *Labeler) Label(method string) string {
+	if l == nil {
+		return method
+	}
+	if _, ok := (*l.seen.Load())[method]; ok {
+		return method
+	}
+	if l.known != nil && !l.known(method) {
+		return OtherMethod
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	old := *l.seen.Load()
+	if _, ok := old[method]; ok {
+		return method
+	}
+	if len(old) >= l.max {
+		return OtherMethod
+	}
+	m := make(map[string]struct{}, len(old)+1)
+	for k := range old {
+		m[k] = struct{}{}
+	}
+	m[method] = struct{}{}
+	l.seen.Store(&m)
+	return method
+}
+
+// HubState is what a hub reports at scrape time.
+type HubState struct {
+	AgentsByState map[string]int // registered instances by state
+	Methods       int            // distinct capabilities registered
+	Links         map[string]int // open WebSockets by kind (agent, client)
+	Pending       int            // calls the hub awaits answers to
+	Pools         []PoolState    // bulkheads
+}
+
+// PoolState is one bulkhead at scrape time.
+type PoolState struct {
+	Method          string
+	Running, Queued int
+}
+
+var (
+	descAgents   = prometheus.NewDesc("agentmesh_registry_agents", "Registered agent instances, by state.", []string{"state"}, nil)
+	descMethods  = prometheus.NewDesc("agentmesh_registry_methods", "Distinct methods and patterns registered.", nil, nil)
+	descLinks    = prometheus.NewDesc("agentmesh_links", "Open WebSocket links, by kind.", []string{"kind"}, nil)
+	descPending  = prometheus.NewDesc("agentmesh_pending_requests", "Calls awaiting an answer, by side.", []string{"side"}, nil)
+	descBHRun    = prometheus.NewDesc("agentmesh_bulkhead_inflight", "Calls running in a bulkhead.", []string{"pool"}, nil)
+	descBHQueued = prometheus.NewDesc("agentmesh_bulkhead_queued", "Calls waiting in a bulkhead's queue.", []string{"pool"}, nil)
+)
+
+type stateCollector struct {
+	m *Metrics
+	f func() HubState
+}
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAgents, descMethods, descLinks, descPending, descBHRun, descBHQueued} {
+		ch <- d
+	}
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.f()
+	for st, n := range s.AgentsByState {
+		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, float64(n), st)
+	}
+	ch <- prometheus.MustNewConstMetric(descMethods, prometheus.GaugeValue, float64(s.Methods))
+	for k, n := range s.Links {
+		ch <- prometheus.MustNewConstMetric(descLinks, prometheus.GaugeValue, float64(n), k)
+	}
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.Pending), "hub")
+	run, queued := map[string]int{}, map[string]int{}
+	for _, p := range s.Pools {
+		l := c.m.Method(p.Method)
+		run[l] += p.Running
+		queued[l] += p.Queued
+	}
+	for l, n := range run {
+		ch <- prometheus.MustNewConstMetric(descBHRun, prometheus.GaugeValue, float64(n), l)
+		ch <- prometheus.MustNewConstMetric(descBHQueued, prometheus.GaugeValue, float64(queued[l]), l)
+	}
+}
+
+// RegisterHubState reports f's figures at every scrape.
+func (m *Metrics) RegisterHubState(f func() HubState) {
+	m.Registry.MustRegister(stateCollector{m, f})
+}

@@ -94,7 +94,8 @@ func WithClientTelemetry(t *telemetry.Telemetry) ClientOption {
 	return func(c *clientConfig) { c.tel = t }
 }
 
-// WithMiddleware adds middlewares around the transport, outermost first.
+// WithMiddleware adds middlewares around the transport, outermost first,
+// inside the call's telemetry span and outside its reliability chain.
 func WithMiddleware(m ...envelope.Middleware) ClientOption {
 	return func(c *clientConfig) { c.middleware = append(c.middleware, m...) }
 }
@@ -177,9 +178,11 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 	if c.cfg.transport != nil {
 		transport = c.cfg.transport
 	}
-	mws := slices.Clone(c.cfg.middleware)
+	// The chain: the call's span, the caller's middlewares (inside it, so
+	// they see the trace), then breaker, bulkhead, retry, and a span per
+	// attempt next to the transport.
 	tel := c.cfg.tel
-	mws = append(mws, tel.Client)
+	mws := append([]envelope.Middleware{tel.Client}, c.cfg.middleware...)
 	if rc := c.cfg.reliability; rc != nil {
 		if err := rc.Validate(); err != nil {
 			return nil, err

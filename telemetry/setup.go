@@ -45,6 +45,15 @@ type Provider struct {
 	Enabled  bool
 	Endpoint string
 	shutdown func(context.Context) error
+	flush    func(context.Context) error
+}
+
+// ForceFlush exports every finished span now.
+func (p *Provider) ForceFlush(ctx context.Context) error {
+	if p.flush == nil {
+		return nil
+	}
+	return p.flush(ctx)
 }
 
 // Shutdown flushes buffered spans and stops the exporter.
@@ -142,7 +151,7 @@ func NewProvider(ctx context.Context, cfg TracingConfig, log *slog.Logger) (*Pro
 	if log != nil && exp != nil {
 		log.Info("tracing on", "otlp_endpoint", endpoint, "protocol", orDefault(protocol, "http/protobuf"), "service", name)
 	}
-	return &Provider{TracerProvider: tp, Enabled: true, Endpoint: endpoint, shutdown: tp.Shutdown}, nil
+	return &Provider{TracerProvider: tp, Enabled: true, Endpoint: endpoint, shutdown: tp.Shutdown, flush: tp.ForceFlush}, nil
 }
 
 func orDefault(s, d string) string {

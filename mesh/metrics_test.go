@@ -58,7 +58,6 @@ func labelValues(t *testing.T, m *telemetry.Metrics, name, label string) []strin
 	return out
 }
 
-
 func TestMetrics(t *testing.T) {
 	var hub *mesh.Hub
 	labels := telemetry.NewLabeler(func(m string) bool { return hub.KnownMethod(m) })

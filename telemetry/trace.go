@@ -42,7 +42,9 @@ func (t *Telemetry) label(method string) string {
 	return t.M.Method(method)
 }
 
-// startAttrs are set at span start (sampling may use them).
+// startAttrs describe the call. They are set just after the span starts,
+// and only on recording spans: the samplers in use (always, ratio,
+// parent-based) do not read attributes, and unsampled calls then build none.
 func (t *Telemetry) startAttrs(req *envelope.Request, label string) []attribute.KeyValue {
 	a := []attribute.KeyValue{keySystem.String(t.system), keyMethod.String(label), keyRequestID.String(req.ID)}
 	if label != req.Method {
@@ -77,7 +79,10 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 		label := t.label(req.Method)
 		var span trace.Span
 		if t.tracing {
-			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(t.startAttrs(req, label)...))
+			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindClient))
+			if span.IsRecording() { // unsampled calls skip building attributes
+				span.SetAttributes(t.startAttrs(req, label)...)
+			}
 		}
 		if t.M != nil {
 			t.M.inflight.WithLabelValues("client").Inc()
@@ -104,8 +109,10 @@ func (t *Telemetry) Attempt(next envelope.Invoker) envelope.Invoker {
 	}
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		label := t.label(req.Method)
-		attrs := append(t.startAttrs(req, label), keyAttempt.Int(req.Headers.RetryCount))
-		ctx, span := t.tracer.Start(ctx, label+" attempt", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+		ctx, span := t.tracer.Start(ctx, label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
+		if span.IsRecording() {
+			span.SetAttributes(append(t.startAttrs(req, label), keyAttempt.Int(req.Headers.RetryCount))...)
+		}
 		Propagator.Inject(ctx, &req.Headers)
 		req.Headers.TraceID = span.SpanContext().TraceID().String()
 		res, err := next(ctx, req)
@@ -127,7 +134,10 @@ func (t *Telemetry) Server(next envelope.Invoker) envelope.Invoker {
 		var span trace.Span
 		if t.tracing {
 			ctx = Propagator.Extract(ctx, &req.Headers)
-			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(t.startAttrs(req, label)...))
+			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindServer))
+			if span.IsRecording() {
+				span.SetAttributes(t.startAttrs(req, label)...)
+			}
 			if req.Headers.TraceID == "" {
 				req.Headers.TraceID = span.SpanContext().TraceID().String()
 			}

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -53,17 +54,34 @@ func BenchmarkTelemetry(b *testing.B) {
 				}
 				return telemetry.New(p, m)
 			}
+			// In memory: what one hop's instrumentation costs, without the
+			// network's noise.
+			b.Run("hop-in-memory", func(b *testing.B) {
+				tel := mk("client")
+				inv := tel.Server(tel.Client(tel.Attempt(func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
+					return &envelope.Response{ID: req.ID, Result: req.Params}, nil
+				})))
+				req := &envelope.Request{ID: "r", Method: "echo.echo", Params: payload128}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := inv(context.Background(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 			m := meshtest.Start(b, mesh.HubConfig{}, mesh.WithTelemetry(mk("meshd")))
 			m.RunAgent(b, agents.NewEcho(agents.WithTelemetry(mk("agent"))))
 			c := m.Client(b, mesh.WithClientTelemetry(mk("client")))
 			var out json.RawMessage
 			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
-					b.Fatal(err)
+			b.Run("routed", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
+			})
 		})
 	}
 }

@@ -21,6 +21,8 @@ type Metrics struct {
 
 	serverDur, clientDur *prometheus.HistogramVec
 	inflight             *prometheus.GaugeVec
+	inflightClient       prometheus.Gauge // resolved once: no label hashing per call
+	inflightServer       prometheus.Gauge
 	breakerOpen          *prometheus.GaugeVec
 	breakerTransitions   *prometheus.CounterVec
 	bulkheadRejected     *prometheus.CounterVec
@@ -79,6 +81,8 @@ func NewMetrics(labels *Labeler) *Metrics {
 			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
 		}, []string{"direction"}),
 	}
+	m.inflightClient = m.inflight.WithLabelValues("client")
+	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
 		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -85,11 +85,11 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 			}
 		}
 		if t.M != nil {
-			t.M.inflight.WithLabelValues("client").Inc()
+			t.M.inflightClient.Inc()
 		}
 		res, err := next(ctx, req)
 		if t.M != nil {
-			t.M.inflight.WithLabelValues("client").Dec()
+			t.M.inflightClient.Dec()
 			t.M.clientDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))).Observe(time.Since(start).Seconds())
 		}
 		if span != nil {
@@ -143,11 +143,11 @@ func (t *Telemetry) Server(next envelope.Invoker) envelope.Invoker {
 			}
 		}
 		if t.M != nil {
-			t.M.inflight.WithLabelValues("server").Inc()
+			t.M.inflightServer.Inc()
 		}
 		res, err := next(ctx, req)
 		if t.M != nil {
-			t.M.inflight.WithLabelValues("server").Dec()
+			t.M.inflightServer.Dec()
 			t.M.serverDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))).Observe(time.Since(start).Seconds())
 		}
 		if span != nil {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +178,39 @@ func TestMeshdDemo(t *testing.T) {
 	}
 	if r := cli.Run(t.Context(), cli.NewMeshd(&bytes.Buffer{}, &errb), []string{"--log-level", "loud"}, &errb); r != cli.ExitUsage {
 		t.Errorf("meshd --log-level loud: exit %d; want %d", r, cli.ExitUsage)
+	}
+}
+
+func TestMeshctlBench(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	m.RunAgent(t, agents.NewEcho())
+	r := meshctl(t, "", "bench", "echo.echo", `{"a":1}`, "--hub", m.WS, "-c", "4", "-n", "500", "--connections", "2", "-o", "json")
+	var rep struct {
+		Count     int64 `json:"count"`
+		Success   int64 `json:"success"`
+		Latencies struct {
+			P99 float64 `json:"99th"`
+		} `json:"latencies"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil || rep.Count != 500 || rep.Success != 500 || rep.Latencies.P99 <= 0 {
+		t.Fatalf("bench -o json: exit %d, %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	old := filepath.Join(t.TempDir(), "old.json")
+	if err := os.WriteFile(old, []byte(r.stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = meshctl(t, "", "bench", "echo.echo", "--hub", m.WS, "-n", "200", "--compare", old, "--fail-on", "p99>1ns")
+	if r.code != cli.ExitSLO || !strings.Contains(r.stderr, "SLO broken: p99>1ns") || !strings.Contains(r.stdout, "Compared with the earlier run") {
+		t.Errorf("bench --fail-on: exit %d, stdout %q, stderr %q; want 99", r.code, r.stdout, r.stderr)
+	}
+	r = meshctl(t, "", "bench", "echo.echo", "--hub", m.WS, "-d", "300ms", "--rps", "200", "--fail-on", "errors>0")
+	if r.code != 0 || !strings.Contains(r.stdout, "open loop") {
+		t.Errorf("open-loop bench: exit %d, %q", r.code, r.stdout)
+	}
+	if r := meshctl(t, "", "bench", "echo.echo", "--hub", "ws://127.0.0.1:1/ws"); r.code != cli.ExitUnreachable {
+		t.Errorf("bench against no hub: exit %d; want 3", r.code)
+	}
+	if r := meshctl(t, "", "bench", "echo.echo", "--hub", m.WS, "--fail-on", "speed>9"); r.code != cli.ExitUsage {
+		t.Errorf("bad --fail-on: exit %d; want 2", r.code)
 	}
 }

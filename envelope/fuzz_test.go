@@ -116,7 +116,9 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(envelope.AppendCancelFrame(nil, 4))
 	f.Add([]byte(`{"type":"req","seq":-1,"method":"m"}`))
 	f.Add([]byte(`{"type":"res","seq":1,"error":{"code":-32601,"message":"x"}}`))
+	f.Add([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":"m"}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		envelope.EachFrame(data, fuzzLimits, func(envelope.Frame, *envelope.Error) {}) // must not panic
 		fr, err := envelope.DecodeFrame(data, fuzzLimits)
 		checkLimits(t, data, err)
 		if err != nil {

@@ -117,13 +117,40 @@ func orVersion(v string) string {
 	return v
 }
 
+// EachFrame decodes a native message: one frame, or a batch of frames in a
+// JSON array (a writer with several frames queued sends them as one
+// message). The limits apply to the whole message, checked once; fn runs
+// for each frame in order, with the frame's error if it is invalid.
+func EachFrame(data []byte, lim Limits, fn func(Frame, *Error)) {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '[' {
+		fn(DecodeFrame(data, lim))
+		return
+	}
+	l := lim.norm()
+	l.MaxDepth++ // the array itself
+	if err := l.check(data); err != nil {
+		fn(Frame{}, err)
+		return
+	}
+	eachElement(data[i:], func(v []byte) { fn(decodeValidFrame(v)) })
+}
+
 // DecodeFrame decodes one native frame. On error the returned Frame still
 // carries Type and Seq when they could be read, so that the receiver can
 // answer the error to the right request.
 func DecodeFrame(data []byte, lim Limits) (Frame, *Error) {
-	var f Frame
 	if err := lim.check(data); err != nil {
-		return f, err
+		return Frame{}, err
+	}
+	return decodeValidFrame(data)
+}
+
+// decodeValidFrame decodes a frame already checked against the limits.
+func decodeValidFrame(data []byte) (Frame, *Error) {
+	var f Frame
+	if kindOf(data) != '{' {
+		return f, NewError(CodeInvalidRequest, "a frame must be a JSON object")
 	}
 	var typ string
 	var params, result, errObj, headers, metrics []byte

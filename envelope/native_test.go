@@ -110,3 +110,43 @@ func TestHeadersCarrier(t *testing.T) {
 		t.Errorf("carrier = %+v", h)
 	}
 }
+
+func TestEachFrameBatch(t *testing.T) {
+	a := envelope.AppendRequestFrame(nil, 1, &envelope.Request{ID: "a", Method: "m.a"})
+	b := envelope.AppendCancelFrame(nil, 2)
+	c := envelope.AppendResponseFrame(nil, 3, &envelope.Response{ID: "c", Result: json.RawMessage(`1`)}, nil)
+	batch := append(append(append(append(append(append([]byte("[ "), a...), ','), b...), ','), c...), ']')
+	var seqs []uint64
+	envelope.EachFrame(batch, envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) {
+		if err != nil {
+			t.Fatalf("frame error %v", err)
+		}
+		seqs = append(seqs, f.Seq)
+	})
+	if len(seqs) != 3 || seqs[0] != 1 || seqs[1] != 2 || seqs[2] != 3 {
+		t.Errorf("batch decoded as seqs %v; want 1 2 3", seqs)
+	}
+	// A bad element is reported on its own; the others still decode.
+	var errs, oks int
+	envelope.EachFrame([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":5},7]`), envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) {
+		if err != nil {
+			errs++
+		} else {
+			oks++
+		}
+	})
+	if oks != 1 || errs != 2 {
+		t.Errorf("mixed batch: %d ok, %d errors; want 1 and 2", oks, errs)
+	}
+	// A single frame still works, and the limits apply to the whole batch.
+	n := 0
+	envelope.EachFrame(a, envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) { n++ })
+	envelope.EachFrame(batch, envelope.Limits{MaxBytes: 50}, func(f envelope.Frame, err *envelope.Error) {
+		if err == nil || err.Code != envelope.CodeInvalidRequest {
+			t.Errorf("an oversized batch was not refused: %v", err)
+		}
+	})
+	if n != 1 {
+		t.Errorf("single frame decoded %d times", n)
+	}
+}

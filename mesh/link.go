@@ -66,8 +66,10 @@ func WithMaxServing(n int) LinkOption { return func(l *Link) { l.maxServing = n 
 // NewLink starts a Link over an established WebSocket. It starts the
 // link's reader and writer goroutines; Close stops them.
 func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
+	c := newWSConn(ws, cfg)
+	c.batch = true // both ends of a native link read JSON-array batches
 	l := &Link{
-		c:          newWSConn(ws, cfg),
+		c:          c,
 		pending:    map[uint64]chan linkResult{},
 		serving:    map[uint64]context.CancelFunc{},
 		log:        slog.New(slog.DiscardHandler),
@@ -174,7 +176,10 @@ func unavailableNotSent(msg string) *envelope.Error {
 }
 
 func (l *Link) onMessage(data []byte) {
-	f, err := envelope.DecodeFrame(data, l.c.cfg.Limits)
+	envelope.EachFrame(data, l.c.cfg.Limits, l.onFrame)
+}
+
+func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
 			b := getBuf()

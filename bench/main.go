@@ -1,0 +1,535 @@
+// Command bench compares agentmesh with what a user would pick instead,
+// on this machine, in one run: raw TCP ping-pong (the floor), NATS
+// request-reply through an embedded nats-server, gRPC-Go unary echo, and
+// agentmesh (client → hub → echo agent). Every server runs in its own
+// process; the load generator is the same for all.
+//
+//	cd bench && go run . [-d 3s] [-c 1,16,128]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// payload is 128 bytes; for agentmesh it is a JSON document of that size.
+var payload = []byte(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)
+
+func main() {
+	role := flag.String("role", "", "internal: run one server role")
+	addr := flag.String("addr", "", "internal: address for the role")
+	dur := flag.Duration("d", 3*time.Second, "duration of each measurement")
+	concs := flag.String("c", "1,16,128", "concurrencies")
+	only := flag.String("only", "", "comma-separated systems to run (tcp,nats,grpc,agentmesh)")
+	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
+	flag.Parse()
+	if *role != "" {
+		if err := runRole(*role, *addr); err != nil {
+			fmt.Fprintln(os.Stderr, *role+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var cs []int
+	for _, s := range strings.Split(*concs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "bad -c")
+			os.Exit(2)
+		}
+		cs = append(cs, n)
+	}
+	results, err := compare(*dur, cs, *only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	printTable(os.Stdout, results, cs)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(results, "", "  ")
+		_ = os.WriteFile(*jsonOut, b, 0o644)
+	}
+}
+
+// ---- server roles, each run in its own process ----
+
+func runRole(role, addr string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	switch role {
+	case "tcp-server":
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		go func() { <-ctx.Done(); ln.Close() }()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return nil
+			}
+			go func() {
+				defer c.Close()
+				r, w := bufio.NewReader(c), bufio.NewWriter(c)
+				var hdr [4]byte
+				buf := make([]byte, 64<<10)
+				for {
+					if _, err := io.ReadFull(r, hdr[:]); err != nil {
+						return
+					}
+					n := binary.BigEndian.Uint32(hdr[:])
+					if _, err := io.ReadFull(r, buf[:n]); err != nil {
+						return
+					}
+					_, _ = w.Write(hdr[:])
+					_, _ = w.Write(buf[:n])
+					if r.Buffered() == 0 {
+						if err := w.Flush(); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	case "nats-server":
+		host, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		s, err := natsserver.NewServer(&natsserver.Options{Host: host, Port: p, NoSigs: true, NoLog: true})
+		if err != nil {
+			return err
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			return fmt.Errorf("nats-server not ready")
+		}
+		<-ctx.Done()
+		s.Shutdown()
+		return nil
+	case "nats-responder":
+		nc, err := nats.Connect("nats://" + addr)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if _, err := nc.Subscribe("echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+			return err
+		}
+		_ = nc.Flush()
+		<-ctx.Done()
+		return nil
+	case "grpc-server":
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		s := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+			var b []byte
+			if err := st.RecvMsg(&b); err != nil {
+				return err
+			}
+			return st.SendMsg(&b)
+		}))
+		go func() { <-ctx.Done(); s.Stop() }()
+		return s.Serve(ln)
+	case "mesh-hub":
+		// meshd as configured by default: reliability chain and metrics on,
+		// trace export off.
+		h, err := mesh.NewHub(mesh.HubConfig{}, mesh.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		return h.Serve(ctx, ln)
+	case "mesh-agent":
+		return agents.NewEcho().Run(ctx, "ws://"+addr+"/ws")
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	p := v.(*[]byte)
+	*p = append((*p)[:0], data...)
+	return nil
+}
+func (rawCodec) Name() string { return "raw" }
+
+// ---- processes ----
+
+type proc struct {
+	cmd *exec.Cmd
+}
+
+func startRole(role, addr string) (*proc, error) {
+	cmd := exec.Command(os.Args[0], "-role", role, "-addr", addr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &proc{cmd}, nil
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// cpu returns the user+system CPU time a process has used.
+func (p *proc) cpu() time.Duration { return procCPU(p.cmd.Process.Pid) }
+
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // clock ticks (USER_HZ 100)
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func waitDial(addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not come up", addr)
+}
+
+// ---- the load generator ----
+
+// Cell is one measurement.
+type Cell struct {
+	Concurrency int     `json:"concurrency"`
+	Calls       int64   `json:"calls"`
+	Errors      int64   `json:"errors"`
+	RPS         float64 `json:"rps"`
+	P50us       float64 `json:"p50_us"`
+	P99us       float64 `json:"p99_us"`
+	CPUmsPer1k  float64 `json:"cpu_ms_per_1k"`
+}
+
+// Result is one system's row.
+type Result struct {
+	System string `json:"system"`
+	Cells  []Cell `json:"cells"`
+}
+
+// system is something to measure: setup returns a call function made for
+// c workers, the processes whose CPU counts, and a teardown.
+type system struct {
+	name  string
+	setup func(c int) (call func(worker int) error, procs []*proc, teardown func(), err error)
+}
+
+func measure(s system, c int, d time.Duration) (Cell, error) {
+	call, procs, teardown, err := s.setup(c)
+	if err != nil {
+		return Cell{}, err
+	}
+	defer teardown()
+	// Warm up: connections, JIT of caches, the hub's first snapshot.
+	warm := time.Now().Add(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	for w := range c {
+		wg.Go(func() {
+			for time.Now().Before(warm) {
+				_ = call(w)
+			}
+		})
+	}
+	wg.Wait()
+	cpu0 := selfCPU()
+	pcpu0 := make([]time.Duration, len(procs))
+	for i, p := range procs {
+		pcpu0[i] = p.cpu()
+	}
+	hists := make([]*hdrhistogram.Histogram, c)
+	var calls, errs atomic.Int64
+	start := time.Now()
+	end := start.Add(d)
+	for w := range c {
+		hists[w] = hdrhistogram.New(1, int64(time.Minute), 3)
+		wg.Go(func() {
+			for {
+				t := time.Now()
+				if t.After(end) {
+					return
+				}
+				err := call(w)
+				_ = hists[w].RecordValue(int64(time.Since(t)))
+				calls.Add(1)
+				if err != nil {
+					errs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := selfCPU() - cpu0
+	for i, p := range procs {
+		cpu += p.cpu() - pcpu0[i]
+	}
+	h := hdrhistogram.New(1, int64(time.Minute), 3)
+	for _, x := range hists {
+		h.Merge(x)
+	}
+	n := calls.Load()
+	return Cell{
+		Concurrency: c, Calls: n, Errors: errs.Load(), RPS: float64(n) / elapsed.Seconds(),
+		P50us: float64(h.ValueAtQuantile(50)) / 1e3, P99us: float64(h.ValueAtQuantile(99)) / 1e3,
+		CPUmsPer1k: float64(cpu.Milliseconds()) / float64(n) * 1000,
+	}, nil
+}
+
+func systems() []system {
+	return []system{
+		{"tcp", func(c int) (func(int) error, []*proc, func(), error) {
+			addr := freeAddr()
+			p, err := startRole("tcp-server", addr)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if err := waitDial(addr); err != nil {
+				p.stop()
+				return nil, nil, nil, err
+			}
+			conns := make([]net.Conn, c)
+			bufs := make([][]byte, c)
+			for i := range conns {
+				conns[i], err = net.Dial("tcp", addr)
+				if err != nil {
+					p.stop()
+					return nil, nil, nil, err
+				}
+				bufs[i] = make([]byte, 4+len(payload))
+			}
+			frame := make([]byte, 4+len(payload))
+			binary.BigEndian.PutUint32(frame, uint32(len(payload)))
+			copy(frame[4:], payload)
+			call := func(w int) error {
+				if _, err := conns[w].Write(frame); err != nil {
+					return err
+				}
+				_, err := io.ReadFull(conns[w], bufs[w])
+				return err
+			}
+			return call, []*proc{p}, func() {
+				for _, cn := range conns {
+					cn.Close()
+				}
+				p.stop()
+			}, nil
+		}},
+		{"nats", func(c int) (func(int) error, []*proc, func(), error) {
+			addr := freeAddr()
+			srv, err := startRole("nats-server", addr)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if err := waitDial(addr); err != nil {
+				srv.stop()
+				return nil, nil, nil, err
+			}
+			resp, err := startRole("nats-responder", addr)
+			if err != nil {
+				srv.stop()
+				return nil, nil, nil, err
+			}
+			nc, err := nats.Connect("nats://" + addr)
+			if err != nil {
+				resp.stop()
+				srv.stop()
+				return nil, nil, nil, err
+			}
+			// Wait for the responder's subscription.
+			for range 200 {
+				if _, err := nc.Request("echo", payload, 100*time.Millisecond); err == nil {
+					break
+				}
+			}
+			call := func(int) error { _, err := nc.Request("echo", payload, 5*time.Second); return err }
+			return call, []*proc{srv, resp}, func() { nc.Close(); resp.stop(); srv.stop() }, nil
+		}},
+		{"grpc", func(c int) (func(int) error, []*proc, func(), error) {
+			addr := freeAddr()
+			p, err := startRole("grpc-server", addr)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if err := waitDial(addr); err != nil {
+				p.stop()
+				return nil, nil, nil, err
+			}
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+			if err != nil {
+				p.stop()
+				return nil, nil, nil, err
+			}
+			call := func(int) error {
+				in, out := payload, []byte(nil)
+				return cc.Invoke(context.Background(), "/echo.Echo/Echo", &in, &out)
+			}
+			return call, []*proc{p}, func() { cc.Close(); p.stop() }, nil
+		}},
+		{"agentmesh", func(c int) (func(int) error, []*proc, func(), error) {
+			addr := freeAddr()
+			hub, err := startRole("mesh-hub", addr)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if err := waitDial(addr); err != nil {
+				hub.stop()
+				return nil, nil, nil, err
+			}
+			agent, err := startRole("mesh-agent", addr)
+			if err != nil {
+				hub.stop()
+				return nil, nil, nil, err
+			}
+			// The client as users get it: the full reliability chain.
+			cl, err := mesh.NewClient([]string{"ws://" + addr + "/ws"}, mesh.WithWaitForReady())
+			if err != nil {
+				agent.stop()
+				hub.stop()
+				return nil, nil, nil, err
+			}
+			for range 200 {
+				if err := cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), nil); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			call := func(int) error {
+				var out json.RawMessage
+				return cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), &out)
+			}
+			return call, []*proc{hub, agent}, func() { cl.Close(); agent.stop(); hub.stop() }, nil
+		}},
+	}
+}
+
+func compare(d time.Duration, cs []int, only string) ([]Result, error) {
+	var out []Result
+	for _, s := range systems() {
+		if only != "" && !strings.Contains(","+only+",", ","+s.name+",") {
+			continue
+		}
+		r := Result{System: s.name}
+		for _, c := range cs {
+			fmt.Fprintf(os.Stderr, "measuring %s at c=%d for %v...\n", s.name, c, d)
+			cell, err := measure(s, c, d)
+			if err != nil {
+				return nil, fmt.Errorf("%s c=%d: %w", s.name, c, err)
+			}
+			r.Cells = append(r.Cells, cell)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func printTable(w io.Writer, rs []Result, cs []int) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "system")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "\tc=%d calls/s\tc=%d p50\tc=%d p99", c, c, c)
+	}
+	fmt.Fprint(tw, "\tCPU ms/1k calls (max c)\terrors\n")
+	for _, r := range rs {
+		fmt.Fprint(tw, r.System)
+		var errs int64
+		for _, cell := range r.Cells {
+			fmt.Fprintf(tw, "\t%.0f\t%.0f µs\t%.0f µs", cell.RPS, cell.P50us, cell.P99us)
+			errs += cell.Errors
+		}
+		last := r.Cells[len(r.Cells)-1]
+		fmt.Fprintf(tw, "\t%.1f\t%d\n", last.CPUmsPer1k, errs)
+	}
+	_ = tw.Flush()
+	find := func(name string) *Result {
+		for i := range rs {
+			if rs[i].System == name {
+				return &rs[i]
+			}
+		}
+		return nil
+	}
+	am := find("agentmesh")
+	if am == nil {
+		return
+	}
+	fmt.Fprintln(w)
+	for _, base := range []string{"nats", "tcp"} {
+		b := find(base)
+		if b == nil {
+			continue
+		}
+		fmt.Fprintf(w, "agentmesh / %s:", base)
+		for i, c := range cs {
+			fmt.Fprintf(w, "  c=%d throughput %.2fx, p50 %.2fx, p99 %.2fx;", c,
+				am.Cells[i].RPS/b.Cells[i].RPS, am.Cells[i].P50us/b.Cells[i].P50us, am.Cells[i].P99us/b.Cells[i].P99us)
+		}
+		fmt.Fprintf(w, "  CPU/call %.2fx\n", am.Cells[len(cs)-1].CPUmsPer1k/b.Cells[len(cs)-1].CPUmsPer1k)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,40 +22,53 @@ import (
 	"time"
 )
 
+// binDir holds the meshd and meshctl binaries built once by TestMain.
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "agentmesh-e2e")
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+func runTests(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "e2e: go list -m:", err)
+		return 1
 	}
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	root := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]) // the main module comes first in a workspace
+	dir, err := os.MkdirTemp("", "agentmesh-e2e-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "go list -m:", err)
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
 	}
-	build := exec.Command("go", "build", "-o", dir, "./cmd/meshd", "./cmd/meshctl")
-	build.Dir = strings.TrimSpace(string(root))
+	defer os.RemoveAll(dir)
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/meshd", "./cmd/meshctl")
+	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build:", err)
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "e2e: building meshd and meshctl:", err)
+		return 1
 	}
 	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return m.Run()
 }
 
-// proc is a background process whose output is kept.
-type proc struct {
-	cmd    *exec.Cmd
-	stderr *syncBuf
-	done   chan struct{}
-	err    error
+// env is the environment of every process the tests start: the test's own
+// without the MESH_* and OTEL_* variables, so that a developer's settings
+// (a MESH_HUB, a text log format, a trace exporter) cannot leak in.
+func env(extra ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "MESH_") || strings.HasPrefix(kv, "OTEL_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, extra...)
 }
 
+// syncBuf is a bytes.Buffer safe for a process's copier goroutine and the
+// test reading it at once.
 type syncBuf struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -70,70 +86,124 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
+// proc is a background process (meshd, or a meshctl agent) whose output is
+// kept.
+type proc struct {
+	name           string
+	cmd            *exec.Cmd
+	stdout, stderr *syncBuf
+	done           chan struct{} // closed once the process has exited
+	err            error         // Wait's error, once done is closed
+	exited         time.Time     // once done is closed
+}
+
+// start runs a binary of binDir in the background. When the test ends it is
+// stopped: SIGTERM, then SIGKILL if it has not exited within 5 s.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(binDir, name), args...), stderr: &syncBuf{}, done: make(chan struct{})}
-	p.cmd.Stderr = p.stderr
-	p.cmd.Env = append(os.Environ(), "MESH_HUB=")
+	p := &proc{name: name, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	p.cmd = exec.CommandContext(t.Context(), filepath.Join(binDir, name), args...)
+	p.cmd.Env = env()
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	// t.Context ends just before the cleanups run: the same SIGTERM, then
+	// SIGKILL, as stop, should a cleanup not get to run.
+	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	go func() {
+		err := p.cmd.Wait()
+		p.err, p.exited = err, time.Now()
+		close(p.done)
+	}()
 	t.Cleanup(func() {
-		select {
-		case <-p.done:
-			return
-		default:
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.stop(5 * time.Second)
 		if t.Failed() {
-			t.Logf("%s stderr:\n%s", name, p.stderr.String())
+			t.Logf("%s %s stderr:\n%s", name, strings.Join(args, " "), p.stderr.String())
 		}
 	})
 	return p
 }
 
-type result struct {
-	code           int
-	stdout, stderr string
-	took           time.Duration
+// stop sends SIGTERM and waits for the exit, sending SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	if p.exitedYet() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
-func meshctl(t *testing.T, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+func (p *proc) exitedYet() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// result is a finished meshctl invocation.
+type result struct {
+	args           []string
+	code           int // exit code; -1 if it could not run or was killed
+	stdout, stderr string
+	start, end     time.Time
+	err            error // set when the process could not run or did not exit by itself
+}
+
+func (r result) took() time.Duration { return r.end.Sub(r.start) }
+
+func (r result) String() string {
+	return fmt.Sprintf("meshctl %s: exit %d after %v, stdout %q, stderr %q (err %v)",
+		strings.Join(r.args, " "), r.code, r.took().Round(time.Millisecond), r.stdout, r.stderr, r.err)
+}
+
+// runCtl runs meshctl to completion with the extra environment variables,
+// killing it after 20 s. It never fails the test itself, so that it can run
+// on any goroutine.
+func runCtl(ctx context.Context, extraEnv []string, args ...string) result {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "meshctl"), args...)
-	cmd.Env = append(os.Environ(), "MESH_HUB=")
+	cmd.Env = env(extraEnv...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	begin := time.Now()
+	r := result{args: args, start: time.Now()}
 	err := cmd.Run()
-	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(begin)}
-	if ee, ok := err.(*exec.ExitError); ok {
+	r.end = time.Now()
+	r.stdout, r.stderr, r.code = out.String(), errb.String(), 0
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		r.code, r.err = -1, fmt.Errorf("killed: %w (%v)", ctx.Err(), err)
+	case errors.As(err, &ee):
 		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("meshctl %v: %v", args, err)
+	case err != nil:
+		r.code, r.err = -1, err
 	}
 	return r
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+func meshctl(t *testing.T, args ...string) result {
+	return runCtl(t.Context(), nil, args...)
 }
 
+// want checks a meshctl result's exit code and the start of its stderr.
+func want(t *testing.T, r result, code int, stderrPrefix string) {
+	t.Helper()
+	if r.code != code || !strings.HasPrefix(r.stderr, stderrPrefix) {
+		t.Errorf("%v; want exit %d and stderr starting with %q", r, code, stderrPrefix)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after d.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -145,152 +215,426 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
-// startHub runs meshd on a free loopback port and waits for /readyz.
-func startHub(t *testing.T, extra ...string) (p *proc, ws, base string) {
+// hub is a running meshd.
+type hub struct {
+	*proc
+	addr string // host:port it listens on
+	ws   string // ws://addr/ws
+	base string // http://addr
+}
+
+// startHub runs meshd on a port of the kernel's choosing on loopback, reads
+// the address back from its "hub listening" log line and waits until
+// /readyz answers 200.
+func startHub(t *testing.T, extra ...string) *hub {
 	t.Helper()
-	addr := freeAddr(t)
-	p = start(t, "meshd", append([]string{"--listen", addr, "--heartbeat", "200ms"}, extra...)...)
-	base = "http://" + addr
-	waitFor(t, "meshd ready", 10*time.Second, func() bool {
-		res, err := http.Get(base + "/readyz")
-		if err != nil {
+	p := start(t, "meshd", append([]string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms"}, extra...)...)
+	h := &hub{proc: p}
+	waitFor(t, `meshd logging "hub listening"`, 10*time.Second, func() bool {
+		if p.exitedYet() {
+			t.Fatalf("meshd exited early (%v):\n%s", p.err, p.stderr.String())
+		}
+		h.addr = listeningAddr(p.stderr.String())
+		return h.addr != ""
+	})
+	if host, _, err := net.SplitHostPort(h.addr); err != nil || host != "127.0.0.1" {
+		t.Fatalf("meshd listens on %q; want 127.0.0.1:PORT", h.addr)
+	}
+	h.ws, h.base = "ws://"+h.addr+"/ws", "http://"+h.addr
+	client := &http.Client{Timeout: time.Second}
+	waitFor(t, "meshd /readyz 200", 10*time.Second, func() bool {
+		return httpStatus(client, h.base+"/readyz") == http.StatusOK
+	})
+	return h
+}
+
+// listeningAddr finds the addr of meshd's JSON "hub listening" line.
+func listeningAddr(log string) string {
+	sc := bufio.NewScanner(strings.NewReader(log))
+	for sc.Scan() {
+		var line struct{ Msg, Addr string }
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "hub listening" {
+			return line.Addr
+		}
+	}
+	return ""
+}
+
+// httpStatus GETs url and returns the status, or 0 when there is no answer.
+func httpStatus(c *http.Client, url string) int {
+	res, err := c.Get(url)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return res.StatusCode
+}
+
+type methodInfo struct {
+	Method string   `json:"method"`
+	Agents []string `json:"agents"`
+	Ready  int      `json:"ready"`
+}
+
+type agentInfo struct {
+	AgentID  string   `json:"agentId"`
+	Name     string   `json:"name"`
+	Status   string   `json:"status"`
+	InFlight int64    `json:"inflight"`
+	Methods  []string `json:"methods"`
+}
+
+// listAgents is `meshctl agents -o json`, decoded.
+func listAgents(t *testing.T, ws string) ([]agentInfo, result) {
+	t.Helper()
+	r := meshctl(t, "agents", "--hub", ws, "--timeout", "2s", "-o", "json")
+	var list []agentInfo
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil {
+		return nil, r
+	}
+	return list, r
+}
+
+// waitMethods polls `meshctl methods -o json` until every method has a
+// ready instance.
+func waitMethods(t *testing.T, ws string, methods ...string) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%v served by a ready agent", methods), 10*time.Second, func() bool {
+		r := meshctl(t, "methods", "--hub", ws, "--timeout", "2s", "-o", "json")
+		var list []methodInfo
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil {
 			return false
 		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	})
-	return p, "ws://" + addr + "/ws", base
-}
-
-func waitMethod(t *testing.T, ws, method string) {
-	t.Helper()
-	waitFor(t, method+" registered", 10*time.Second, func() bool {
-		r := meshctl(t, "methods", "--hub", ws, "-o", "json")
-		return r.code == 0 && strings.Contains(r.stdout, `"`+method+`"`)
+		for _, want := range methods {
+			if !slices.ContainsFunc(list, func(m methodInfo) bool { return m.Method == want && m.Ready > 0 }) {
+				return false
+			}
+		}
+		return true
 	})
 }
 
-func TestCallThroughRealProcesses(t *testing.T) {
-	_, ws, _ := startHub(t)
-	agent := start(t, "meshctl", "agent", "run", "echo", "--hub", ws, "--id", "echo-1")
-	waitMethod(t, ws, "echo.echo")
+// jsonEq reports whether two JSON texts hold the same value.
+func jsonEq(a, b string) bool {
+	var x, y any
+	return json.Unmarshal([]byte(a), &x) == nil && json.Unmarshal([]byte(b), &y) == nil && reflect.DeepEqual(x, y)
+}
 
-	r := meshctl(t, "call", "echo.echo", `{"hello":"mesh"}`, "--hub", ws, "-o", "json")
-	if r.code != 0 || r.stdout != "{\"hello\":\"mesh\"}\n" {
-		t.Fatalf("call echo.echo: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-	}
-	r = meshctl(t, "call", "echo.echo", `{"hello":"mesh"}`, "--hub", ws, "-o", "pretty")
-	if r.code != 0 || !strings.Contains(r.stdout, "Success") || !strings.Contains(r.stdout, "\"hello\": \"mesh\"") {
-		t.Errorf("pretty call: exit %d, %q", r.code, r.stdout)
-	}
-	r = meshctl(t, "agents", "--hub", ws, "-o", "json")
-	var agents []struct{ AgentID, Name, Status string }
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &agents) != nil || len(agents) != 1 || agents[0].Name != "echo" || agents[0].Status != "ready" {
-		t.Errorf("agents: exit %d, %q", r.code, r.stdout)
-	}
-	if r := meshctl(t, "call", "nope.nope", "--hub", ws); r.code != 1 || !strings.HasPrefix(r.stderr, "METHOD_NOT_FOUND: ") {
-		t.Errorf("unknown method: exit %d, stderr %q", r.code, r.stderr)
-	}
-	if r := meshctl(t, "call", "echo.echo", "{bad", "--hub", ws); r.code != 2 {
-		t.Errorf("bad params: exit %d; want 2", r.code)
-	}
-	if r := meshctl(t, "call", "echo.echo", "--hub", "ws://127.0.0.1:1/ws"); r.code != 3 || !strings.HasPrefix(r.stderr, "UNAVAILABLE: ") {
-		t.Errorf("unreachable hub: exit %d, stderr %q; want 3", r.code, r.stderr)
-	}
+// TestEchoAgent runs meshd and `meshctl agent run echo` as two processes
+// and checks what meshctl prints and how it exits, then SIGKILLs the agent:
+// the next call fails with a coded error within a second.
+func TestEchoAgent(t *testing.T) {
+	h := startHub(t)
+	agent := start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-1")
+	waitMethods(t, h.ws, "echo.echo")
 
-	// SIGKILL the agent: the next call fails with a coded error within a
-	// second, not at its timeout.
+	t.Run("call -o json", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", `{"hello":"mesh"}`, "--hub", h.ws, "-o", "json")
+		if r.code != 0 || r.stdout != "{\"hello\":\"mesh\"}\n" || r.stderr != "" {
+			t.Errorf("%v; want exit 0 and exactly {\"hello\":\"mesh\"} and a newline", r)
+		}
+	})
+	t.Run("call -o pretty", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", `{"hello":"mesh"}`, "--hub", h.ws, "-o", "pretty")
+		if r.code != 0 || !strings.Contains(r.stdout, "Success") || !strings.Contains(r.stdout, "{\n  \"hello\": \"mesh\"\n}") {
+			t.Errorf("%v; want exit 0, Success and the indented result", r)
+		}
+	})
+	t.Run("json by default when stdout is not a terminal", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", `[1,2]`, "--hub", h.ws)
+		if r.code != 0 || r.stdout != "[1,2]\n" {
+			t.Errorf("%v; want [1,2]", r)
+		}
+	})
+	t.Run("MESH_HUB", func(t *testing.T) {
+		r := runCtl(t.Context(), []string{"MESH_HUB=" + h.ws}, "call", "echo.echo", `"env"`, "-o", "json")
+		if r.code != 0 || r.stdout != "\"env\"\n" {
+			t.Errorf("%v; want \"env\" through the hub of $MESH_HUB", r)
+		}
+	})
+	t.Run("call over HTTP", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", `{"over":"http"}`, "--hub", h.base+"/rpc", "-o", "json")
+		if r.code != 0 || r.stdout != "{\"over\":\"http\"}\n" {
+			t.Errorf("%v; want the params back", r)
+		}
+	})
+	t.Run("agents -o json", func(t *testing.T) {
+		list, r := listAgents(t, h.ws)
+		if len(list) != 1 || list[0].AgentID != "echo-1" || list[0].Name != "echo" || list[0].Status != "ready" ||
+			!slices.Contains(list[0].Methods, "echo.echo") {
+			t.Errorf("%v; want one agent echo-1 named echo, ready, serving echo.echo", r)
+		}
+	})
+	t.Run("agents -o table", func(t *testing.T) {
+		r := meshctl(t, "agents", "--hub", h.ws, "-o", "table")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "AGENT ID") || !strings.Contains(r.stdout, "echo-1") {
+			t.Errorf("%v; want a table with echo-1", r)
+		}
+	})
+	t.Run("methods -o json", func(t *testing.T) {
+		r := meshctl(t, "methods", "--hub", h.ws, "-o", "json")
+		var list []methodInfo
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil ||
+			!slices.ContainsFunc(list, func(m methodInfo) bool {
+				return m.Method == "echo.echo" && m.Ready == 1 && slices.Equal(m.Agents, []string{"echo-1"})
+			}) {
+			t.Errorf("%v; want echo.echo served by echo-1", r)
+		}
+	})
+	t.Run("unknown method", func(t *testing.T) {
+		r := meshctl(t, "call", "nope.nope", "--hub", h.ws)
+		want(t, r, 1, "METHOD_NOT_FOUND: ")
+		if r.stdout != "" {
+			t.Errorf("stdout %q; want nothing", r.stdout)
+		}
+	})
+	t.Run("bad params", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", "{bad", "--hub", h.ws)
+		want(t, r, 2, "error: params are not valid JSON")
+	})
+	t.Run("bad -o", func(t *testing.T) {
+		want(t, meshctl(t, "call", "echo.echo", "--hub", h.ws, "-o", "yaml"), 2, "error: ")
+	})
+	t.Run("unreachable hub", func(t *testing.T) {
+		r := meshctl(t, "call", "echo.echo", "--hub", "ws://127.0.0.1:1/ws")
+		want(t, r, 3, "UNAVAILABLE: ")
+		t.Logf("unreachable hub reported after %v", r.took())
+	})
+
+	// SIGKILL: no deregistration, the hub only sees the link drop. It
+	// forgets the instance and, as the method was served recently, answers
+	// the next call UNAVAILABLE at once rather than METHOD_NOT_FOUND or a
+	// timeout.
+	t.Run("call after SIGKILL of the agent", func(t *testing.T) {
+		killed := time.Now()
+		if err := agent.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-agent.done
+		r := meshctl(t, "call", "echo.echo", `{"after":"kill"}`, "--hub", h.ws, "--timeout", "10s", "-o", "json")
+		want(t, r, 1, "UNAVAILABLE: ")
+		since := r.end.Sub(killed)
+		t.Logf("the call after SIGKILL exited %v after the kill; the call itself took %v; %s",
+			since.Round(time.Millisecond), r.took().Round(time.Millisecond), strings.TrimSpace(r.stderr))
+		if since > time.Second {
+			t.Errorf("the call after SIGKILL exited %v after the kill; want under 1s", since)
+		}
+		if list, r := listAgents(t, h.ws); r.code != 0 || len(list) != 0 {
+			t.Errorf("%v; want no agent left", r)
+		}
+	})
+}
+
+// TestInFlightCallFailsFastWhenAgentDies: a call waiting on an agent that
+// is SIGKILLed fails with UNAVAILABLE within a second of the kill, not at
+// the agent's latency (5 s) or the call's timeout (10 s).
+func TestInFlightCallFailsFastWhenAgentDies(t *testing.T) {
+	h := startHub(t)
+	agent := start(t, "meshctl", "agent", "run", "chaos", "--hub", h.ws, "--id", "chaos-1", "--latency", "5s")
+	waitMethods(t, h.ws, "chaos.echo")
+
+	done := make(chan result, 1)
+	ctx := t.Context()
+	go func() {
+		done <- runCtl(ctx, nil, "call", "chaos.echo", `{"n":1}`, "--hub", h.ws, "--timeout", "10s", "-o", "json")
+	}()
+	callStart := time.Now()
+	// Kill it 300 ms after the call started, once the hub has it in flight
+	// at the agent.
+	waitFor(t, "the call in flight at chaos-1", 3*time.Second, func() bool {
+		list, _ := listAgents(t, h.ws)
+		return len(list) == 1 && list[0].InFlight > 0
+	})
+	time.Sleep(300*time.Millisecond - time.Since(callStart))
+	killed := time.Now()
 	if err := agent.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	killed := time.Now()
-	<-agent.done
-	r = meshctl(t, "call", "echo.echo", `1`, "--hub", ws, "--timeout", "10s")
-	since := time.Since(killed)
-	if r.code != 1 || !strings.HasPrefix(r.stderr, "UNAVAILABLE: ") {
-		t.Errorf("call after SIGKILL: exit %d, stderr %q; want UNAVAILABLE", r.code, r.stderr)
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call did not return within 15s")
 	}
-	t.Logf("call after SIGKILL answered %v after the kill (the call itself took %v)", since, r.took)
+	want(t, r, 1, "UNAVAILABLE: ")
+	since := r.end.Sub(killed)
+	t.Logf("the in-flight call exited %v after the kill (%v after it started); %s",
+		since.Round(time.Millisecond), r.took().Round(time.Millisecond), strings.TrimSpace(r.stderr))
 	if since > time.Second {
-		t.Errorf("call after SIGKILL answered %v after the kill; want under 1s", since)
+		t.Errorf("the in-flight call exited %v after the kill; want under 1s", since)
 	}
 }
 
-func TestInFlightCallFailsFastWhenAgentDies(t *testing.T) {
-	_, ws, _ := startHub(t)
-	agent := start(t, "meshctl", "agent", "run", "chaos", "--hub", ws, "--latency", "5s")
-	waitMethod(t, ws, "chaos.echo")
-	type out struct {
-		r   result
-		end time.Time
-	}
-	done := make(chan out, 1)
-	go func() {
-		r := meshctl(t, "call", "chaos.echo", "1", "--hub", ws, "--timeout", "10s")
-		done <- out{r, time.Now()}
-	}()
-	time.Sleep(300 * time.Millisecond)
-	killed := time.Now()
-	_ = agent.cmd.Process.Kill()
-	o := <-done
-	if o.r.code != 1 || !strings.HasPrefix(o.r.stderr, "UNAVAILABLE: ") {
-		t.Errorf("in-flight call: exit %d, stderr %q; want UNAVAILABLE", o.r.code, o.r.stderr)
-	}
-	if d := o.end.Sub(killed); d > time.Second {
-		t.Errorf("in-flight call answered %v after the kill; want under 1s", d)
-	}
+// rpcReply is a JSON-RPC 2.0 response.
+type rpcReply struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  json.RawMessage `json:"result"`
+	Error   *struct {
+		Code    int             `json:"code"`
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"error"`
 }
 
-func TestDemoHub(t *testing.T) {
-	_, ws, base := startHub(t, "--demo")
-	waitMethod(t, ws, "memory.get")
-	if r := meshctl(t, "call", "memory.put", `{"key":"cat","value":"meow"}`, "--hub", ws); r.code != 0 {
-		t.Fatalf("memory.put: exit %d %s", r.code, r.stderr)
-	}
-	if r := meshctl(t, "call", "memory.get", `{"key":"cat"}`, "--hub", base+"/rpc", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"value":"meow"`) {
-		t.Errorf("memory.get over HTTP: exit %d, %q", r.code, r.stdout)
-	}
-	res, err := http.Post(base+"/rpc", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"via":"curl"}}`))
+// postRPC POSTs a JSON-RPC body to /rpc with plain net/http.
+func postRPC(t *testing.T, base, body string) (int, rpcReply, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/rpc", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if string(body) != `{"jsonrpc":"2.0","result":{"via":"curl"},"id":1}` {
-		t.Errorf("POST /rpc = %s", body)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST /rpc %s: %v", body, err)
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("POST /rpc %s: Content-Type %q; want application/json", body, ct)
+	}
+	var rep rpcReply
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("POST /rpc %s: %d %q is not a JSON-RPC response: %v", body, res.StatusCode, raw, err)
+	}
+	if rep.JSONRPC != "2.0" {
+		t.Errorf("POST /rpc %s: jsonrpc %q; want 2.0", body, rep.JSONRPC)
+	}
+	return res.StatusCode, rep, string(raw)
+}
+
+// TestDemoHub: meshd --demo runs the echo and kv agents itself; they answer
+// through meshctl (WebSocket and HTTP) and through a plain HTTP POST.
+func TestDemoHub(t *testing.T) {
+	h := startHub(t, "--demo")
+	waitMethods(t, h.ws, "echo.echo", "memory.put", "memory.get")
+
+	if r := meshctl(t, "call", "echo.echo", `{"demo":true}`, "--hub", h.ws, "-o", "json"); r.code != 0 || r.stdout != "{\"demo\":true}\n" {
+		t.Errorf("%v; want the params back", r)
+	}
+	if r := meshctl(t, "call", "memory.put", `{"key":"cat","value":"meow"}`, "--hub", h.ws, "-o", "json"); r.code != 0 ||
+		!jsonEq(r.stdout, `{"ok":true,"key":"cat"}`) {
+		t.Errorf("%v; want {\"ok\":true,\"key\":\"cat\"}", r)
+	}
+	for _, hubURL := range []string{h.ws, h.base + "/rpc"} {
+		if r := meshctl(t, "call", "memory.get", `{"key":"cat"}`, "--hub", hubURL, "-o", "json"); r.code != 0 ||
+			!jsonEq(r.stdout, `{"key":"cat","value":"meow","found":true}`) {
+			t.Errorf("%v; want meow, found", r)
+		}
+	}
+	if r := meshctl(t, "call", "memory.put", `{"key":"cat"}`, "--hub", h.ws); r.code != 1 || !strings.HasPrefix(r.stderr, "INVALID_PARAMS: ") {
+		t.Errorf("%v; want INVALID_PARAMS (no value)", r)
+	}
+
+	// Plain HTTP, as curl would.
+	status, rep, raw := postRPC(t, h.base, `{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"via":"http"}}`)
+	if status != http.StatusOK || rep.Error != nil || string(rep.ID) != "1" || !jsonEq(string(rep.Result), `{"via":"http"}`) {
+		t.Errorf("POST echo.echo: %d %s", status, raw)
+	}
+	status, rep, raw = postRPC(t, h.base, `{"jsonrpc":"2.0","id":"p","method":"memory.put","params":{"key":"dog","value":{"says":"woof"}}}`)
+	if status != http.StatusOK || rep.Error != nil || string(rep.ID) != `"p"` || !jsonEq(string(rep.Result), `{"ok":true,"key":"dog"}`) {
+		t.Errorf("POST memory.put: %d %s", status, raw)
+	}
+	status, rep, raw = postRPC(t, h.base, `{"jsonrpc":"2.0","id":2,"method":"memory.get","params":{"key":"dog"}}`)
+	if status != http.StatusOK || rep.Error != nil || !jsonEq(string(rep.Result), `{"key":"dog","value":{"says":"woof"},"found":true}`) {
+		t.Errorf("POST memory.get: %d %s", status, raw)
+	}
+	// What was put over HTTP is read back through meshctl: one store.
+	if r := meshctl(t, "call", "memory.get", `{"key":"dog"}`, "--hub", h.ws, "-o", "json"); r.code != 0 ||
+		!jsonEq(r.stdout, `{"key":"dog","value":{"says":"woof"},"found":true}`) {
+		t.Errorf("%v; want woof", r)
+	}
+	status, rep, raw = postRPC(t, h.base, `{"jsonrpc":"2.0","id":3,"method":"nope.nope"}`)
+	if rep.Error == nil || rep.Error.Code != -32601 || rep.Result != nil {
+		t.Errorf("POST nope.nope: %d %s; want error -32601", status, raw)
 	}
 }
 
-func TestGracefulShutdown(t *testing.T) {
-	hub, ws, _ := startHub(t, "--demo", "--drain-timeout", "5s")
-	waitMethod(t, ws, "echo.sleep")
-	// A call in flight when SIGTERM arrives still completes.
-	done := make(chan result, 1)
-	go func() { done <- meshctl(t, "call", "echo.sleep", `{"ms":500}`, "--hub", ws, "--timeout", "10s") }()
-	time.Sleep(150 * time.Millisecond)
-	_ = hub.cmd.Process.Signal(syscall.SIGTERM)
-	if r := <-done; r.code != 0 {
-		t.Errorf("call in flight during SIGTERM: exit %d, %s", r.code, r.stderr)
+// TestMeshdExitsZeroOnSIGTERM: an idle hub with an agent attached stops on
+// SIGTERM within a few seconds, exit code 0, its log JSON lines to the end.
+func TestMeshdExitsZeroOnSIGTERM(t *testing.T) {
+	h := startHub(t)
+	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-sig")
+	waitMethods(t, h.ws, "echo.echo")
+
+	sent := time.Now()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
 	}
 	select {
-	case <-hub.done:
-		if hub.err != nil {
-			t.Errorf("meshd exited with %v after SIGTERM; want 0", hub.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("meshd did not exit after SIGTERM")
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("meshd still running 5s after SIGTERM")
 	}
-	// Its log is JSON lines.
-	sc := bufio.NewScanner(strings.NewReader(hub.stderr.String()))
-	lines := 0
+	t.Logf("meshd exited %v after SIGTERM", h.exited.Sub(sent).Round(time.Millisecond))
+	if h.err != nil || h.cmd.ProcessState.ExitCode() != 0 {
+		t.Errorf("meshd exited with %v after SIGTERM; want exit 0", h.err)
+	}
+	var msgs []string
+	sc := bufio.NewScanner(strings.NewReader(h.stderr.String()))
 	for sc.Scan() {
-		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Errorf("log line is not JSON: %q", sc.Text())
+		var line struct{ Level, Msg string }
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil || line.Level == "" || line.Msg == "" {
+			t.Errorf("log line is not JSON with level and msg: %q", sc.Text())
 		}
-		lines++
+		msgs = append(msgs, line.Msg)
 	}
-	if lines == 0 {
-		t.Error("meshd logged nothing")
+	if !slices.Contains(msgs, "hub stopped") {
+		t.Errorf("log %q; want a \"hub stopped\" line", msgs)
+	}
+	if httpStatus(&http.Client{Timeout: time.Second}, h.base+"/livez") != 0 {
+		t.Error("something still answers on meshd's address after it exited")
+	}
+}
+
+// TestGracefulDrain: on SIGTERM, meshd turns /readyz 503, refuses new
+// calls with UNAVAILABLE, lets the call in flight finish, then exits 0.
+func TestGracefulDrain(t *testing.T) {
+	h := startHub(t, "--demo", "--drain-timeout", "5s")
+	waitMethods(t, h.ws, "echo.sleep")
+
+	done := make(chan result, 1)
+	ctx := t.Context()
+	go func() {
+		done <- runCtl(ctx, nil, "call", "echo.sleep", `{"ms":1500}`, "--hub", h.ws, "--timeout", "10s", "-o", "json")
+	}()
+	waitFor(t, "echo.sleep in flight", 3*time.Second, func() bool {
+		list, _ := listAgents(t, h.ws)
+		return slices.ContainsFunc(list, func(a agentInfo) bool { return a.Name == "echo" && a.InFlight > 0 })
+	})
+	sent := time.Now()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: time.Second}
+	waitFor(t, "/readyz 503 while draining", time.Second, func() bool {
+		return httpStatus(client, h.base+"/readyz") == http.StatusServiceUnavailable
+	})
+	// A new call while draining is refused at once.
+	status, rep, raw := postRPC(t, h.base, `{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":[1]}`)
+	if rep.Error == nil || rep.Error.Code != -32002 {
+		t.Errorf("POST during the drain: %d %s; want UNAVAILABLE (-32002)", status, raw)
+	}
+	// meshctl cannot even open its WebSocket (503): no hub to reach.
+	want(t, meshctl(t, "call", "echo.echo", "1", "--hub", h.ws, "--timeout", "2s"), 3, "UNAVAILABLE: ")
+
+	if r := <-done; r.code != 0 || !jsonEq(r.stdout, `{"slept":1500}`) {
+		t.Errorf("the call in flight during SIGTERM: %v; want {\"slept\":1500}", r)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("meshd still running 5s after the drain")
+	}
+	t.Logf("meshd exited %v after SIGTERM (a 1.5s call was in flight)", h.exited.Sub(sent).Round(time.Millisecond))
+	if h.err != nil {
+		t.Errorf("meshd exited with %v after SIGTERM; want exit 0", h.err)
 	}
 }

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -122,6 +123,11 @@ func (c *wsConn) writeLoop() {
 			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 			var n int
 			var err error
+			if c.batch && len(c.out) == 0 {
+				// Let the goroutines that are about to queue a frame do so,
+				// so that one write carries them all.
+				runtime.Gosched()
+			}
 			if c.batch && len(c.out) > 0 {
 				n, err = c.writeBatch(b)
 			} else {

@@ -85,9 +85,24 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				log.Info("demo agents started", "agents", []string{"echo", "kv"})
 			}
-			err = hub.Serve(ctx, ln)
+			// On shutdown the demo agents leave first (they deregister
+			// cleanly), then the hub drains.
+			srvCtx, stopSrv := context.WithCancel(context.Background())
+			served := make(chan struct{})
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-served:
+				}
+				stopAgents()
+				wg.Wait()
+				stopSrv()
+			}()
+			err = hub.Serve(srvCtx, ln)
+			close(served)
 			stopAgents()
 			wg.Wait()
+			stopSrv()
 			if err != nil && ctx.Err() == nil {
 				return withCode(ExitError, err)
 			}

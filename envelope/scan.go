@@ -38,33 +38,14 @@ func (l Limits) check(data []byte) *Error {
 	if len(data) > l.MaxBytes {
 		return Errorf(CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), l.MaxBytes)
 	}
-	if depthExceeds(data, l.MaxDepth) {
+	valid, tooDeep := scanJSON(data, l.MaxDepth)
+	if tooDeep {
 		return Errorf(CodeInvalidRequest, "JSON nesting exceeds the limit of %d levels", l.MaxDepth)
 	}
-	if !json.Valid(data) {
+	if !valid {
 		return NewError(CodeParseError, "message is not valid JSON")
 	}
 	return nil
-}
-
-// depthExceeds reports whether arrays and objects nest deeper than max,
-// ignoring brackets inside strings. It does not validate.
-func depthExceeds(data []byte, max int) bool {
-	depth := 0
-	for i := 0; i < len(data); i++ {
-		switch data[i] {
-		case '{', '[':
-			depth++
-			if depth > max {
-				return true
-			}
-		case '}', ']':
-			depth--
-		case '"':
-			i = stringEnd(data, i) - 1
-		}
-	}
-	return false
 }
 
 // stringEnd returns the index just past the string that starts with the

@@ -1,0 +1,191 @@
+package envelope
+
+// scanJSON reports whether data is exactly one JSON value (RFC 8259, with
+// white space around it) and whether its arrays and objects nest deeper
+// than maxDepth; on the first problem it stops. It replaces two passes
+// (a depth count and encoding/json.Valid's byte-at-a-time state machine)
+// with one, and allocates nothing for messages nested up to 128 deep.
+// Like encoding/json it does not check that strings are valid UTF-8.
+func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
+	var small [128]byte
+	stack := small[:0]
+	i := skipSpace(data, 0)
+	n := len(data)
+	for {
+		// A value starts at i.
+		if i >= n {
+			return false, false
+		}
+		switch c := data[i]; {
+		case c == '{' || c == '[':
+			if len(stack) >= maxDepth {
+				return false, true
+			}
+			stack = append(stack, c)
+			i = skipSpace(data, i+1)
+			if i < n && data[i] == c+2 { // '}' is '{'+2, ']' is '['+2
+				stack = stack[:len(stack)-1]
+				i++
+				goto after
+			}
+			if c == '{' {
+				if i = scanKey(data, i); i < 0 {
+					return false, false
+				}
+			}
+			continue
+		case c == '"':
+			if i = scanString(data, i); i < 0 {
+				return false, false
+			}
+		case c == '-' || (c >= '0' && c <= '9'):
+			if i = scanNumber(data, i); i < 0 {
+				return false, false
+			}
+		case c == 't':
+			if !hasLiteral(data, i, "true") {
+				return false, false
+			}
+			i += 4
+		case c == 'f':
+			if !hasLiteral(data, i, "false") {
+				return false, false
+			}
+			i += 5
+		case c == 'n':
+			if !hasLiteral(data, i, "null") {
+				return false, false
+			}
+			i += 4
+		default:
+			return false, false
+		}
+	after:
+		// A value ended at i: close containers, or move to the next value.
+		for {
+			i = skipSpace(data, i)
+			if len(stack) == 0 {
+				return i == n, false
+			}
+			if i >= n {
+				return false, false
+			}
+			top := stack[len(stack)-1]
+			switch data[i] {
+			case ',':
+				i = skipSpace(data, i+1)
+				if top == '{' {
+					if i = scanKey(data, i); i < 0 {
+						return false, false
+					}
+				}
+			case top + 2:
+				stack = stack[:len(stack)-1]
+				i++
+				continue
+			default:
+				return false, false
+			}
+			break
+		}
+	}
+}
+
+// scanKey checks `"key" :` at i and returns the index after the colon and
+// the white space that follows, or -1.
+func scanKey(data []byte, i int) int {
+	if i >= len(data) || data[i] != '"' {
+		return -1
+	}
+	if i = scanString(data, i); i < 0 {
+		return -1
+	}
+	i = skipSpace(data, i)
+	if i >= len(data) || data[i] != ':' {
+		return -1
+	}
+	return skipSpace(data, i+1)
+}
+
+// scanString checks the string starting with the quote at i and returns
+// the index after its closing quote, or -1.
+func scanString(data []byte, i int) int {
+	n := len(data)
+	for i++; i < n; i++ {
+		c := data[i]
+		switch {
+		case c == '"':
+			return i + 1
+		case c < 0x20:
+			return -1
+		case c == '\\':
+			i++
+			if i >= n {
+				return -1
+			}
+			switch data[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= n {
+					return -1
+				}
+				for _, h := range data[i+1 : i+5] {
+					if !isHex(h) {
+						return -1
+					}
+				}
+				i += 4
+			default:
+				return -1
+			}
+		}
+	}
+	return -1
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// scanNumber checks the number at i and returns the index after it, or -1.
+func scanNumber(data []byte, i int) int {
+	n := len(data)
+	if data[i] == '-' {
+		i++
+	}
+	switch {
+	case i < n && data[i] == '0':
+		i++
+	case i < n && data[i] >= '1' && data[i] <= '9':
+		for i++; i < n && isDigit(data[i]); i++ {
+		}
+	default:
+		return -1
+	}
+	if i < n && data[i] == '.' {
+		i++
+		if i >= n || !isDigit(data[i]) {
+			return -1
+		}
+		for ; i < n && isDigit(data[i]); i++ {
+		}
+	}
+	if i < n && (data[i] == 'e' || data[i] == 'E') {
+		i++
+		if i < n && (data[i] == '+' || data[i] == '-') {
+			i++
+		}
+		if i >= n || !isDigit(data[i]) {
+			return -1
+		}
+		for ; i < n && isDigit(data[i]); i++ {
+		}
+	}
+	return i
+}
+
+func hasLiteral(data []byte, i int, lit string) bool {
+	return len(data)-i >= len(lit) && string(data[i:i+len(lit)]) == lit
+}

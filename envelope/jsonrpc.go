@@ -67,7 +67,7 @@ func decodeRPCRequest(v []byte) RPCCall {
 		switch key {
 		case "jsonrpc":
 			hasVersion = true
-			version, e = stringField("jsonrpc", v)
+			version, e = internField("jsonrpc", v)
 		case "id":
 			hasID = true
 			switch kindOf(v) {
@@ -78,7 +78,7 @@ func decodeRPCRequest(v []byte) RPCCall {
 			}
 		case "method":
 			hasMethod = true
-			r.Method, e = stringField("method", v)
+			r.Method, e = internField("method", v)
 		case "params":
 			switch kindOf(v) {
 			case '{', '[':

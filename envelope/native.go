@@ -160,7 +160,7 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		var e *Error
 		switch key {
 		case "type":
-			typ, e = stringField("type", v)
+			typ, e = internField("type", v)
 		case "seq":
 			var n int64
 			n, e = intField("seq", v, 0, math.MaxInt64)
@@ -168,15 +168,15 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		case "id":
 			id, e = stringField("id", v)
 		case "origin":
-			origin, e = stringField("origin", v)
+			origin, e = internField("origin", v)
 		case "destination":
-			dest, e = stringField("destination", v)
+			dest, e = internField("destination", v)
 		case "timestamp":
 			ts, e = intField("timestamp", v, 0, math.MaxInt64)
 		case "method":
-			method, e = stringField("method", v)
+			method, e = internField("method", v)
 		case "version":
-			version, e = stringField("version", v)
+			version, e = internField("version", v)
 		case "params":
 			params = v
 		case "result":
@@ -312,7 +312,7 @@ func decodeHeaders(v []byte, h *Headers) *Error {
 		case "ttl":
 			h.TTL, e = intField("headers.ttl", v, 0, MaxTTL.Milliseconds())
 		case "priority":
-			h.Priority, e = stringField("headers.priority", v)
+			h.Priority, e = internField("headers.priority", v)
 			switch h.Priority {
 			case "", PriorityLow, PriorityNormal, PriorityHigh, PriorityCritical:
 			default:
@@ -363,7 +363,7 @@ func decodeMetrics(v []byte, m *Metrics) *Error {
 			n, e = intField("metrics.retries", v, 0, 1<<20)
 			m.Retries = int(n)
 		case "backend":
-			m.Backend, e = stringField("metrics.backend", v)
+			m.Backend, e = internField("metrics.backend", v)
 		case "queueTime":
 			m.QueueTime, e = floatField("metrics.queueTime", v)
 		case "processingTime":

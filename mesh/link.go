@@ -226,19 +226,20 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 	}
 }
 
+func (l *Link) reply(seq uint64, res *envelope.Response, e *envelope.Error) {
+	b := getBuf()
+	*b = envelope.AppendResponseFrame(*b, seq, res, e)
+	l.c.send(b)
+}
+
 func (l *Link) startServing(seq uint64, req *envelope.Request) {
-	reply := func(res *envelope.Response, e *envelope.Error) {
-		b := getBuf()
-		*b = envelope.AppendResponseFrame(*b, seq, res, e)
-		l.c.send(b)
-	}
 	if l.serve == nil {
-		reply(nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
+		l.reply(seq, nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
 		return
 	}
 	if l.nserving.Add(1) > int64(l.maxServing) {
 		l.nserving.Add(-1)
-		reply(nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
+		l.reply(seq, nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
 		return
 	}
 	ctx, cancel := req.WithTTL(l.ctx, 0)
@@ -252,26 +253,30 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 	l.serving[seq] = cancel
 	l.wg.Add(1)
 	l.mu.Unlock()
-	r := *req
-	go func() {
-		defer l.wg.Done()
-		start := time.Now()
-		res, err := l.serve(ctx, &r)
-		l.mu.Lock()
-		delete(l.serving, seq)
-		l.mu.Unlock()
-		cancel()
-		l.nserving.Add(-1)
-		if err != nil {
-			reply(&envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
-				Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
-			return
-		}
-		if res.ID == "" {
-			res.ID = r.ID
-		}
-		reply(res, nil)
-	}()
+	r := new(envelope.Request)
+	*r = *req
+	go l.serveOne(ctx, cancel, seq, r) // a method call, not a closure: no captured variables to allocate
+}
+
+// serveOne runs the handler for one incoming request and answers it.
+func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
+	defer l.wg.Done()
+	start := time.Now()
+	res, err := l.serve(ctx, r)
+	l.mu.Lock()
+	delete(l.serving, seq)
+	l.mu.Unlock()
+	cancel()
+	l.nserving.Add(-1)
+	if err != nil {
+		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
+			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+		return
+	}
+	if res.ID == "" {
+		res.ID = r.ID
+	}
+	l.reply(seq, res, nil)
 }
 
 // closed_ runs once when the connection closes: it fails every pending

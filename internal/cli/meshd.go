@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -22,6 +25,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		listen, id, logLevel, conf string
 		logFormat, otlpEndpoint    string
+		adminAddr                  string
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
@@ -76,6 +80,15 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				return withCode(ExitError, fmt.Errorf("listen on %s: %w", listen, err))
 			}
 			ctx := cmd.Context()
+			if adminAddr != "" {
+				stop, err := serveAdmin(adminAddr, hub, tel.M, log)
+				if err != nil {
+					_ = ln.Close()
+					_ = hub.Shutdown(context.Background())
+					return withCode(ExitError, err)
+				}
+				defer stop()
+			}
 			var wg sync.WaitGroup
 			actx, stopAgents := context.WithCancel(context.Background())
 			if demo {
@@ -116,6 +129,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")
+	f.StringVar(&adminAddr, "admin-addr", "", "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464)")
 	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
@@ -125,4 +139,28 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	return cmd
+}
+
+// serveAdmin serves the admin endpoints (metrics, probes, pprof) on their
+// own listener until stop is called.
+func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	h := hub.Handler()
+	for _, p := range []string{"/metrics", "/livez", "/healthz", "/readyz"} {
+		mux.Handle(p, h)
+	}
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(done) }()
+	log.Info("admin listening", "addr", ln.Addr().String())
+	return func() { _ = srv.Close(); <-done }, nil
 }

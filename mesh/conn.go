@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"errors"
+	"io"
 	"runtime"
 	"sync"
 	"time"
@@ -96,12 +97,14 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 	idle := c.cfg.IdleTimeout
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
+	hint := 512
 	for {
-		typ, data, err := c.ws.ReadMessage()
+		typ, data, err := c.readMessage(hint)
 		if err != nil {
 			c.shutdown(err)
 			return
 		}
+		hint = max(512, min(len(data)+len(data)/4, c.cfg.Limits.MaxBytes))
 		_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(len(data), 0)
@@ -110,6 +113,31 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 			continue
 		}
 		onMessage(data)
+	}
+}
+
+// readMessage reads one message into a buffer of about hint bytes (the
+// size of the last one), growing it if needed: one allocation per message
+// instead of the doublings of gorilla's ReadMessage. The buffer is not
+// reused, since decoded frames keep pointing into it.
+func (c *wsConn) readMessage(hint int) (int, []byte, error) {
+	typ, r, err := c.ws.NextReader()
+	if err != nil {
+		return typ, nil, err
+	}
+	buf := make([]byte, 0, hint)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return typ, buf, nil
+		}
+		if err != nil {
+			return typ, nil, err
+		}
 	}
 }
 

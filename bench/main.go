@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -48,10 +49,18 @@ func main() {
 	concs := flag.String("c", "1,16,128", "concurrencies")
 	only := flag.String("only", "", "comma-separated systems to run (tcp,nats,grpc,agentmesh)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
+	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
 	flag.Parse()
 	if *role != "" {
 		if err := runRole(*role, *addr); err != nil {
 			fmt.Fprintln(os.Stderr, *role+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *idle > 0 {
+		if err := idleMemory(*idle); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
 		return
@@ -171,6 +180,20 @@ func runRole(role, addr string) error {
 		return h.Serve(ctx, ln)
 	case "mesh-agent":
 		return agents.NewEcho().Run(ctx, "ws://"+addr+"/ws")
+	case "idle-agents":
+		// N agents in this one process, registered and then idle (they
+		// heartbeat every 5 s).
+		host, n, _ := strings.Cut(addr, ",")
+		count, _ := strconv.Atoi(n)
+		var wg sync.WaitGroup
+		for range count {
+			a := agents.NewEcho()
+			wg.Go(func() { _ = a.Run(ctx, "ws://"+host+"/ws") })
+			<-a.Registered()
+		}
+		fmt.Println("ready")
+		wg.Wait()
+		return nil
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -532,4 +555,82 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		}
 		fmt.Fprintf(w, "  CPU/call %.2fx\n", am.Cells[len(cs)-1].CPUmsPer1k/b.Cells[len(cs)-1].CPUmsPer1k)
 	}
+}
+
+// rss returns a process's resident memory.
+func rss(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// idleMemory attaches n idle agents to a hub process and reports the
+// hub's resident memory per agent link.
+func idleMemory(n int) error {
+	addr := freeAddr()
+	hub, err := startRole("mesh-hub", addr)
+	if err != nil {
+		return err
+	}
+	defer hub.stop()
+	if err := waitDial(addr); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := rss(hub.cmd.Process.Pid)
+	heap0, stack0 := goMem(addr)
+	cmd := exec.Command(os.Args[0], "-role", "idle-agents", "-addr", fmt.Sprintf("%s,%d", addr, n))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		return fmt.Errorf("agents did not come up: %w", err)
+	}
+	time.Sleep(2 * time.Second) // let the hub settle (GC, heartbeats)
+	after := rss(hub.cmd.Process.Pid)
+	heap1, stack1 := goMem(addr)
+	fmt.Printf("hub RSS %.1f MiB with no agents, %.1f MiB with %d idle agents: %.1f KiB per idle agent link\n",
+		float64(before)/(1<<20), float64(after)/(1<<20), n, float64(after-before)/float64(n)/1024)
+	fmt.Printf("Go heap in use +%.1f KiB and goroutine stacks +%.1f KiB per idle agent link (from the hub's /metrics)\n",
+		float64(heap1-heap0)/float64(n)/1024, float64(stack1-stack0)/float64(n)/1024)
+	return nil
+}
+
+// goMem scrapes the hub's heap and stack in use from /metrics.
+func goMem(addr string) (heap, stack float64) {
+	res, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, 0
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "go_memstats_heap_inuse_bytes":
+			heap = v
+		case "go_memstats_stack_inuse_bytes":
+			stack = v
+		}
+	}
+	return heap, stack
 }

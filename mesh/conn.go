@@ -24,7 +24,8 @@ type ConnConfig struct {
 	// WriteTimeout bounds one write, so a stuck peer cannot pin the writer
 	// (default 10 s).
 	WriteTimeout time.Duration
-	// QueueSize bounds frames waiting for the writer (default 4096).
+	// QueueSize bounds frames waiting for the writer (default 256; with
+	// batching, one write drains up to 128 of them).
 	QueueSize int
 	// Limits bound each incoming message (default 1 MiB, depth 64).
 	Limits envelope.Limits
@@ -44,7 +45,7 @@ func (c ConnConfig) withDefaults() ConnConfig {
 		c.WriteTimeout = 10 * time.Second
 	}
 	if c.QueueSize <= 0 {
-		c.QueueSize = 4096
+		c.QueueSize = 256
 	}
 	if c.Limits.MaxBytes <= 0 {
 		c.Limits.MaxBytes = envelope.DefaultLimits().MaxBytes

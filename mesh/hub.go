@@ -216,9 +216,11 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.ownsReg = true
 	}
 	h.upgrader = websocket.Upgrader{
-		Subprotocols:    []string{envelope.Subprotocol, "jsonrpc"},
-		ReadBufferSize:  4096,
-		WriteBufferSize: 4096,
+		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
+		// Read through the HTTP server's own buffer (size 0), and take
+		// write buffers from a pool only while writing: an idle link then
+		// holds no buffer of its own.
+		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
 	h.policies = ps

@@ -101,18 +101,29 @@ type proc struct {
 // stopped: SIGTERM, then SIGKILL if it has not exited within 5 s.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startWithEnv(t, nil, name, args...)
+}
+
+// startWithEnv is start with extra environment variables.
+func startWithEnv(t *testing.T, extraEnv []string, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
-	p.cmd = exec.CommandContext(t.Context(), filepath.Join(binDir, name), args...)
-	p.cmd.Env = env()
+	// A safety net far beyond any test's length: no process outlives a
+	// hung test run by long.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	p.cmd = exec.CommandContext(ctx, filepath.Join(binDir, name), args...)
+	p.cmd.Env = env(extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	// t.Context ends just before the cleanups run: the same SIGTERM, then
-	// SIGKILL, as stop, should a cleanup not get to run.
+	// t.Context ends just before the cleanups run: then the same SIGTERM,
+	// and SIGKILL 5 s later, as stop.
 	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
+		cancel()
 		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() {
+		defer cancel()
 		err := p.cmd.Wait()
 		p.err, p.exited = err, time.Now()
 		close(p.done)
@@ -597,7 +608,8 @@ func TestMeshdExitsZeroOnSIGTERM(t *testing.T) {
 // TestGracefulDrain: on SIGTERM, meshd turns /readyz 503, refuses new
 // calls with UNAVAILABLE, lets the call in flight finish, then exits 0.
 func TestGracefulDrain(t *testing.T) {
-	h := startHub(t, "--demo", "--drain-timeout", "5s")
+	h := startHub(t, "--drain-timeout", "5s")
+	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-drain")
 	waitMethods(t, h.ws, "echo.sleep")
 
 	done := make(chan result, 1)
@@ -607,7 +619,7 @@ func TestGracefulDrain(t *testing.T) {
 	}()
 	waitFor(t, "echo.sleep in flight", 3*time.Second, func() bool {
 		list, _ := listAgents(t, h.ws)
-		return slices.ContainsFunc(list, func(a agentInfo) bool { return a.Name == "echo" && a.InFlight > 0 })
+		return len(list) == 1 && list[0].InFlight > 0
 	})
 	sent := time.Now()
 	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -617,12 +629,13 @@ func TestGracefulDrain(t *testing.T) {
 	waitFor(t, "/readyz 503 while draining", time.Second, func() bool {
 		return httpStatus(client, h.base+"/readyz") == http.StatusServiceUnavailable
 	})
-	// A new call while draining is refused at once.
+	// A new call while draining is refused at once: over HTTP with
+	// UNAVAILABLE; meshctl cannot even open its WebSocket (503), so for it
+	// there is no hub to reach.
 	status, rep, raw := postRPC(t, h.base, `{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":[1]}`)
 	if rep.Error == nil || rep.Error.Code != -32002 {
 		t.Errorf("POST during the drain: %d %s; want UNAVAILABLE (-32002)", status, raw)
 	}
-	// meshctl cannot even open its WebSocket (503): no hub to reach.
 	want(t, meshctl(t, "call", "echo.echo", "1", "--hub", h.ws, "--timeout", "2s"), 3, "UNAVAILABLE: ")
 
 	if r := <-done; r.code != 0 || !jsonEq(r.stdout, `{"slept":1500}`) {
@@ -637,4 +650,132 @@ func TestGracefulDrain(t *testing.T) {
 	if h.err != nil {
 		t.Errorf("meshd exited with %v after SIGTERM; want exit 0", h.err)
 	}
+}
+
+// TestDemoHubDrain: meshd --demo stops its own agents first on SIGTERM;
+// the call in flight on them still completes and meshd exits 0.
+func TestDemoHubDrain(t *testing.T) {
+	h := startHub(t, "--demo", "--drain-timeout", "5s")
+	waitMethods(t, h.ws, "echo.sleep")
+	done := make(chan result, 1)
+	ctx := t.Context()
+	go func() {
+		done <- runCtl(ctx, nil, "call", "echo.sleep", `{"ms":500}`, "--hub", h.ws, "--timeout", "10s", "-o", "json")
+	}()
+	waitFor(t, "echo.sleep in flight", 3*time.Second, func() bool {
+		list, _ := listAgents(t, h.ws)
+		return slices.ContainsFunc(list, func(a agentInfo) bool { return a.Name == "echo" && a.InFlight > 0 })
+	})
+	sent := time.Now()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.code != 0 || !jsonEq(r.stdout, `{"slept":500}`) {
+		t.Errorf("the call in flight during SIGTERM: %v; want {\"slept\":500}", r)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("meshd --demo still running 5s after the call ended")
+	}
+	t.Logf("meshd --demo exited %v after SIGTERM (a 0.5s call was in flight)", h.exited.Sub(sent).Round(time.Millisecond))
+	if h.err != nil {
+		t.Errorf("meshd --demo exited with %v after SIGTERM; want exit 0", h.err)
+	}
+}
+
+// TestFrozenAgentExpires: a SIGSTOPped agent keeps its TCP connection
+// open, so only its missed heartbeats (3 × 200 ms) give it away: the call
+// waiting on it fails with UNAVAILABLE well before the call's own timeout.
+// Once continued it registers again; on SIGTERM it deregisters and exits 0.
+func TestFrozenAgentExpires(t *testing.T) {
+	h := startHub(t)
+	agent := start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "frozen-1")
+	t.Cleanup(func() { _ = agent.cmd.Process.Signal(syscall.SIGCONT) }) // before its stop: a stopped process ignores SIGTERM
+	waitMethods(t, h.ws, "echo.sleep")
+
+	done := make(chan result, 1)
+	ctx := t.Context()
+	go func() {
+		done <- runCtl(ctx, nil, "call", "echo.sleep", `{"ms":5000}`, "--hub", h.ws, "--timeout", "10s", "-o", "json")
+	}()
+	waitFor(t, "echo.sleep in flight", 3*time.Second, func() bool {
+		list, _ := listAgents(t, h.ws)
+		return len(list) == 1 && list[0].InFlight > 0
+	})
+	stopped := time.Now()
+	if err := agent.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call did not return within 15s")
+	}
+	want(t, r, 1, "UNAVAILABLE: ")
+	since := r.end.Sub(stopped)
+	t.Logf("the call on the frozen agent exited %v after SIGSTOP; %s", since.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+	if since > 2*time.Second {
+		t.Errorf("the call on the frozen agent exited %v after SIGSTOP; want under 2s (heartbeat 200ms)", since)
+	}
+	if list, r := listAgents(t, h.ws); r.code != 0 || len(list) != 0 {
+		t.Errorf("%v; want the frozen agent gone", r)
+	}
+
+	if err := agent.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitMethods(t, h.ws, "echo.echo")
+	if r := meshctl(t, "call", "echo.echo", `"back"`, "--hub", h.ws, "-o", "json"); r.code != 0 || r.stdout != "\"back\"\n" {
+		t.Errorf("%v; want the agent back after SIGCONT", r)
+	}
+
+	termed := time.Now()
+	if err := agent.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-agent.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the agent still runs 5s after SIGTERM")
+	}
+	t.Logf("the agent exited %v after SIGTERM", agent.exited.Sub(termed).Round(time.Millisecond))
+	if agent.err != nil {
+		t.Errorf("the agent exited with %v after SIGTERM; want 0", agent.err)
+	}
+	if list, r := listAgents(t, h.ws); r.code != 0 || len(list) != 0 {
+		t.Errorf("%v; want the agent deregistered", r)
+	}
+	want(t, meshctl(t, "call", "echo.echo", "[]", "--hub", h.ws), 1, "UNAVAILABLE: ")
+}
+
+// TestChaosAgentErrors: the codes of a failing agent reach meshctl's
+// stderr and exit code, and --timeout bounds a slow call.
+func TestChaosAgentErrors(t *testing.T) {
+	t.Run("injected failure", func(t *testing.T) {
+		h := startHub(t)
+		start(t, "meshctl", "agent", "run", "chaos", "--hub", h.ws, "--fail-rate", "1", "--fail-code", "OVERLOADED")
+		waitMethods(t, h.ws, "chaos.echo")
+		r := meshctl(t, "call", "chaos.echo", "{}", "--hub", h.ws, "-o", "json")
+		want(t, r, 1, "OVERLOADED: ")
+		if r.stdout != "" {
+			t.Errorf("stdout %q; want nothing", r.stdout)
+		}
+		r = meshctl(t, "call", "chaos.echo", "{}", "--hub", h.ws, "-o", "pretty")
+		if r.code != 1 || !strings.Contains(r.stderr, "Code: OVERLOADED (-32005)") || !strings.Contains(r.stderr, "Retryable: yes") {
+			t.Errorf("%v; want the code, its number and Retryable: yes", r)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		h := startHub(t)
+		start(t, "meshctl", "agent", "run", "chaos", "--hub", h.ws, "--latency", "5s")
+		waitMethods(t, h.ws, "chaos.echo")
+		r := meshctl(t, "call", "chaos.echo", "{}", "--hub", h.ws, "--timeout", "300ms")
+		want(t, r, 1, "TIMEOUT: ")
+		t.Logf("--timeout 300ms against a 5s agent: exit %d after %v", r.code, r.took().Round(time.Millisecond))
+		if r.took() > 2*time.Second {
+			t.Errorf("--timeout 300ms call took %v", r.took())
+		}
+	})
 }

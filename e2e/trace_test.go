@@ -7,9 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -135,20 +132,9 @@ func TestOneTraceAcrossHops(t *testing.T) {
 	// The agents are processes of their own, exporting with the standard
 	// variables.
 	for _, args := range [][]string{{"echo", "--id", "echo-t"}, {"chaos", "--id", "chaos-t", "--fail-rate", "1", "--fail-code", "UNAVAILABLE"}} {
-		cmd := exec.Command(filepath.Join(binDir, "meshctl"), append([]string{"agent", "run", "--hub", ws}, args...)...)
-		cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+srv.URL, "OTEL_BSP_SCHEDULE_DELAY=50")
-		stderr := &syncBuf{}
-		cmd.Stderr = stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			if t.Failed() {
-				t.Logf("agent %s stderr:\n%s", args[0], stderr.String())
-			}
-		}()
+		// The agents export with the standard variables (start clears the
+		// developer's own OTEL_*; these are the test's).
+		startWithEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + srv.URL, "OTEL_BSP_SCHEDULE_DELAY=50"}, "meshctl", append([]string{"agent", "run", "--hub", ws}, args...)...)
 	}
 	waitFor(t, "agents registered", 10*time.Second, func() bool {
 		s := hub.Registry().Snapshot()

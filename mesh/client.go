@@ -422,6 +422,12 @@ func (c *Client) maintain(ctx context.Context) {
 
 // httpInvoke sends the request as JSON-RPC 2.0 over HTTP POST.
 func (c *Client) httpInvoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if p := bytes.TrimSpace(req.Params); len(p) > 0 && p[0] != '{' && p[0] != '[' {
+		// JSON-RPC 2.0 allows only structured params; say so here rather
+		// than let the hub refuse the whole request.
+		return nil, envelope.NewError(envelope.CodeInvalidParams,
+			"JSON-RPC 2.0 params must be an object or an array; wrap the value, or call through a ws:// hub URL").MarkNotSent()
+	}
 	r := *req
 	r.Headers.SetDeadline(ctx)
 	id := strconv.AppendUint(nil, c.httpSeq.Add(1), 10)

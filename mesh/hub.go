@@ -331,6 +331,11 @@ func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// BeginDrain starts draining without waiting: /readyz turns 503 and new
+// calls and WebSockets are refused (agents may still heartbeat and
+// deregister). Shutdown, or Serve when its context ends, finishes it.
+func (h *Hub) BeginDrain() { h.draining.Store(true) }
+
 // Shutdown drains the hub: /readyz turns 503, new calls are refused with
 // UNAVAILABLE, calls in flight get until ctx ends to finish; then every
 // link closes (their pending calls fail with UNAVAILABLE) and the hub's

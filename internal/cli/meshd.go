@@ -93,18 +93,21 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			actx, stopAgents := context.WithCancel(context.Background())
 			if demo {
 				url := "ws://" + ln.Addr().String() + "/ws"
-				for _, a := range []*agents.Agent{agents.NewEcho(agents.WithLogger(log)), agents.NewKV(agents.WithLogger(log))} {
+				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
+				for _, a := range []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...)} {
 					wg.Go(func() { _ = a.Run(actx, url) })
 				}
 				log.Info("demo agents started", "agents", []string{"echo", "kv"})
 			}
-			// On shutdown the demo agents leave first (they deregister
-			// cleanly), then the hub drains.
+			// On shutdown the hub stops taking calls at once; the demo agents
+			// then finish what they have, deregister and leave (within
+			// --drain-timeout), and the hub completes its drain.
 			srvCtx, stopSrv := context.WithCancel(context.Background())
 			served := make(chan struct{})
 			go func() {
 				select {
 				case <-ctx.Done():
+					hub.BeginDrain()
 				case <-served:
 				}
 				stopAgents()

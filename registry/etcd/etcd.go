@@ -49,6 +49,7 @@ type Registry struct {
 	rev      uint64
 	insts    map[string]*registry.Instance
 	leases   map[string]clientv3.LeaseID // instances registered through this registry
+	modRev   map[string]int64            // latest etcd revision applied per instance: older events are stale
 	recent   map[string]time.Time
 	watchers map[chan *registry.Snapshot]struct{}
 	closed   bool
@@ -96,7 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	}
 	r := &Registry{
 		cli: cli, prefix: cfg.Prefix + "instances/", opTO: cfg.OpTimeout, log: log,
-		insts: map[string]*registry.Instance{}, leases: map[string]clientv3.LeaseID{},
+		insts: map[string]*registry.Instance{}, leases: map[string]clientv3.LeaseID{}, modRev: map[string]int64{},
 		recent: map[string]time.Time{}, watchers: map[chan *registry.Snapshot]struct{}{},
 	}
 	r.snap.Store(registry.Empty())
@@ -130,11 +131,13 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	now := time.Now()
 	in := registry.NewInstance(reg, now)
 	val, _ := json.Marshal(record{Registration: reg, HeartbeatMs: reg.HeartbeatInterval.Milliseconds(), State: registry.StateReady, RegisteredAt: now})
-	if _, err := r.cli.Put(ctx, r.key(reg.InstanceID), string(val), clientv3.WithLease(lease.ID)); err != nil {
+	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), string(val), clientv3.WithLease(lease.ID))
+	if err != nil {
 		_, _ = r.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
 		return nil, fmt.Errorf("etcd registry: put: %w", err)
 	}
 	r.mu.Lock()
+	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
 	defer r.mu.Unlock()
 	if r.closed {
 		return nil, registry.ErrClosed
@@ -205,9 +208,13 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opTO)
 	defer cancel()
-	if _, err := r.cli.Revoke(ctx, lease); err != nil {
+	res, err := r.cli.Revoke(ctx, lease)
+	if err != nil {
 		return fmt.Errorf("etcd registry: revoke: %w", err)
 	}
+	r.mu.Lock()
+	r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+	r.mu.Unlock()
 	return nil
 }
 
@@ -348,6 +355,12 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 	now := time.Now()
 	for _, ev := range evs {
 		id := strings.TrimPrefix(string(ev.Kv.Key), r.prefix)
+		// An event older than what this hub did itself since (a PUT that
+		// arrives after the local Deregister) is stale.
+		if ev.Kv.ModRevision <= r.modRev[id] {
+			continue
+		}
+		r.modRev[id] = ev.Kv.ModRevision
 		switch ev.Type {
 		case clientv3.EventTypePut:
 			r.upsertLocked(ev.Kv.Value)
@@ -356,6 +369,15 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 				r.removeLocked(in, now)
 			}
 			delete(r.leases, id)
+		}
+	}
+	if len(r.modRev) > 2*len(r.insts)+1024 {
+		// Forget the revisions of instances long gone, so the map does
+		// not grow with every id ever seen.
+		for id := range r.modRev {
+			if _, ok := r.insts[id]; !ok {
+				delete(r.modRev, id)
+			}
 		}
 	}
 	r.publishLocked()

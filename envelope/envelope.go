@@ -70,6 +70,9 @@ type Headers struct {
 	Priority      string `json:"priority,omitempty"`
 	RetryCount    int    `json:"retryCount,omitempty"`
 	CorrelationID string `json:"correlationId,omitempty"`
+	// Hops counts hub-to-hub forwards; a hub does not forward a request
+	// that already crossed a peer link (no loops).
+	Hops int `json:"hops,omitempty"`
 }
 
 var carrierKeys = []string{"traceparent", "tracestate", "baggage"}

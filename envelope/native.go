@@ -282,6 +282,13 @@ func appendHeaders(b []byte, h *Headers) []byte {
 		b = strconv.AppendInt(b, int64(h.RetryCount), 10)
 	}
 	field("correlationId", h.CorrelationID)
+	if h.Hops != 0 {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"hops":`...)
+		b = strconv.AppendInt(b, int64(h.Hops), 10)
+	}
 	return append(b, '}')
 }
 
@@ -324,6 +331,10 @@ func decodeHeaders(v []byte, h *Headers) *Error {
 			h.RetryCount = int(n)
 		case "correlationId":
 			h.CorrelationID, e = stringField("headers.correlationId", v)
+		case "hops":
+			var n int64
+			n, e = intField("headers.hops", v, 0, 16)
+			h.Hops = int(n)
 		}
 		return e
 	})

@@ -188,7 +188,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	b := &binding{link: l, id: id}
 	h.bindings.Store(id, b)
 	_, err := h.reg.Register(ctx, registry.Registration{
-		InstanceID: id, Name: name, Hub: h.cfg.ID, Capabilities: p.Capabilities,
+		InstanceID: id, Name: name, Hub: h.cfg.ID, HubAddr: h.cfg.Advertise, Capabilities: p.Capabilities,
 		Intents: p.Intents, Metadata: p.Metadata, ContractHash: p.ContractHash,
 		HeartbeatInterval: h.cfg.HeartbeatInterval,
 	})

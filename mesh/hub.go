@@ -77,6 +77,9 @@ type HubConfig struct {
 	DrainTimeout time.Duration
 	// Conn tunes every WebSocket (pings, idle and write timeouts, limits).
 	Conn ConnConfig
+	// Advertise is the host:port other hubs reach this one at (peer
+	// links); empty: this hub takes no forwarded calls' addresses.
+	Advertise string
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
@@ -165,6 +168,7 @@ type Hub struct {
 	bulkheads   *reliability.Bulkheads
 
 	bindings sync.Map // instance id -> *binding (agents attached here)
+	peers    peers    // links to the other hubs of a cluster
 
 	mu          sync.Mutex
 	conns       map[closer]struct{}
@@ -223,6 +227,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
+	h.peers = peers{links: map[string]*Link{}, cfg: cfg.Conn, h: h}
 	h.policies = ps
 	m := h.metrics()
 	hook := h.breakerHook
@@ -294,6 +299,10 @@ func (h *Hub) Handler() http.Handler {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if h.draining.Load() {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		if s, ok := h.reg.(interface{ Synced() bool }); ok && !s.Synced() {
+			http.Error(w, "registry not synced", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
@@ -525,16 +534,19 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	}
 	tried.Add(in.InstanceID)
 	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
-	v, ok := h.bindings.Load(in.InstanceID)
-	if !ok {
-		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
-	}
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 	if err != nil {
 		return nil, err
 	}
 	release := in.Acquire()
-	res, err := v.(*binding).link.Call(ctx, req)
+	var res *envelope.Response
+	if v, ok := h.bindings.Load(in.InstanceID); ok {
+		res, err = v.(*binding).link.Call(ctx, req)
+	} else if in.Hub != h.cfg.ID {
+		res, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+	} else {
+		err = unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+	}
 	release()
 	done(err)
 	return res, err

@@ -40,9 +40,10 @@ var (
 // Registration is what an agent instance declares when it registers.
 type Registration struct {
 	InstanceID   string          `json:"agentId"`
-	Name         string          `json:"name"`         // logical agent name, e.g. "echo" (a safe metric label)
-	Hub          string          `json:"hub"`          // the hub the instance is attached to
-	Capabilities []string        `json:"capabilities"` // method names or patterns ("memory.*", "*")
+	Name         string          `json:"name"`              // logical agent name, e.g. "echo" (a safe metric label)
+	Hub          string          `json:"hub"`               // the hub the instance is attached to
+	HubAddr      string          `json:"hubAddr,omitempty"` // where peers reach that hub (host:port)
+	Capabilities []string        `json:"capabilities"`      // method names or patterns ("memory.*", "*")
 	Intents      []string        `json:"intents,omitempty"`
 	Metadata     json.RawMessage `json:"metadata,omitempty"`
 	ContractHash string          `json:"contractHash,omitempty"`

@@ -17,6 +17,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -26,6 +27,9 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		listen, id, logLevel, conf string
 		logFormat, otlpEndpoint    string
 		adminAddr                  string
+		regKind, etcdPrefix        string
+		advertise                  string
+		etcdEndpoints              []string
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
@@ -67,10 +71,27 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			if err != nil {
 				return usageErr("%v", err)
 			}
+			hubOpts := []mesh.HubOption{mesh.WithLogger(log), mesh.WithTelemetry(tel)}
+			switch regKind {
+			case "memory":
+			case "etcd":
+				reg, err := etcd.New(etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix}, log)
+				if err != nil {
+					return usageErr("%v", err)
+				}
+				defer reg.Close()
+				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
+				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix)
+			default:
+				return usageErr("--registry must be memory or etcd, not %q", regKind)
+			}
+			if advertise == "" {
+				advertise = listen
+			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config,
-			}, mesh.WithLogger(log), mesh.WithTelemetry(tel))
+				Reliability: &file.Config, Advertise: advertise,
+			}, hubOpts...)
 			if err != nil {
 				return usageErr("%v", err)
 			}
@@ -132,6 +153,10 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")
+	f.StringVar(&regKind, "registry", envOr("MESH_REGISTRY", "memory"), "memory (one hub) or etcd (a cluster of hubs) [$MESH_REGISTRY]")
+	f.StringSliceVar(&etcdEndpoints, "etcd-endpoints", splitList(envOr("MESH_ETCD_ENDPOINTS", "http://127.0.0.1:2379")), "etcd URLs, comma separated [$MESH_ETCD_ENDPOINTS]")
+	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
+	f.StringVar(&advertise, "advertise", envOr("MESH_ADVERTISE", ""), "host:port other hubs reach this one at (default: --listen) [$MESH_ADVERTISE]")
 	f.StringVar(&adminAddr, "admin-addr", "", "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464)")
 	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/registry"
 )
 
 // Mesh is a running hub on a loopback port.
@@ -33,6 +34,11 @@ func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
+	return serve(tb, h, ln)
+}
+
+func serve(tb testing.TB, h *mesh.Hub, ln net.Listener) *Mesh {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Serve(ctx, ln) }()
@@ -111,4 +117,22 @@ func WaitFor(tb testing.TB, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// StartCluster runs a hub with reg as its registry (an etcd registry for a
+// cluster), advertising its own loopback address to its peers. reg is
+// closed when the test ends.
+func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry) *Mesh {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	cfg.Advertise = ln.Addr().String()
+	h, err := mesh.NewHub(cfg, mesh.WithRegistry(reg))
+	if err != nil {
+		tb.Fatalf("NewHub: %v", err)
+	}
+	tb.Cleanup(func() { _ = reg.Close() })
+	return serve(tb, h, ln)
 }

@@ -85,20 +85,20 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			default:
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
 			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return withCode(ExitError, fmt.Errorf("listen on %s: %w", listen, err))
+			}
 			if advertise == "" {
-				advertise = listen
+				advertise = ln.Addr().String() // the real port, also with --listen :0
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise,
 			}, hubOpts...)
 			if err != nil {
+				_ = ln.Close()
 				return usageErr("%v", err)
-			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				_ = hub.Shutdown(context.Background())
-				return withCode(ExitError, fmt.Errorf("listen on %s: %w", listen, err))
 			}
 			ctx := cmd.Context()
 			if adminAddr != "" {

@@ -1,0 +1,130 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/reliability"
+)
+
+// TestClusterFailover: three meshd processes on one real etcd; echo agents
+// on hubs A and C (each also knowing the other hub), kv on C; a client on
+// hub B. Calls reach A and C through peer links. Then, under a steady
+// load, hub A is killed with SIGKILL: its agent re-registers on C, and
+// every call gets a definite answer, idempotent ones >= 99.9 % successes.
+func TestClusterFailover(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cfgFile := filepath.Join(t.TempDir(), "mesh.yaml")
+	// echo.* is idempotent: a call that was in flight on the killed hub is
+	// retried elsewhere.
+	if err := os.WriteFile(cfgFile, []byte(`policies:
+  "echo.*": { timeout: 5s, retries: 3, idempotent: true, backoff: { strategy: exponential, initial: 20ms, max: 200ms } }
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--registry", "etcd", "--etcd-endpoints", srv.Endpoint, "--etcd-prefix", "/e2e-cluster/", "--config", cfgFile}
+	a := startHub(t, append(common, "--id", "hub-A")...)
+	b := startHub(t, append(common, "--id", "hub-B")...)
+	c := startHub(t, append(common, "--id", "hub-C")...)
+	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-a", "--hub", a.ws+","+c.ws)
+	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-c", "--hub", c.ws+","+a.ws)
+	start(t, "meshctl", "agent", "run", "kv", "--id", "kv-c", "--hub", c.ws)
+
+	var rc reliability.Config = reliability.DefaultConfig()
+	rc.Policies["echo.*"] = reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true,
+		Backoff: reliability.BackoffConfig{Strategy: reliability.Exponential, Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}
+	cl, err := mesh.NewClient([]string{b.ws}, mesh.WithReliability(rc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitFor(t, "hub B to see all three agents", 10*time.Second, func() bool {
+		var list []mesh.AgentInfo
+		return cl.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 3
+	})
+	// Only on A, only on C, through B.
+	for _, to := range []string{"echo-a", "echo-c"} {
+		var got string
+		if err := cl.Call(t.Context(), "echo.echo", "hi "+to, &got, mesh.To(to)); err != nil || got != "hi "+to {
+			t.Fatalf("echo.echo to %s via B = %q, %v", to, got, err)
+		}
+	}
+	if err := cl.Call(t.Context(), "memory.put", map[string]any{"key": "k", "value": 1}, nil); err != nil {
+		t.Fatalf("memory.put via B to C: %v", err)
+	}
+
+	// Steady load, then SIGKILL hub A.
+	var sent, ok atomic.Int64
+	var mu sync.Mutex
+	failed := map[string]int{}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				sent.Add(1)
+				want := fmt.Sprintf(`{"w":%d,"i":%d}`, w, i)
+				var got json.RawMessage
+				err := cl.Call(context.Background(), "echo.echo", json.RawMessage(want), &got)
+				if err == nil && string(got) == want {
+					ok.Add(1)
+				} else {
+					mu.Lock()
+					failed[envelope.CodeOf(err).String()]++
+					mu.Unlock()
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// The agent that was on A re-registers on C (its second hub).
+	var moved time.Duration
+	waitFor(t, "echo-a on hub C", 5*time.Second, func() bool {
+		var list []mesh.AgentInfo
+		if cl.Call(context.Background(), "mesh.agents", nil, &list) != nil {
+			return false
+		}
+		for _, ag := range list {
+			if ag.AgentID == "echo-a" && ag.Hub == "hub-C" {
+				moved = time.Since(killed)
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(time.Second)
+	stop()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	var nfail int64
+	for _, n := range failed {
+		nfail += int64(n)
+	}
+	t.Logf("SIGKILL of hub A: echo-a re-registered on C after %v; %d calls sent, %d succeeded, failed by code %v",
+		moved.Round(time.Millisecond), sent.Load(), ok.Load(), failed)
+	if sent.Load() != ok.Load()+nfail {
+		t.Errorf("sent %d != succeeded %d + failed %d: some call got no definite answer", sent.Load(), ok.Load(), nfail)
+	}
+	if rate := float64(ok.Load()) / float64(sent.Load()); rate < 0.999 {
+		t.Errorf("success %.3f%% across the failover; want >= 99.9%%", 100*rate)
+	}
+	if moved > 2*200*time.Millisecond { // two heartbeat intervals (--heartbeat 200ms)
+		t.Errorf("the agent took %v to re-register elsewhere", moved)
+	}
+}

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"net/http"
+	"regexp"
 	"sync"
 	"sync/atomic"
 
@@ -159,6 +160,28 @@ func (m *Metrics) Bytes(in, out int) {
 	if out > 0 {
 		m.bytes.WithLabelValues("out").Add(float64(out))
 	}
+}
+
+// Names lists the metric names the mesh's own collectors export (a
+// vector with no series yet is absent from a scrape, so dashboards are
+// checked against this).
+func (m *Metrics) Names() []string {
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, stateCollector{}} {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var out []string
+	re := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for d := range ch {
+		if mm := re.FindStringSubmatch(d.String()); mm != nil {
+			out = append(out, mm[1])
+		}
+	}
+	return out
 }
 
 // MustRegister adds collectors (the hub's registry and bulkhead gauges).

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,4 +129,88 @@ func TestClusterFailover(t *testing.T) {
 	if moved > 2*200*time.Millisecond { // two heartbeat intervals (--heartbeat 200ms)
 		t.Errorf("the agent took %v to re-register elsewhere", moved)
 	}
+}
+
+// TestClusterEtcdOutageAndFrozenAgent: with etcd frozen under load,
+// routing continues with what the hubs know and /readyz says not ready;
+// after etcd returns the view converges. A frozen agent's registration
+// expires on every hub within about one TTL.
+func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
+	srv := etcdtest.Start(t)
+	common := []string{"--registry", "etcd", "--etcd-endpoints", srv.Endpoint, "--etcd-prefix", "/e2e-outage/"}
+	a := startHub(t, append(common, "--id", "hub-A")...)
+	b := startHub(t, append(common, "--id", "hub-B")...)
+	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-a", "--hub", a.ws)
+	cl, err := mesh.NewClient([]string{b.ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitFor(t, "hub B to route to echo-a", 10*time.Second, func() bool { return cl.Call(t.Context(), "echo.echo", 1, nil) == nil })
+
+	srv.Pause()
+	pausedAt := time.Now()
+	var sent, ok int
+	readyzDown := false
+	client := &http.Client{Timeout: 500 * time.Millisecond}
+	for time.Since(pausedAt) < 3*time.Second {
+		sent++
+		if cl.Call(t.Context(), "echo.echo", sent, nil) == nil {
+			ok++
+		}
+		if !readyzDown && httpStatus(client, b.base+"/readyz") == http.StatusServiceUnavailable {
+			readyzDown = true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.Resume()
+	t.Logf("etcd frozen 3 s: %d of %d calls through B to A succeeded; /readyz turned 503: %v", ok, sent, readyzDown)
+	if ok != sent {
+		t.Errorf("%d of %d calls failed while etcd was away; known agents must keep being routed", sent-ok, sent)
+	}
+	waitFor(t, "hub B ready again after etcd returns", 15*time.Second, func() bool {
+		return httpStatus(client, b.base+"/readyz") == http.StatusOK
+	})
+	if !readyzDown {
+		t.Error("/readyz stayed 200 while etcd was unreachable")
+	}
+
+	// Freeze the agent: it stops heartbeating; its lease expires and both
+	// hubs drop it.
+	frozen := start(t, "meshctl", "agent", "run", "echo", "--id", "echo-frozen", "--hub", a.ws)
+	waitFor(t, "echo-frozen visible on B", 10*time.Second, func() bool {
+		var list []mesh.AgentInfo
+		if cl.Call(t.Context(), "mesh.agents", nil, &list) != nil {
+			return false
+		}
+		for _, ag := range list {
+			if ag.AgentID == "echo-frozen" {
+				return true
+			}
+		}
+		return false
+	})
+	_ = frozen.cmd.Process.Signal(syscall.SIGSTOP)
+	defer func() { _ = frozen.cmd.Process.Signal(syscall.SIGCONT) }()
+	stopped := time.Now()
+	gone := func(h *hub) bool {
+		c2, err := mesh.NewClient([]string{h.ws})
+		if err != nil {
+			return false
+		}
+		defer c2.Close()
+		var list []mesh.AgentInfo
+		if c2.Call(t.Context(), "mesh.agents", nil, &list) != nil {
+			return false
+		}
+		for _, ag := range list {
+			if ag.AgentID == "echo-frozen" {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, "the frozen agent to expire on both hubs", 15*time.Second, func() bool { return gone(a) && gone(b) })
+	t.Logf("frozen agent gone from both hubs %v after SIGSTOP (heartbeat 200 ms, TTL 600 ms, etcd lease rounded up to whole seconds)",
+		time.Since(stopped).Round(10*time.Millisecond))
 }

@@ -57,6 +57,10 @@ type Registry struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	watchMu     sync.Mutex
+	watchCancel context.CancelFunc // ends the current watch, so that follow lists again
+	lost        atomic.Bool        // the probe could not reach etcd
 }
 
 var _ registry.Registry = (*Registry)(nil)
@@ -103,6 +107,7 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	r.snap.Store(registry.Empty())
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Go(r.follow)
+	r.wg.Go(r.probe)
 	return r, nil
 }
 
@@ -300,7 +305,11 @@ func (r *Registry) follow() {
 		}
 		backoff = 100 * time.Millisecond
 		r.synced.Store(true)
-		wch := r.cli.Watch(clientv3.WithRequireLeader(r.ctx), r.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		wctx, wcancel := context.WithCancel(r.ctx)
+		r.watchMu.Lock()
+		r.watchCancel = wcancel
+		r.watchMu.Unlock()
+		wch := r.cli.Watch(clientv3.WithRequireLeader(wctx), r.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				r.log.Warn("etcd registry: watch ended; listing again", "error", err)
@@ -308,7 +317,45 @@ func (r *Registry) follow() {
 			}
 			r.apply(wr.Events)
 		}
+		wcancel()
 		r.synced.Store(false)
+	}
+}
+
+// probe asks etcd for a key every second. A watch on a connection to an
+// etcd that hangs (not refuses) can stay open and silent: the probe is
+// what notices the outage (not synced, /readyz 503), and when etcd answers
+// again it ends the watch so that follow lists afresh.
+func (r *Registry) probe() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+		_, err := r.cli.Get(ctx, r.prefix+"\x00probe", clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return
+			}
+			if !r.lost.Swap(true) {
+				r.log.Warn("etcd registry: etcd unreachable; routing with what is known", "error", err)
+			}
+			r.synced.Store(false)
+			continue
+		}
+		if r.lost.Swap(false) {
+			r.log.Info("etcd registry: etcd is back; listing again")
+			r.watchMu.Lock()
+			if r.watchCancel != nil {
+				r.watchCancel()
+			}
+			r.watchMu.Unlock()
+		}
 	}
 }
 

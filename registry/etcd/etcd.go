@@ -42,17 +42,14 @@ type Registry struct {
 	opTO   time.Duration
 	log    *slog.Logger
 
-	snap   atomic.Pointer[registry.Snapshot]
-	synced atomic.Bool
+	*registry.Publisher // snapshots and watchers
+	synced              atomic.Bool
 
-	mu       sync.Mutex
-	rev      uint64
-	insts    map[string]*registry.Instance
-	leases   map[string]clientv3.LeaseID // instances registered through this registry
-	modRev   map[string]int64            // latest etcd revision applied per instance: older events are stale
-	recent   map[string]time.Time
-	watchers map[chan *registry.Snapshot]struct{}
-	closed   bool
+	mu     sync.Mutex
+	insts  map[string]*registry.Instance
+	leases map[string]clientv3.LeaseID // instances registered through this registry
+	modRev map[string]int64            // latest etcd revision applied per instance: older events are stale
+	closed bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -101,10 +98,9 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	}
 	r := &Registry{
 		cli: cli, prefix: cfg.Prefix + "instances/", opTO: cfg.OpTimeout, log: log,
-		insts: map[string]*registry.Instance{}, leases: map[string]clientv3.LeaseID{}, modRev: map[string]int64{},
-		recent: map[string]time.Time{}, watchers: map[chan *registry.Snapshot]struct{}{},
+		Publisher: registry.NewPublisher(),
+		insts:     map[string]*registry.Instance{}, leases: map[string]clientv3.LeaseID{}, modRev: map[string]int64{},
 	}
-	r.snap.Store(registry.Empty())
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Go(r.follow)
 	r.wg.Go(r.probe)
@@ -225,68 +221,10 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 
 func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
 	delete(r.insts, in.InstanceID)
-	for _, c := range in.Capabilities {
-		r.recent[c] = now
-	}
+	r.Left(in, now)
 }
 
-// Snapshot implements registry.Registry. It takes no lock and never waits
-// on etcd.
-func (r *Registry) Snapshot() *registry.Snapshot { return r.snap.Load() }
-
-// Watch implements registry.Registry.
-func (r *Registry) Watch(ctx context.Context) (<-chan *registry.Snapshot, error) {
-	ch := make(chan *registry.Snapshot, 1)
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil, registry.ErrClosed
-	}
-	ch <- r.snap.Load()
-	r.watchers[ch] = struct{}{}
-	r.wg.Add(1)
-	r.mu.Unlock()
-	go func() {
-		defer r.wg.Done()
-		select {
-		case <-ctx.Done():
-		case <-r.ctx.Done():
-		}
-		r.mu.Lock()
-		if _, ok := r.watchers[ch]; ok {
-			delete(r.watchers, ch)
-			close(ch)
-		}
-		r.mu.Unlock()
-	}()
-	return ch, nil
-}
-
-func (r *Registry) publishLocked() {
-	now := time.Now()
-	r.rev++
-	insts := make([]*registry.Instance, 0, len(r.insts))
-	for _, in := range r.insts {
-		insts = append(insts, in)
-	}
-	var recent []string
-	for c, t := range r.recent {
-		if now.Sub(t) > registry.RecentTTL {
-			delete(r.recent, c)
-			continue
-		}
-		recent = append(recent, c)
-	}
-	snap := registry.NewSnapshot(r.rev, insts, recent)
-	r.snap.Store(snap)
-	for ch := range r.watchers {
-		select {
-		case <-ch:
-		default:
-		}
-		ch <- snap
-	}
-}
+func (r *Registry) publishLocked() { r.Publish(r.insts) }
 
 // follow lists the prefix, then watches it from the next revision; on a
 // watch error or compaction it lists again. It never blocks a watcher.
@@ -479,12 +417,7 @@ func (r *Registry) Close() error {
 	r.mu.Unlock()
 	r.cancel()
 	r.wg.Wait()
-	r.mu.Lock()
-	for ch := range r.watchers {
-		delete(r.watchers, ch)
-		close(ch)
-	}
-	r.mu.Unlock()
+	r.Publisher.Close()
 	for _, l := range leases {
 		r.revoke(l)
 	}

@@ -5,7 +5,6 @@ package memory
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agentmesh/agentmesh/registry"
@@ -14,14 +13,11 @@ import (
 // Registry keeps instances in memory. It starts one goroutine that expires
 // instances; Close stops it. Safe for concurrent use.
 type Registry struct {
-	mu       sync.Mutex
-	rev      uint64
-	insts    map[string]*registry.Instance
-	recent   map[string]time.Time // capability -> when its last instance left
-	snap     atomic.Pointer[registry.Snapshot]
-	wg       sync.WaitGroup // watch goroutines
-	watchers map[chan *registry.Snapshot]struct{}
-	closed   bool
+	*registry.Publisher // snapshots and watchers
+
+	mu     sync.Mutex
+	insts  map[string]*registry.Instance
+	closed bool
 
 	check time.Duration
 	stop  chan struct{}
@@ -39,14 +35,12 @@ func WithExpiryCheck(d time.Duration) Option { return func(r *Registry) { r.chec
 // New returns a running memory registry.
 func New(opts ...Option) *Registry {
 	r := &Registry{
-		insts:    map[string]*registry.Instance{},
-		recent:   map[string]time.Time{},
-		watchers: map[chan *registry.Snapshot]struct{}{},
-		check:    250 * time.Millisecond,
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		Publisher: registry.NewPublisher(),
+		insts:     map[string]*registry.Instance{},
+		check:     250 * time.Millisecond,
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
-	r.snap.Store(registry.Empty())
 	for _, o := range opts {
 		o(r)
 	}
@@ -101,69 +95,10 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 
 func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
 	delete(r.insts, in.InstanceID)
-	for _, c := range in.Capabilities {
-		r.recent[c] = now
-	}
+	r.Left(in, now)
 }
 
-// Snapshot implements registry.Registry. It takes no lock.
-func (r *Registry) Snapshot() *registry.Snapshot { return r.snap.Load() }
-
-// Watch implements registry.Registry.
-func (r *Registry) Watch(ctx context.Context) (<-chan *registry.Snapshot, error) {
-	ch := make(chan *registry.Snapshot, 1)
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil, registry.ErrClosed
-	}
-	ch <- r.snap.Load()
-	r.watchers[ch] = struct{}{}
-	r.wg.Add(1)
-	r.mu.Unlock()
-	go func() {
-		defer r.wg.Done()
-		select {
-		case <-ctx.Done():
-		case <-r.stop:
-		}
-		r.mu.Lock()
-		if _, ok := r.watchers[ch]; ok {
-			delete(r.watchers, ch)
-			close(ch)
-		}
-		r.mu.Unlock()
-	}()
-	return ch, nil
-}
-
-// publishLocked rebuilds the snapshot and hands it to every watcher,
-// replacing an unread older one so that no send blocks.
-func (r *Registry) publishLocked() {
-	now := time.Now()
-	r.rev++
-	insts := make([]*registry.Instance, 0, len(r.insts))
-	for _, in := range r.insts {
-		insts = append(insts, in)
-	}
-	var recent []string
-	for c, t := range r.recent {
-		if now.Sub(t) > registry.RecentTTL {
-			delete(r.recent, c)
-			continue
-		}
-		recent = append(recent, c)
-	}
-	snap := registry.NewSnapshot(r.rev, insts, recent)
-	r.snap.Store(snap)
-	for ch := range r.watchers {
-		select {
-		case <-ch:
-		default:
-		}
-		ch <- snap
-	}
-}
+func (r *Registry) publishLocked() { r.Publish(r.insts) }
 
 func (r *Registry) reap() {
 	defer close(r.done)
@@ -201,12 +136,8 @@ func (r *Registry) Close() error {
 	}
 	r.closed = true
 	close(r.stop)
-	for ch := range r.watchers {
-		delete(r.watchers, ch)
-		close(ch)
-	}
 	r.mu.Unlock()
 	<-r.done
-	r.wg.Wait()
+	r.Publisher.Close()
 	return nil
 }

@@ -3,13 +3,12 @@ package reliability
 import (
 	"errors"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/cow"
 )
 
 // BreakerConfig maps the kOS seed's circuitBreaker onto gobreaker:
@@ -58,8 +57,7 @@ type BreakerInfo struct {
 // allocates nothing. Safe for concurrent use.
 type Breakers struct {
 	cfg      BreakerConfig
-	m        atomic.Pointer[map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}]]
-	mu       sync.Mutex
+	m        cow.Map[BreakerKey, *gobreaker.TwoStepCircuitBreaker[struct{}]]
 	onChange func(k BreakerKey, from, to gobreaker.State)
 }
 
@@ -67,10 +65,7 @@ type Breakers struct {
 // every state transition while the breaker's lock is held: it may update a
 // metric, never call the breaker.
 func NewBreakers(cfg BreakerConfig, onChange func(k BreakerKey, from, to gobreaker.State)) *Breakers {
-	b := &Breakers{cfg: cfg, onChange: onChange}
-	m := map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}]{}
-	b.m.Store(&m)
-	return b
+	return &Breakers{cfg: cfg, onChange: onChange}
 }
 
 // counted reports whether an error says something about the callee's
@@ -92,34 +87,20 @@ func counted(err error) bool {
 }
 
 func (b *Breakers) get(k BreakerKey) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	if cb, ok := (*b.m.Load())[k]; ok {
-		return cb
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	old := *b.m.Load()
-	if cb, ok := old[k]; ok {
-		return cb
-	}
-	threshold := b.cfg.FailureThreshold
-	st := gobreaker.Settings{
-		Name:        k.Method + "@" + k.Instance,
-		MaxRequests: b.cfg.SuccessThreshold,
-		Timeout:     b.cfg.RecoveryTimeout,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= threshold },
-		IsExcluded:  func(err error) bool { return !counted(err) },
-	}
-	if b.onChange != nil {
-		st.OnStateChange = func(_ string, from, to gobreaker.State) { b.onChange(k, from, to) }
-	}
-	cb := gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
-	m := make(map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old)+1)
-	for kk, v := range old {
-		m[kk] = v
-	}
-	m[k] = cb
-	b.m.Store(&m)
-	return cb
+	return b.m.LoadOrCreate(k, func() *gobreaker.TwoStepCircuitBreaker[struct{}] {
+		threshold := b.cfg.FailureThreshold
+		st := gobreaker.Settings{
+			Name:        k.Method + "@" + k.Instance,
+			MaxRequests: b.cfg.SuccessThreshold,
+			Timeout:     b.cfg.RecoveryTimeout,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= threshold },
+			IsExcluded:  func(err error) bool { return !counted(err) },
+		}
+		if b.onChange != nil {
+			st.OnStateChange = func(_ string, from, to gobreaker.State) { b.onChange(k, from, to) }
+		}
+		return gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+	})
 }
 
 // Allow asks the breaker of k for permission. On success the caller must
@@ -143,36 +124,29 @@ func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
 // IsOpen reports whether k's breaker refuses calls now (open, or
 // half-open with its probes all in flight is not counted: it may admit).
 func (b *Breakers) IsOpen(k BreakerKey) bool {
-	cb, ok := (*b.m.Load())[k]
+	cb, ok := b.m.Load(k)
 	return ok && cb.State() == gobreaker.StateOpen
 }
 
 // Forget drops the breakers of an instance that left.
 func (b *Breakers) Forget(instance string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	old := *b.m.Load()
-	m := make(map[BreakerKey]*gobreaker.TwoStepCircuitBreaker[struct{}], len(old))
-	for k, v := range old {
-		if k.Instance != instance || instance == "" {
-			m[k] = v
-		}
+	if instance == "" {
+		return
 	}
-	b.m.Store(&m)
+	b.m.DeleteFunc(func(k BreakerKey, _ *gobreaker.TwoStepCircuitBreaker[struct{}]) bool { return k.Instance == instance })
 }
 
 // List returns every breaker's state, sorted by method then instance.
 func (b *Breakers) List() []BreakerInfo {
-	m := *b.m.Load()
-	out := make([]BreakerInfo, 0, len(m))
-	for k, cb := range m {
+	out := make([]BreakerInfo, 0, b.m.Len())
+	b.m.Range(func(k BreakerKey, cb *gobreaker.TwoStepCircuitBreaker[struct{}]) {
 		c := cb.Counts()
 		out = append(out, BreakerInfo{
 			Method: k.Method, Instance: k.Instance, State: cb.State().String(),
 			Requests: c.Requests, TotalSuccesses: c.TotalSuccesses, TotalFailures: c.TotalFailures,
 			ConsecutiveFailures: c.ConsecutiveFailures,
 		})
-	}
+	})
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Method != out[j].Method {
 			return out[i].Method < out[j].Method

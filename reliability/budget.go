@@ -2,8 +2,9 @@ package reliability
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/agentmesh/agentmesh/internal/cow"
 )
 
 // BudgetConfig bounds retries per method so that a failing cluster does
@@ -33,8 +34,7 @@ type Budget struct {
 	cfg     BudgetConfig
 	slots   int
 	width   int64 // nanoseconds per bucket
-	methods atomic.Pointer[map[string]*methodBudget]
-	mu      sync.Mutex // guards copy-on-write of methods
+	methods cow.Map[string, *methodBudget]
 	now     func() time.Time
 }
 
@@ -55,29 +55,11 @@ func NewBudget(cfg BudgetConfig) *Budget {
 		b.slots = budgetSlots
 		b.width = max(int64(cfg.Window)/budgetSlots, 1)
 	}
-	m := map[string]*methodBudget{}
-	b.methods.Store(&m)
 	return b
 }
 
 func (b *Budget) method(name string) *methodBudget {
-	if mb, ok := (*b.methods.Load())[name]; ok {
-		return mb
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	old := *b.methods.Load()
-	if mb, ok := old[name]; ok {
-		return mb
-	}
-	mb := &methodBudget{buckets: make([]budgetBucket, b.slots)}
-	m := make(map[string]*methodBudget, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[name] = mb
-	b.methods.Store(&m)
-	return mb
+	return b.methods.LoadOrCreate(name, func() *methodBudget { return &methodBudget{buckets: make([]budgetBucket, b.slots)} })
 }
 
 func (mb *methodBudget) bucket(slot int64) *budgetBucket {

@@ -3,16 +3,16 @@ package reliability
 import (
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/agentmesh/agentmesh/internal/cow"
 )
 
 // Latency keeps the recent successful latencies of each method, so that a
 // retry that could not finish in the time left is not started. Safe for
 // concurrent use; Observe allocates nothing once a method is known.
 type Latency struct {
-	methods atomic.Pointer[map[string]*latRing]
-	mu      sync.Mutex
+	methods cow.Map[string, *latRing]
 }
 
 const latSamples = 128
@@ -24,39 +24,14 @@ type latRing struct {
 }
 
 // NewLatency returns an empty tracker.
-func NewLatency() *Latency {
-	l := &Latency{}
-	m := map[string]*latRing{}
-	l.methods.Store(&m)
-	return l
-}
-
-func (l *Latency) ring(method string, create bool) *latRing {
-	if r, ok := (*l.methods.Load())[method]; ok || !create {
-		return r
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	old := *l.methods.Load()
-	if r, ok := old[method]; ok {
-		return r
-	}
-	r := &latRing{}
-	m := make(map[string]*latRing, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[method] = r
-	l.methods.Store(&m)
-	return r
-}
+func NewLatency() *Latency { return &Latency{} }
 
 // Observe records how long a successful call of method took.
 func (l *Latency) Observe(method string, d time.Duration) {
 	if l == nil {
 		return
 	}
-	r := l.ring(method, true)
+	r := l.methods.LoadOrCreate(method, func() *latRing { return &latRing{} })
 	r.mu.Lock()
 	r.buf[r.n%latSamples] = d
 	r.n++
@@ -69,8 +44,8 @@ func (l *Latency) P90(method string) (time.Duration, bool) {
 	if l == nil {
 		return 0, false
 	}
-	r := l.ring(method, false)
-	if r == nil {
+	r, ok := l.methods.Load(method)
+	if !ok {
 		return 0, false
 	}
 	r.mu.Lock()

@@ -2,56 +2,33 @@ package reliability
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/cow"
 )
 
 // Bulkheads keeps one Bulkhead per method, all with the same config.
 // Lookups take no lock. Safe for concurrent use.
 type Bulkheads struct {
 	cfg   BulkheadConfig
-	pools atomic.Pointer[map[string]*Bulkhead]
-	mu    sync.Mutex
+	pools cow.Map[string, *Bulkhead]
 	// OnReject, if set before use, is told of every call a pool refused.
 	OnReject func(method string)
 }
 
 // NewBulkheads returns an empty set of pools.
 func NewBulkheads(cfg BulkheadConfig) *Bulkheads {
-	b := &Bulkheads{cfg: cfg}
-	m := map[string]*Bulkhead{}
-	b.pools.Store(&m)
-	return b
+	return &Bulkheads{cfg: cfg}
 }
 
 // Pool returns the pool of method, made on first use.
 func (b *Bulkheads) Pool(method string) *Bulkhead {
-	if p, ok := (*b.pools.Load())[method]; ok {
-		return p
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	old := *b.pools.Load()
-	if p, ok := old[method]; ok {
-		return p
-	}
-	p := NewBulkhead(b.cfg)
-	m := make(map[string]*Bulkhead, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[method] = p
-	b.pools.Store(&m)
-	return p
+	return b.pools.LoadOrCreate(method, func() *Bulkhead { return NewBulkhead(b.cfg) })
 }
 
 // Each calls f for every pool.
 func (b *Bulkheads) Each(f func(method string, p *Bulkhead)) {
-	for m, p := range *b.pools.Load() {
-		f(m, p)
-	}
+	b.pools.Range(f)
 }
 
 // Middleware admits each call through its method's pool, by the

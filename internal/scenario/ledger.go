@@ -163,3 +163,20 @@ func (l *Ledger) Executions(id string) int {
 	defer l.mu.Unlock()
 	return l.execs[id]
 }
+
+// Call makes call number i of method through inv, with params that the
+// echoing agents return ({"i":N}), and records its outcome against its
+// intended start.
+func (l *Ledger) Call(ctx context.Context, inv envelope.Invoker, method string, idempotent bool, i int, intended time.Time) {
+	want := fmt.Sprintf(`{"i":%d}`, i)
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: json.RawMessage(want)}
+	res, err := inv(ctx, req)
+	o := Outcome{ID: req.ID, Method: method, Idempotent: idempotent, Intended: intended, End: time.Now(), Want: want}
+	if err != nil {
+		e := envelope.AsError(err)
+		o.Code, o.NotSent = e.Code, e.NotSent()
+	} else {
+		o.Echo = string(res.Result)
+	}
+	l.Record(o)
+}

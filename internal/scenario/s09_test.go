@@ -48,18 +48,7 @@ func (l *attemptLog) get(id string) []attemptRec {
 
 // call makes one call and records it in the ledger.
 func call(t *testing.T, c *mesh.Client, led *scenario.Ledger, method string, idem bool, i int) {
-	want := fmt.Sprintf(`{"i":%d}`, i)
-	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: json.RawMessage(want)}
-	start := time.Now()
-	res, err := c.Invoke(t.Context(), req)
-	o := scenario.Outcome{ID: req.ID, Method: method, Idempotent: idem, Intended: start, End: time.Now(), Want: want}
-	if err != nil {
-		e := envelope.AsError(err)
-		o.Code, o.NotSent = e.Code, e.NotSent()
-	} else {
-		o.Echo = string(res.Result)
-	}
-	led.Record(o)
+	led.Call(t.Context(), c.Invoke, method, idem, i, time.Now())
 }
 
 // TestS09RetrySemantics is scenario S09 of RELIABILITY.md.

@@ -66,16 +66,7 @@ func TestS10RetryBudget(t *testing.T) {
 			slow.Store(false)
 		}()
 		sent := scenario.Drive(t.Context(), rate, total, 2000, func(ctx context.Context, i int, intended time.Time) {
-			want := fmt.Sprintf("%d", i)
-			res, err := c.Invoke(ctx, &envelope.Request{ID: envelope.NewID(), Method: "s10.work", Params: json.RawMessage(want)})
-			o := scenario.Outcome{Method: "s10.work", Idempotent: true, Intended: intended, End: time.Now(), Want: want}
-			if err != nil {
-				e := envelope.AsError(err)
-				o.Code, o.NotSent = e.Code, e.NotSent()
-			} else {
-				o.Echo = string(res.Result)
-			}
-			led.Record(o)
+			led.Call(ctx, c.Invoke, "s10.work", true, i, intended)
 		})
 		// Attempts and requests while every instance was slow (the first
 		// half second of the slowdown is left out: requests sent before it

@@ -81,16 +81,7 @@ func TestS13BreakerFlapping(t *testing.T) {
 	c := m.Client(t, mesh.WithoutReliability())
 	led := scenario.NewLedger()
 	sent := scenario.Drive(t.Context(), rate, d, 1000, func(ctx context.Context, i int, intended time.Time) {
-		want := fmt.Sprint(i)
-		res, err := c.Invoke(ctx, &envelope.Request{ID: envelope.NewID(), Method: "s13.work", Params: json.RawMessage(want)})
-		o := scenario.Outcome{Method: "s13.work", Idempotent: true, Intended: intended, End: time.Now(), Want: want}
-		if err != nil {
-			e := envelope.AsError(err)
-			o.Code, o.NotSent = e.Code, e.NotSent()
-		} else {
-			o.Echo = string(res.Result)
-		}
-		led.Record(o)
+		led.Call(ctx, c.Invoke, "s13.work", true, i, intended)
 	})
 	s := led.Summarize("S13", sent)
 	report(t, s)

@@ -5,7 +5,6 @@ package scenario_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -64,16 +63,7 @@ func TestS14BulkheadShedding(t *testing.T) {
 	var echoErrs int
 	go func() { echoLoad, echoErrs = echoP99(d); close(done) }()
 	sent := scenario.Drive(t.Context(), 600, d, 5000, func(ctx context.Context, i int, intended time.Time) {
-		want := fmt.Sprint(i)
-		res, err := c.Invoke(ctx, &envelope.Request{ID: envelope.NewID(), Method: "slow.work", Params: json.RawMessage(want)})
-		o := scenario.Outcome{Method: "slow.work", Idempotent: true, Intended: intended, End: time.Now(), Want: want}
-		if err != nil {
-			e := envelope.AsError(err)
-			o.Code, o.NotSent = e.Code, e.NotSent()
-		} else {
-			o.Echo = string(res.Result)
-		}
-		led.Record(o)
+		led.Call(ctx, c.Invoke, "slow.work", true, i, intended)
 	})
 	<-done
 	for _, o := range led.Outcomes() {

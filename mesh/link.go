@@ -83,7 +83,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		o(l)
 	}
 	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
-	l.c.start(l.onMessage, l.closed_)
+	l.c.start(l.onMessage, l.connClosed)
 	return l
 }
 
@@ -319,9 +319,9 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 	l.reply(seq, res, nil)
 }
 
-// closed_ runs once when the connection closes: it fails every pending
+// connClosed runs once when the connection closes: it fails every pending
 // call and cancels every handler.
-func (l *Link) closed_(err error) {
+func (l *Link) connClosed(err error) {
 	l.mu.Lock()
 	l.closed = true
 	pending := l.pending

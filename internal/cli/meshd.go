@@ -33,6 +33,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
+		hubTTL                     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -72,18 +73,11 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				return usageErr("%v", err)
 			}
 			hubOpts := []mesh.HubOption{mesh.WithLogger(log), mesh.WithTelemetry(tel)}
-			switch regKind {
-			case "memory":
-			case "etcd":
-				reg, err := etcd.New(etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix}, log)
-				if err != nil {
-					return usageErr("%v", err)
-				}
-				defer reg.Close()
-				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
-				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix)
-			default:
+			if regKind != "memory" && regKind != "etcd" {
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
+			}
+			if hubID == "" {
+				hubID = envelope.NewID() // the etcd registry needs it before the hub exists
 			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
@@ -91,6 +85,19 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			if advertise == "" {
 				advertise = ln.Addr().String() // the real port, also with --listen :0
+			}
+			if regKind == "etcd" {
+				if hubTTL <= 0 {
+					hubTTL = max(3*heartbeat, 2*time.Second)
+				}
+				reg, err := etcd.New(etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix, Hub: hubID, HubAddr: advertise, HubTTL: hubTTL}, log)
+				if err != nil {
+					_ = ln.Close()
+					return usageErr("%v", err)
+				}
+				defer reg.Close()
+				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
+				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix, "hubTTL", hubTTL.String())
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
@@ -156,6 +163,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&regKind, "registry", envOr("MESH_REGISTRY", "memory"), "memory (one hub) or etcd (a cluster of hubs) [$MESH_REGISTRY]")
 	f.StringSliceVar(&etcdEndpoints, "etcd-endpoints", splitList(envOr("MESH_ETCD_ENDPOINTS", "http://127.0.0.1:2379")), "etcd URLs, comma separated [$MESH_ETCD_ENDPOINTS]")
 	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
+	f.DurationVar(&hubTTL, "hub-ttl", 0, "with --registry etcd: TTL of this hub's session lease, under which it writes itself and its agents; when the hub dies the others drop its agents after it (default 3 × --heartbeat, at least 2s; etcd rounds up to whole seconds)")
 	f.StringVar(&advertise, "advertise", envOr("MESH_ADVERTISE", ""), "host:port other hubs reach this one at (default: --listen) [$MESH_ADVERTISE]")
 	f.StringVar(&adminAddr, "admin-addr", "", "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464)")
 	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")

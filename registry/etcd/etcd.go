@@ -1,9 +1,28 @@
-// Package etcd is the registry backend for clusters of hubs: each hub
-// writes the agents attached to it under leases whose TTL is three
-// heartbeat intervals, kept alive by the agents' heartbeats; every hub
+// Package etcd is the registry backend for clusters of hubs. Every hub
 // lists and watches the prefix and keeps a local snapshot, so that a
-// lookup never waits on etcd. When etcd is unreachable the hub keeps
-// routing with what it knows; the watch re-lists when it comes back.
+// lookup never waits on etcd; when etcd is unreachable the hub keeps
+// routing with what it knows and lists again when etcd returns.
+//
+// Keys, under the prefix (default "/agentmesh/"):
+//
+//	hubs/<hubId>         a hub's presence {id, addr, epoch}
+//	instances/<agentId>  one registration, written by the hub it is attached to
+//
+// Each hub holds one session lease (TTL HubTTL), kept alive by one
+// keep-alive stream, and writes its presence and all its agents under it,
+// as etcd's own concurrency.Session does. Agents' heartbeats stay on the
+// hub: the hub expires an agent silent for three intervals and deletes its
+// key, so a frozen agent leaves every hub's view at the same moment; a
+// dead hub's lease expires and takes its presence and all its agents out
+// of etcd at once. Heartbeats cost etcd nothing; keep-alives are one per
+// TTL/3 per hub, not per agent.
+//
+// A hub that lost its lease (cut from etcd for longer than the TTL) keeps
+// routing to its own agents, grants a new lease when etcd answers again
+// and writes its presence and its live agents afresh; agents that died
+// meanwhile are not written back. Each process has an epoch, stamped on
+// its presence and its instances, so that a hub restarted under the same
+// id is not routed agents of its previous life while their keys last.
 package etcd
 
 import (
@@ -18,10 +37,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
@@ -30,26 +49,53 @@ type Config struct {
 	Endpoints   []string
 	Prefix      string        // default "/agentmesh/"
 	DialTimeout time.Duration // default 5 s
-	// OpTimeout bounds each etcd call made for a registration or heartbeat
-	// (default 3 s).
+	// OpTimeout bounds each etcd call made for a registration (default 3 s).
 	OpTimeout time.Duration
+
+	// Hub is this hub's id (default: the epoch, a new UUIDv7) and HubAddr
+	// the address other hubs reach it at, both written in its presence.
+	Hub     string
+	HubAddr string
+	// HubTTL is the session lease's TTL: how long after this hub's death
+	// the others drop its agents (default 3 s; etcd rounds up to whole
+	// seconds and enforces its own minimum, about 2 s by default).
+	HubTTL time.Duration
+	// ExpiryCheck is how often local agents are checked for three missed
+	// heartbeats (default 100 ms).
+	ExpiryCheck time.Duration
+
+	// Trace, if set, is told every change the registry applies from etcd,
+	// in order: kind "list" (rev = the list's revision, key empty), "put"
+	// or "delete" (rev = the event's ModRevision). For tests that check
+	// the watch's ordering guarantees; it must not block.
+	Trace func(kind string, rev int64, key string)
 }
 
 // Registry is a registry.Registry over etcd. Safe for concurrent use.
 type Registry struct {
 	cli    *clientv3.Client
-	prefix string
-	opTO   time.Duration
+	base   string // the configured prefix
+	prefix string // base + "instances/"
+	hubsP  string // base + "hubs/"
+	cfg    Config
+	epoch  string // this process's incarnation
 	log    *slog.Logger
 
 	*registry.Publisher // snapshots and watchers
 	synced              atomic.Bool
 
-	mu     sync.Mutex
-	insts  map[string]*registry.Instance
-	leases map[string]clientv3.LeaseID // instances registered through this registry
-	modRev map[string]int64            // latest etcd revision applied per instance: older events are stale
-	closed bool
+	mu      sync.Mutex
+	insts   map[string]*registry.Instance // every instance in etcd or local, routable or not
+	epochs  map[string]string             // instance id → the hub epoch it was registered under
+	local   map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
+	hubs    map[string]hubState           // other hubs' presence as last seen
+	modRev  map[string]int64              // latest etcd revision applied or written per instance
+	rev     int64                         // highest revision applied
+	pending map[string]int                // registrations being written now
+	orphans map[string]bool               // keys of ours with no local agent, still to delete
+	session clientv3.LeaseID              // 0 while there is none
+	upCh    chan struct{}                 // closed while a session is up; replaced when it is lost
+	closed  bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -62,17 +108,31 @@ type Registry struct {
 
 var _ registry.Registry = (*Registry)(nil)
 
-// record is what is stored under a key.
+// record is what is stored under instances/<id>.
 type record struct {
 	registry.Registration
 	HeartbeatMs  int64     `json:"heartbeatMs"`
 	State        string    `json:"state"`
 	Load         float64   `json:"load"`
 	RegisteredAt time.Time `json:"registeredAt"`
+	HubEpoch     string    `json:"hubEpoch,omitempty"`
 }
 
-// New connects (in the background) and starts following the prefix. It
-// starts one goroutine; Close stops it.
+// hubRecord is what is stored under hubs/<id>.
+type hubRecord struct {
+	ID      string    `json:"id"`
+	Addr    string    `json:"addr,omitempty"`
+	Epoch   string    `json:"epoch"`
+	Started time.Time `json:"started"`
+}
+
+// hubState is a hub's presence as this registry last saw it.
+type hubState struct {
+	epoch string // empty: the hub's key is gone
+}
+
+// New connects (in the background), starts following the prefix and
+// keeping this hub's session. Close stops its goroutines.
 func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("etcd registry: no endpoints")
@@ -89,6 +149,16 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if cfg.OpTimeout <= 0 {
 		cfg.OpTimeout = 3 * time.Second
 	}
+	if cfg.HubTTL <= 0 {
+		cfg.HubTTL = 3 * time.Second
+	}
+	if cfg.ExpiryCheck <= 0 {
+		cfg.ExpiryCheck = 100 * time.Millisecond
+	}
+	epoch := envelope.NewID()
+	if cfg.Hub == "" {
+		cfg.Hub = epoch
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -97,134 +167,415 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		return nil, fmt.Errorf("etcd registry: %w", err)
 	}
 	r := &Registry{
-		cli: cli, prefix: cfg.Prefix + "instances/", opTO: cfg.OpTimeout, log: log,
+		cli: cli, base: cfg.Prefix, prefix: cfg.Prefix + "instances/", hubsP: cfg.Prefix + "hubs/",
+		cfg: cfg, epoch: epoch, log: log,
 		Publisher: registry.NewPublisher(),
-		insts:     map[string]*registry.Instance{}, leases: map[string]clientv3.LeaseID{}, modRev: map[string]int64{},
+		insts:     map[string]*registry.Instance{}, epochs: map[string]string{}, local: map[string]*registry.Instance{},
+		hubs: map[string]hubState{}, modRev: map[string]int64{}, pending: map[string]int{}, orphans: map[string]bool{}, upCh: make(chan struct{}),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Go(r.follow)
 	r.wg.Go(r.probe)
+	r.wg.Go(r.keepSession)
+	r.wg.Go(r.expire)
 	return r, nil
 }
 
-// Synced reports whether the local view has caught up with etcd (for
-// /readyz).
-func (r *Registry) Synced() bool { return r.synced.Load() }
+// Synced reports whether the local view has caught up with etcd and this
+// hub's session is up (for /readyz): a hub without a session is not seen
+// by the others.
+func (r *Registry) Synced() bool {
+	r.mu.Lock()
+	up := r.session != 0
+	r.mu.Unlock()
+	return r.synced.Load() && up
+}
+
+// Epoch is this process's incarnation, written with its presence.
+func (r *Registry) Epoch() string { return r.epoch }
+
+// Revision is the highest etcd revision applied to the local view.
+func (r *Registry) Revision() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rev
+}
 
 func (r *Registry) key(id string) string { return r.prefix + id }
 
-func ttlSeconds(interval time.Duration) int64 {
-	return max(int64(math.Ceil((3 * interval).Seconds())), 1)
+func (r *Registry) value(in *registry.Instance) string {
+	v, _ := json.Marshal(record{Registration: in.Registration, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
+		State: in.State(), Load: in.Load(), RegisteredAt: in.RegisteredAt, HubEpoch: r.epoch})
+	return string(v)
 }
 
-// Register implements registry.Registry: the instance is written under a
-// new lease and shows in this hub's snapshot at once.
+// waitSession returns the session lease, waiting for one while ctx lasts.
+func (r *Registry) waitSession(ctx context.Context) (clientv3.LeaseID, error) {
+	for {
+		r.mu.Lock()
+		s, ch, closed := r.session, r.upCh, r.closed
+		r.mu.Unlock()
+		if closed {
+			return 0, registry.ErrClosed
+		}
+		if s != 0 {
+			return s, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("etcd registry: no session with etcd: %w", ctx.Err())
+		}
+	}
+}
+
+// Register implements registry.Registry: the instance is written under
+// this hub's session and shows in this hub's snapshot at once.
 func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*registry.Instance, error) {
 	if err := reg.Validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opTO)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
-	lease, err := r.cli.Grant(ctx, ttlSeconds(reg.HeartbeatInterval))
+	lease, err := r.waitSession(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("etcd registry: grant: %w", err)
+		return nil, err
 	}
-	now := time.Now()
-	in := registry.NewInstance(reg, now)
-	val, _ := json.Marshal(record{Registration: reg, HeartbeatMs: reg.HeartbeatInterval.Milliseconds(), State: registry.StateReady, RegisteredAt: now})
-	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), string(val), clientv3.WithLease(lease.ID))
+	in := registry.NewInstance(reg, time.Now())
+	r.mu.Lock()
+	r.pending[reg.InstanceID]++
+	r.mu.Unlock()
+	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), r.value(in), clientv3.WithLease(lease))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pending[reg.InstanceID]--; r.pending[reg.InstanceID] == 0 {
+		delete(r.pending, reg.InstanceID)
+	}
 	if err != nil {
-		_, _ = r.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
+		// The write may still land after we gave up: the watch will see
+		// an orphan of ours and delete it.
 		return nil, fmt.Errorf("etcd registry: put: %w", err)
 	}
-	r.mu.Lock()
-	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
-	defer r.mu.Unlock()
 	if r.closed {
 		return nil, registry.ErrClosed
 	}
-	if old, ok := r.leases[reg.InstanceID]; ok && old != lease.ID {
-		go r.revoke(old)
-	}
-	r.leases[reg.InstanceID] = lease.ID
+	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
+	delete(r.orphans, reg.InstanceID)
+	r.local[reg.InstanceID] = in
 	r.insts[reg.InstanceID] = in
+	r.epochs[reg.InstanceID] = r.epoch
 	r.publishLocked()
 	return in, nil
 }
 
-func (r *Registry) revoke(id clientv3.LeaseID) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.opTO)
-	defer cancel()
-	_, _ = r.cli.Revoke(ctx, id)
-}
-
-// Heartbeat implements registry.Registry: it keeps the instance's lease
-// alive and writes its state when it changed.
+// Heartbeat implements registry.Registry. It costs etcd nothing unless
+// the agent's state changed, which is written for the other hubs.
 func (r *Registry) Heartbeat(ctx context.Context, id string, b registry.Beat) error {
 	r.mu.Lock()
-	lease, ok := r.leases[id]
-	in := r.insts[id]
+	in := r.local[id]
+	lease := r.session
 	r.mu.Unlock()
-	if !ok || in == nil {
+	if in == nil {
 		return registry.ErrNotFound
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opTO)
-	defer cancel()
-	if _, err := r.cli.KeepAliveOnce(ctx, lease); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			r.mu.Lock()
-			delete(r.leases, id)
-			r.mu.Unlock()
-			return registry.ErrNotFound
-		}
-		return fmt.Errorf("etcd registry: keepalive: %w", err)
+	if !in.Beat(b, time.Now()) {
+		return nil
 	}
-	if in.Beat(b, time.Now()) {
-		val, _ := json.Marshal(record{Registration: in.Registration, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
-			State: in.State(), Load: in.Load(), RegisteredAt: in.RegisteredAt})
-		if _, err := r.cli.Put(ctx, r.key(id), string(val), clientv3.WithLease(lease)); err != nil {
-			return fmt.Errorf("etcd registry: put: %w", err)
-		}
-		r.mu.Lock()
-		r.publishLocked()
-		r.mu.Unlock()
+	r.mu.Lock()
+	r.publishLocked()
+	r.mu.Unlock()
+	if lease == 0 {
+		return nil // written with the others when the session is back
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
+	defer cancel()
+	if err := r.putIfOurs(ctx, id, r.value(in), lease); err != nil {
+		return fmt.Errorf("etcd registry: put: %w", err)
 	}
 	return nil
+}
+
+// putIfOurs writes an instance's key unless another hub took it over
+// meanwhile (the agent re-registered there).
+func (r *Registry) putIfOurs(ctx context.Context, id, val string, lease clientv3.LeaseID) error {
+	k := r.key(id)
+	res, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
+		Then(clientv3.OpPut(k, val, clientv3.WithLease(lease))).
+		Commit()
+	if err == nil {
+		r.mu.Lock()
+		r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// deleteIfOurs removes an instance's key unless another hub owns it now.
+func (r *Registry) deleteIfOurs(ctx context.Context, id string, lease clientv3.LeaseID) error {
+	k := r.key(id)
+	res, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
+		Then(clientv3.OpDelete(k)).
+		Commit()
+	if err == nil {
+		r.mu.Lock()
+		r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+		r.mu.Unlock()
+	}
+	return err
 }
 
 // Deregister implements registry.Registry.
 func (r *Registry) Deregister(ctx context.Context, id string) error {
 	r.mu.Lock()
-	lease, ok := r.leases[id]
+	in, ok := r.local[id]
+	lease := r.session
 	if ok {
-		delete(r.leases, id)
-		if in := r.insts[id]; in != nil {
+		delete(r.local, id)
+		if r.insts[id] == in {
 			r.removeLocked(in, time.Now())
-			r.publishLocked()
 		}
+		r.publishLocked()
 	}
 	r.mu.Unlock()
 	if !ok {
 		return registry.ErrNotFound
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opTO)
+	if lease == 0 {
+		return nil // no session: the key went with the lease
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
-	res, err := r.cli.Revoke(ctx, lease)
+	if err := r.deleteIfOurs(ctx, id, lease); err != nil {
+		r.mu.Lock()
+		r.orphans[id] = true // retried until it goes
+		r.mu.Unlock()
+		return fmt.Errorf("etcd registry: delete: %w", err)
+	}
+	return nil
+}
+
+// expire removes local agents silent for three heartbeat intervals, here
+// and in etcd.
+func (r *Registry) expire() {
+	t := time.NewTicker(r.cfg.ExpiryCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case now := <-t.C:
+			var gone []string
+			r.mu.Lock()
+			for id, in := range r.local {
+				if in.Expired(now) {
+					delete(r.local, id)
+					if r.insts[id] == in {
+						r.removeLocked(in, now)
+					}
+					gone = append(gone, id)
+				}
+			}
+			lease := r.session
+			if len(gone) > 0 {
+				r.publishLocked()
+			}
+			for id := range r.orphans {
+				if r.local[id] == nil && r.pending[id] == 0 {
+					gone = append(gone, id)
+				}
+				delete(r.orphans, id)
+			}
+			r.mu.Unlock()
+			if lease == 0 {
+				continue // the keys go with the lost session
+			}
+			for _, id := range gone {
+				ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
+				err := r.deleteIfOurs(ctx, id, lease)
+				cancel()
+				if err != nil {
+					if r.ctx.Err() != nil {
+						return
+					}
+					r.mu.Lock()
+					r.orphans[id] = true // next tick
+					r.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// keepSession holds this hub's session lease: grant, write the presence
+// and every live local agent under it, keep it alive; when the keep-alive
+// stream ends (etcd unreachable for longer than the TTL, or the lease
+// expired), start again.
+func (r *Registry) keepSession() {
+	backoff := 100 * time.Millisecond
+	for r.ctx.Err() == nil {
+		err := r.session1()
+		r.mu.Lock()
+		if r.session != 0 {
+			r.session = 0
+			r.upCh = make(chan struct{})
+		}
+		r.mu.Unlock()
+		if r.ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("etcd registry: session with etcd lost; starting a new one", "error", err)
+		if !sleep(r.ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (r *Registry) session1() error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
+	defer cancel()
+	lease, err := r.cli.Grant(ctx, max(int64(math.Ceil(r.cfg.HubTTL.Seconds())), 1))
 	if err != nil {
-		return fmt.Errorf("etcd registry: revoke: %w", err)
+		return err
+	}
+	hv, _ := json.Marshal(hubRecord{ID: r.cfg.Hub, Addr: r.cfg.HubAddr, Epoch: r.epoch, Started: time.Now().UTC()})
+	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+r.cfg.Hub, string(hv), clientv3.WithLease(lease.ID))}
+	r.mu.Lock()
+	ids := make([]string, 0, len(r.local))
+	for id, in := range r.local {
+		ops = append(ops, clientv3.OpPut(r.key(id), r.value(in), clientv3.WithLease(lease.ID)))
+		ids = append(ids, id)
+	}
+	r.mu.Unlock()
+	// One transaction per 100 keys (etcd's default limit is 128 ops).
+	var rev int64
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		res, err := r.cli.Txn(ctx).Then(ops[:n]...).Commit()
+		if err != nil {
+			r.revoke(lease.ID)
+			return err
+		}
+		rev, ops = res.Header.Revision, ops[n:]
+	}
+	kctx, kcancel := context.WithCancel(r.ctx)
+	defer kcancel()
+	ch, err := r.cli.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		r.revoke(lease.ID)
+		return err
 	}
 	r.mu.Lock()
-	r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+	for _, id := range ids {
+		r.modRev[id] = max(r.modRev[id], rev)
+	}
+	r.session = lease.ID
+	close(r.upCh)
 	r.mu.Unlock()
-	return nil
+	if len(ids) > 0 {
+		r.log.Info("etcd registry: new session; agents written again", "agents", len(ids))
+	}
+	// Drain every response: a full channel is what makes clientv3 drop
+	// them ("keepalive response queue is full").
+	for range ch {
+	}
+	if r.ctx.Err() != nil {
+		// Closing: our presence and agents leave now, not at the TTL.
+		r.revoke(lease.ID)
+		return nil
+	}
+	return errors.New("keep-alive stream ended")
+}
+
+func (r *Registry) revoke(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.OpTimeout)
+	defer cancel()
+	_, _ = r.cli.Revoke(ctx, id)
 }
 
 func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
 	delete(r.insts, in.InstanceID)
+	delete(r.epochs, in.InstanceID)
 	r.Left(in, now)
 }
 
-func (r *Registry) publishLocked() { r.Publish(r.insts) }
+// routable reports whether an instance may be routed to: a local one
+// always; a remote one while its hub is present with the epoch it was
+// registered under (or its hub was never seen: presence lags a little).
+func (r *Registry) routable(in *registry.Instance) bool {
+	if r.local[in.InstanceID] == in || in.Hub == "" {
+		return true
+	}
+	if in.Hub == r.cfg.Hub {
+		return false // left by a previous life of this hub: no link here
+	}
+	h, known := r.hubs[in.Hub]
+	if !known {
+		return true
+	}
+	e := r.epochs[in.InstanceID]
+	return h.epoch != "" && (e == "" || e == h.epoch)
+}
+
+func (r *Registry) publishLocked() {
+	hidden := 0
+	for _, in := range r.insts {
+		if !r.routable(in) {
+			hidden++
+		}
+	}
+	if hidden == 0 {
+		r.Publish(r.insts)
+		return
+	}
+	vis := make(map[string]*registry.Instance, len(r.insts)-hidden)
+	for id, in := range r.insts {
+		if r.routable(in) {
+			vis[id] = in
+		}
+	}
+	r.Publish(vis)
+}
+
+// setHubLocked records another hub's presence (epoch "" = gone). Its
+// instances that stop being routable count as having left, so their
+// methods answer UNAVAILABLE (not METHOD_NOT_FOUND) for a while.
+func (r *Registry) setHubLocked(id, epoch string, now time.Time) {
+	if id == "" || id == r.cfg.Hub {
+		return
+	}
+	r.hubs[id] = hubState{epoch: epoch}
+	for _, in := range r.insts {
+		if in.Hub == id && !r.routable(in) {
+			r.Left(in, now)
+		}
+	}
+}
+
+// pruneLocked forgets revisions of instances and hubs long gone, so the
+// maps do not grow with every id ever seen.
+func (r *Registry) pruneLocked() {
+	if len(r.modRev) > 2*len(r.insts)+1024 {
+		for id := range r.modRev {
+			if _, ok := r.insts[id]; !ok {
+				delete(r.modRev, id)
+			}
+		}
+	}
+	if len(r.hubs) > 64 {
+		used := map[string]bool{}
+		for _, in := range r.insts {
+			used[in.Hub] = true
+		}
+		for id, h := range r.hubs {
+			if h.epoch == "" && !used[id] {
+				delete(r.hubs, id)
+			}
+		}
+	}
+}
 
 // follow lists the prefix, then watches it from the next revision; on a
 // watch error or compaction it lists again. It never blocks a watcher.
@@ -247,7 +598,7 @@ func (r *Registry) follow() {
 		r.watchMu.Lock()
 		r.watchCancel = wcancel
 		r.watchMu.Unlock()
-		wch := r.cli.Watch(clientv3.WithRequireLeader(wctx), r.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		wch := r.cli.Watch(clientv3.WithRequireLeader(wctx), r.base, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				r.log.Warn("etcd registry: watch ended; listing again", "error", err)
@@ -308,28 +659,55 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// list replaces the local view with etcd's and returns its revision.
+// list replaces the remote part of the local view with etcd's and returns
+// its revision. Local agents stay as they are: this hub is their truth.
 func (r *Registry) list() (int64, error) {
-	ctx, cancel := context.WithTimeout(r.ctx, r.opTO)
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
 	defer cancel()
-	res, err := r.cli.Get(ctx, r.prefix, clientv3.WithPrefix())
+	res, err := r.cli.Get(ctx, r.base, clientv3.WithPrefix())
 	if err != nil {
 		return 0, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	seen := map[string]bool{}
+	live := map[string]string{}
 	for _, kv := range res.Kvs {
-		if in := r.upsertLocked(kv.Value); in != nil {
-			seen[in.InstanceID] = true
+		key := string(kv.Key)
+		if id, ok := strings.CutPrefix(key, r.prefix); ok {
+			r.modRev[id] = max(r.modRev[id], kv.ModRevision)
+			if r.upsertLocked(kv.Value) != nil {
+				seen[id] = true
+			}
+		} else if strings.HasPrefix(key, r.hubsP) {
+			var h hubRecord
+			if json.Unmarshal(kv.Value, &h) == nil && h.ID != "" {
+				live[h.ID] = h.Epoch
+			}
 		}
 	}
-	now := time.Now()
 	for id, in := range r.insts {
-		if !seen[id] {
+		if !seen[id] && r.local[id] != in {
 			r.removeLocked(in, now)
 		}
 	}
+	for id := range r.hubs {
+		if _, ok := live[id]; !ok {
+			r.setHubLocked(id, "", now)
+		}
+	}
+	for id, epoch := range live {
+		r.setHubLocked(id, epoch, now)
+	}
+	if res.Header.Revision < r.rev {
+		r.log.Warn("etcd registry: a list went back in revision", "rev", res.Header.Revision, "applied", r.rev)
+	}
+	r.rev = max(r.rev, res.Header.Revision)
+	if r.cfg.Trace != nil {
+		r.cfg.Trace("list", res.Header.Revision, "")
+	}
+	r.pruneLocked()
 	r.publishLocked()
 	return res.Header.Revision, nil
 }
@@ -339,9 +717,33 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 	defer r.mu.Unlock()
 	now := time.Now()
 	for _, ev := range evs {
-		id := strings.TrimPrefix(string(ev.Kv.Key), r.prefix)
-		// An event older than what this hub did itself since (a PUT that
-		// arrives after the local Deregister) is stale.
+		key := string(ev.Kv.Key)
+		if r.cfg.Trace != nil {
+			kind := "put"
+			if ev.Type == clientv3.EventTypeDelete {
+				kind = "delete"
+			}
+			r.cfg.Trace(kind, ev.Kv.ModRevision, key)
+		}
+		r.rev = max(r.rev, ev.Kv.ModRevision)
+		if hub, ok := strings.CutPrefix(key, r.hubsP); ok {
+			epoch := ""
+			if ev.Type == clientv3.EventTypePut {
+				var h hubRecord
+				if json.Unmarshal(ev.Kv.Value, &h) != nil || h.ID == "" {
+					continue
+				}
+				hub, epoch = h.ID, h.Epoch
+			}
+			r.setHubLocked(hub, epoch, now)
+			continue
+		}
+		id, ok := strings.CutPrefix(key, r.prefix)
+		if !ok {
+			continue
+		}
+		// An event older than what this hub wrote or saw since (a PUT
+		// that arrives after the local Deregister) is stale.
 		if ev.Kv.ModRevision <= r.modRev[id] {
 			continue
 		}
@@ -350,32 +752,38 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 		case clientv3.EventTypePut:
 			r.upsertLocked(ev.Kv.Value)
 		case clientv3.EventTypeDelete:
-			if in := r.insts[id]; in != nil {
+			in := r.insts[id]
+			if in != nil && r.local[id] != in {
 				r.removeLocked(in, now)
 			}
-			delete(r.leases, id)
+			// A local agent's key deleted by etcd (our lease expired while
+			// cut off) is written again with the next session.
 		}
 	}
-	if len(r.modRev) > 2*len(r.insts)+1024 {
-		// Forget the revisions of instances long gone, so the map does
-		// not grow with every id ever seen.
-		for id := range r.modRev {
-			if _, ok := r.insts[id]; !ok {
-				delete(r.modRev, id)
-			}
-		}
-	}
+	r.pruneLocked()
 	r.publishLocked()
 }
 
 // upsertLocked adds or updates an instance from a stored record, keeping
 // the same *Instance (and its in-flight count) when the registration did
-// not change.
+// not change. A record of a local agent written by another hub means the
+// agent moved there: it is no longer ours.
 func (r *Registry) upsertLocked(v []byte) *registry.Instance {
 	var rec record
 	if err := json.Unmarshal(v, &rec); err != nil || rec.InstanceID == "" {
 		r.log.Warn("etcd registry: skipping a record it cannot read", "error", err)
 		return nil
+	}
+	if loc := r.local[rec.InstanceID]; loc != nil {
+		if rec.HubEpoch == r.epoch {
+			return loc // our own write coming back
+		}
+		delete(r.local, rec.InstanceID)
+	} else if rec.HubEpoch == r.epoch && r.pending[rec.InstanceID] == 0 {
+		// Written by us, but not (or no longer) attached here: a
+		// registration that landed after its caller gave up, or a
+		// heartbeat write racing a deregistration. Nobody would expire it.
+		r.orphans[rec.InstanceID] = true
 	}
 	rec.HeartbeatInterval = time.Duration(rec.HeartbeatMs) * time.Millisecond
 	in := r.insts[rec.InstanceID]
@@ -383,6 +791,7 @@ func (r *Registry) upsertLocked(v []byte) *registry.Instance {
 		in = registry.NewInstance(rec.Registration, rec.RegisteredAt)
 		r.insts[rec.InstanceID] = in
 	}
+	r.epochs[rec.InstanceID] = rec.HubEpoch
 	in.Beat(registry.Beat{State: rec.State, Load: rec.Load}, time.Now())
 	return in
 }
@@ -400,8 +809,8 @@ func sameRegistration(a, b registry.Registration) bool {
 }
 
 // Close implements registry.Registry: it stops following etcd, closes the
-// watch channels, revokes the leases of the instances registered here (so
-// that they leave the cluster's view now, not at their TTL) and closes the
+// watch channels, revokes this hub's session (so that its presence and
+// agents leave the cluster's view now, not at the TTL) and closes the
 // client. It is idempotent.
 func (r *Registry) Close() error {
 	r.mu.Lock()
@@ -410,16 +819,9 @@ func (r *Registry) Close() error {
 		return nil
 	}
 	r.closed = true
-	leases := make([]clientv3.LeaseID, 0, len(r.leases))
-	for _, l := range r.leases {
-		leases = append(leases, l)
-	}
 	r.mu.Unlock()
 	r.cancel()
 	r.wg.Wait()
 	r.Publisher.Close()
-	for _, l := range leases {
-		r.revoke(l)
-	}
 	return r.cli.Close()
 }

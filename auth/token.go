@@ -78,13 +78,13 @@ func (c *Claims) check() error {
 // Issue signs claims with key (HS256) and returns the token. A zero
 // IssuedAt becomes now; ExpiresAt becomes IssuedAt + ttl; an empty ID
 // becomes 128 random bits. It refuses a key shorter than MinKeyLen, a
-// ttl ≤ 0, and claims Verify would refuse (bad subject, role or pattern).
+// ttl under a second, and claims Verify would refuse (bad subject, role or pattern).
 func Issue(key []byte, claims Claims, ttl time.Duration) (string, error) {
 	if len(key) < MinKeyLen {
 		return "", fmt.Errorf("auth: key is %d bytes; want at least %d", len(key), MinKeyLen)
 	}
-	if ttl <= 0 {
-		return "", errors.New("auth: ttl must be positive")
+	if ttl < time.Second {
+		return "", errors.New("auth: ttl must be at least 1s (tokens have one-second precision)")
 	}
 	if err := claims.check(); err != nil {
 		return "", fmt.Errorf("auth: %w", err)

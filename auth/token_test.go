@@ -262,6 +262,7 @@ func TestIssueRefuses(t *testing.T) {
 		{"short key", testKey[:31], auth.Claims{Subject: "x"}, time.Hour},
 		{"zero ttl", testKey, auth.Claims{Subject: "x"}, 0},
 		{"negative ttl", testKey, auth.Claims{Subject: "x"}, -time.Hour},
+		{"sub-second ttl", testKey, auth.Claims{Subject: "x"}, 999 * time.Millisecond},
 		{"no subject", testKey, auth.Claims{}, time.Hour},
 		{"subject with space", testKey, auth.Claims{Subject: "a b"}, time.Hour},
 		{"bad role", testKey, auth.Claims{Subject: "x", Roles: []string{""}}, time.Hour},

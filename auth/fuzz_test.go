@@ -77,3 +77,27 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOrigins: Allowed never panics and allows only what the list names,
+// whatever the spelling (case, default port) of the header.
+func FuzzOrigins(f *testing.F) {
+	o, err := auth.NewOrigins([]string{"https://console.example", "https://*.example.com"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"https://console.example", "https://CONSOLE.example:443", "https://a.example.com", "https://evil.example",
+		"https://console.example.evil", "null", "https://a.example.com:8443", "https://[::1]:443", "https://%63onsole.example", "https://console.example\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, origin string) {
+		if !o.Allowed(origin) {
+			return
+		}
+		s := strings.ToLower(origin)
+		s = strings.TrimSuffix(s, ":443")
+		host, ok := strings.CutPrefix(s, "https://")
+		if !ok || !(host == "console.example" || strings.HasSuffix(host, ".example.com") && len(host) > len(".example.com")) {
+			t.Fatalf("allowed %q", origin)
+		}
+	})
+}

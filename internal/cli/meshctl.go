@@ -52,7 +52,7 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
 	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
 	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
-	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd())
+	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd())
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	return root

@@ -1,0 +1,239 @@
+package auth
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Issuer is the "iss" of every token: Verify refuses JWTs signed with the
+// same key for some other purpose.
+const Issuer = "agentmesh"
+
+// MaxTokenLen bounds a token; longer strings are refused before parsing.
+const MaxTokenLen = 8 << 10
+
+// MinKeyLen is the shortest HMAC key accepted (HS256 wants at least the
+// hash size, RFC 7518 §3.2).
+const MinKeyLen = 32
+
+// DefaultLeeway is the clock skew Verify tolerates on exp and iat.
+const DefaultLeeway = 2 * time.Second
+
+// Claims is what a token says about its holder.
+type Claims struct {
+	// Subject names the holder: an agent, a caller or a peer hub ("sub").
+	Subject string `json:"sub"`
+	// Roles the holder has, checked against a method's required roles
+	// with Allowed.
+	Roles []string `json:"roles,omitempty"`
+	// Serve lists the method patterns the holder may register as an agent
+	// ("memory.*", "echo.echo", "*"); see MayServe. Empty: serves nothing.
+	Serve []string `json:"serve,omitempty"`
+	// IssuedAt ("iat") and ExpiresAt ("exp") have one-second precision.
+	IssuedAt  time.Time `json:"iat"`
+	ExpiresAt time.Time `json:"exp"`
+	// ID is the token's unique id ("jti"); safe to log, unlike the token.
+	ID string `json:"jti"`
+}
+
+// ErrExpired is the cause (errors.Is) of the UNAUTHENTICATED error Verify
+// returns for an expired token, for a caller that must tell expiry apart
+// (to ask for a fresh token) without parsing messages.
+var ErrExpired = errors.New("auth: token expired")
+
+// wire is the JSON payload of a token.
+type wire struct {
+	Roles []string `json:"roles,omitempty"`
+	Serve []string `json:"serve,omitempty"`
+	jwt.RegisteredClaims
+}
+
+func (c *Claims) check() error {
+	if !validSubject(c.Subject) {
+		return errors.New("subject must be 1 to 256 printable ASCII bytes without space")
+	}
+	if len(c.Roles) > 64 || len(c.Serve) > 256 {
+		return errors.New("too many roles or serve patterns")
+	}
+	for _, r := range c.Roles {
+		if !validRole(r) {
+			return fmt.Errorf("role %q: want 1 to 64 ASCII letters, digits or _-.:", r)
+		}
+	}
+	for _, p := range c.Serve {
+		if !ValidPattern(p) {
+			return fmt.Errorf("serve pattern %q: want a method name, name.* or *", p)
+		}
+	}
+	return nil
+}
+
+// Issue signs claims with key (HS256) and returns the token. A zero
+// IssuedAt becomes now; ExpiresAt becomes IssuedAt + ttl; an empty ID
+// becomes 128 random bits. It refuses a key shorter than MinKeyLen, a
+// ttl under a second, and claims Verify would refuse (bad subject, role or pattern).
+func Issue(key []byte, claims Claims, ttl time.Duration) (string, error) {
+	if len(key) < MinKeyLen {
+		return "", fmt.Errorf("auth: key is %d bytes; want at least %d", len(key), MinKeyLen)
+	}
+	if ttl < time.Second {
+		return "", errors.New("auth: ttl must be at least 1s (tokens have one-second precision)")
+	}
+	if err := claims.check(); err != nil {
+		return "", fmt.Errorf("auth: %w", err)
+	}
+	if claims.IssuedAt.IsZero() {
+		claims.IssuedAt = time.Now()
+	}
+	if claims.ID == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		claims.ID = base64.RawURLEncoding.EncodeToString(b[:])
+	}
+	w := wire{
+		Roles: claims.Roles,
+		Serve: claims.Serve,
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    Issuer,
+			Subject:   claims.Subject,
+			IssuedAt:  jwt.NewNumericDate(claims.IssuedAt),
+			ExpiresAt: jwt.NewNumericDate(claims.IssuedAt.Add(ttl)),
+			ID:        claims.ID,
+		},
+	}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, w).SignedString(key)
+	if err != nil {
+		return "", fmt.Errorf("auth: signing: %w", err)
+	}
+	return s, nil
+}
+
+// Verifier checks tokens signed with one key. It is safe for concurrent use.
+type Verifier struct {
+	key    []byte
+	leeway time.Duration
+	now    func() time.Time
+	parser *jwt.Parser
+}
+
+// VerifierOption configures a Verifier.
+type VerifierOption func(*Verifier)
+
+// WithLeeway sets the clock skew tolerated on exp and iat (DefaultLeeway).
+func WithLeeway(d time.Duration) VerifierOption { return func(v *Verifier) { v.leeway = d } }
+
+// WithClock replaces time.Now (tests).
+func WithClock(now func() time.Time) VerifierOption { return func(v *Verifier) { v.now = now } }
+
+// NewVerifier returns a Verifier for key; it refuses a key shorter than
+// MinKeyLen.
+func NewVerifier(key []byte, opts ...VerifierOption) (*Verifier, error) {
+	if len(key) < MinKeyLen {
+		return nil, fmt.Errorf("auth: key is %d bytes; want at least %d", len(key), MinKeyLen)
+	}
+	v := &Verifier{key: append([]byte(nil), key...), leeway: DefaultLeeway, now: time.Now}
+	for _, o := range opts {
+		o(v)
+	}
+	v.parser = jwt.NewParser(
+		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+		jwt.WithLeeway(v.leeway),
+		jwt.WithTimeFunc(v.now),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
+		jwt.WithIssuer(Issuer),
+		jwt.WithStrictDecoding(),
+	)
+	return v, nil
+}
+
+// Leeway returns the clock skew the Verifier tolerates.
+func (v *Verifier) Leeway() time.Duration { return v.leeway }
+
+func unauthenticated(msg string, cause error) *envelope.Error {
+	return envelope.WrapError(envelope.CodeUnauthenticated, msg, cause)
+}
+
+var errNoToken = unauthenticated("missing token", nil)
+
+// Verify parses token, checks its HS256 signature, issuer, expiry (with
+// the leeway) and issued-at, and the shape of its claims, and returns
+// them. Every failure is an *envelope.Error with code UNAUTHENTICATED and
+// a message safe to send to the client ("missing token", "malformed
+// token", "unsupported token algorithm", "bad token signature", "token
+// expired", "token not valid yet", "wrong token issuer", "invalid token
+// claims"); an expired token's error also matches errors.Is(err,
+// ErrExpired). Tokens with alg "none" or any algorithm other than HS256,
+// and tokens with a "crit" header, are refused.
+func (v *Verifier) Verify(token string) (*Claims, error) {
+	switch {
+	case token == "":
+		return nil, errNoToken
+	case len(token) > MaxTokenLen:
+		return nil, unauthenticated("token too large", nil)
+	}
+	var w wire
+	t, err := v.parser.ParseWithClaims(token, &w, v.keyFunc)
+	if err != nil {
+		if t != nil && t.Method != jwt.SigningMethodHS256 && !errors.Is(err, jwt.ErrTokenMalformed) {
+			// Refused by WithValidMethods (or the key func) before any
+			// signature check, or an unknown "alg".
+			return nil, unauthenticated("unsupported token algorithm", err)
+		}
+		return nil, mapErr(err)
+	}
+	c := &Claims{Subject: w.Subject, Roles: w.Roles, Serve: w.Serve, ID: w.ID}
+	if w.IssuedAt == nil || w.ExpiresAt == nil {
+		return nil, unauthenticated("invalid token claims", errors.New("iat and exp are required"))
+	}
+	c.IssuedAt, c.ExpiresAt = w.IssuedAt.Time, w.ExpiresAt.Time
+	if !c.ExpiresAt.After(c.IssuedAt) {
+		return nil, unauthenticated("invalid token claims", errors.New("exp is not after iat"))
+	}
+	if err := c.check(); err != nil {
+		return nil, unauthenticated("invalid token claims", err)
+	}
+	return c, nil
+}
+
+func (v *Verifier) keyFunc(t *jwt.Token) (any, error) {
+	if t.Method != jwt.SigningMethodHS256 {
+		return nil, errAlg
+	}
+	if _, ok := t.Header["crit"]; ok {
+		return nil, errCrit
+	}
+	return v.key, nil
+}
+
+var (
+	errAlg  = errors.New("algorithm is not HS256")
+	errCrit = errors.New("critical header extensions are not supported")
+)
+
+func mapErr(err error) *envelope.Error {
+	switch {
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return unauthenticated("malformed token", err)
+	case errors.Is(err, errAlg):
+		return unauthenticated("unsupported token algorithm", err)
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return unauthenticated("unsupported token header", err)
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return unauthenticated("bad token signature", err)
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return unauthenticated("token expired", errors.Join(ErrExpired, err))
+	case errors.Is(err, jwt.ErrTokenUsedBeforeIssued), errors.Is(err, jwt.ErrTokenNotValidYet):
+		return unauthenticated("token not valid yet", err)
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return unauthenticated("wrong token issuer", err)
+	}
+	return unauthenticated("invalid token claims", err)
+}

@@ -49,6 +49,10 @@ func WithMetadata(m map[string]any) Option { return func(a *Agent) { a.metadata 
 // the caller's trace, and the server metrics when t has them.
 func WithTelemetry(t *telemetry.Telemetry) Option { return func(a *Agent) { a.tel = t } }
 
+// WithToken sets the bearer token the agent presents to its hubs; its
+// serve patterns must cover the agent's methods.
+func WithToken(tok string) Option { return func(a *Agent) { a.token = tok } }
+
 // WithDrainTimeout bounds how long Run waits for handlers in flight after
 // deregistering (default 5 s).
 func WithDrainTimeout(d time.Duration) Option { return func(a *Agent) { a.drain = d } }
@@ -58,6 +62,7 @@ func WithDrainTimeout(d time.Duration) Option { return func(a *Agent) { a.drain 
 type Agent struct {
 	name     string
 	id       string                 // proposed at New; the hub's answer goes in assigned
+	token    string                 // bearer token for the hubs (WithToken)
 	assigned atomic.Pointer[string] // the id the hub registered us under
 	log      *slog.Logger
 	conn     mesh.ConnConfig
@@ -205,6 +210,11 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 		if registered {
 			bo.Reset()
 		}
+		if c := envelope.CodeOf(err); c == envelope.CodeUnauthenticated || c == envelope.CodePermissionDenied {
+			// Trying again with the same token cannot succeed.
+			a.log.Error("the hub refused this agent's credentials", "hub", hub, "error", err)
+			return err
+		}
 		d := bo.NextBackOff()
 		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
 		t.Reset(d)
@@ -219,7 +229,7 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 // session runs one link's life: dial, register, heartbeat, serve.
 func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
+	l, err := mesh.DialLinkToken(dctx, hub, a.token, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
 	cancel()
 	if err != nil {
 		return false, err

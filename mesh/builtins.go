@@ -154,6 +154,13 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	if len(p.Capabilities) > 1024 {
 		return nil, envelope.NewError(envelope.CodeInvalidParams, "agent.register: at most 1024 capabilities")
 	}
+	// The token decides first: a name it does not cover is refused as
+	// such, whatever its spelling (S24: aliases get PERMISSION_DENIED).
+	who := PrincipalOf(ctx)
+	if err := h.guard.mayServe(who, p.Capabilities); err != nil {
+		h.metrics().Refused(refusal(err))
+		return nil, err
+	}
 	for _, c := range p.Capabilities {
 		if err := registry.ValidCapability(c); err != nil {
 			return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: %v", err)
@@ -173,6 +180,11 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	id := p.AgentID
 	if id == "" {
 		id = envelope.NewID()
+	}
+	if v, ok := h.bindings.Load(id); ok && h.guard.on() && !sameSubject(v.(*binding).link.who, who) {
+		// Only the same holder may take an agent id over.
+		h.metrics().Refused("permission_denied")
+		return nil, envelope.Errorf(envelope.CodePermissionDenied, "agent.register: agent id %q belongs to another token's holder", id)
 	}
 	if v, ok := h.bindings.Load(id); ok && v.(*binding).link != l {
 		// The same agent reconnected before its old link was found dead:

@@ -37,6 +37,7 @@ const DefaultCallTimeout = 10 * time.Second
 type clientConfig struct {
 	timeout      time.Duration
 	origin       string
+	token        string
 	log          *slog.Logger
 	conn         ConnConfig
 	httpClient   *http.Client
@@ -53,6 +54,9 @@ type ClientOption func(*clientConfig)
 // WithTimeout sets the timeout of calls whose context has no deadline
 // (default 10 s).
 func WithTimeout(d time.Duration) ClientOption { return func(c *clientConfig) { c.timeout = d } }
+
+// WithToken sets the bearer token presented to the hub (meshd --auth-key).
+func WithToken(tok string) ClientOption { return func(c *clientConfig) { c.token = tok } }
 
 // WithOrigin sets the origin written into requests (default "client").
 func WithOrigin(o string) ClientOption { return func(c *clientConfig) { c.origin = o } }
@@ -383,7 +387,7 @@ func (c *Client) maintain(ctx context.Context) {
 	for i := 0; ; i++ {
 		hub := c.hubs[i%len(c.hubs)]
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		l, err := DialLink(dctx, hub, c.cfg.conn, WithLinkLogger(c.cfg.log))
+		l, err := DialLinkToken(dctx, hub, c.cfg.token, c.cfg.conn, WithLinkLogger(c.cfg.log))
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -442,6 +446,9 @@ func (c *Client) httpInvoke(ctx context.Context, req *envelope.Request) (*envelo
 		return nil, envelope.WrapError(envelope.CodeInvalidRequest, "bad hub URL", err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
+	if c.cfg.token != "" {
+		hreq.Header.Set("Authorization", "Bearer "+c.cfg.token)
+	}
 	hres, err := c.cfg.httpClient.Do(hreq)
 	if err != nil {
 		if ctx.Err() != nil {

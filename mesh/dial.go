@@ -50,6 +50,11 @@ func WSURL(hub string) (string, error) {
 // DialLink dials a hub's /ws with the native subprotocol and starts a Link
 // over it. ctx bounds the dial only.
 func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
+	return DialLinkToken(ctx, hub, "", cfg, opts...)
+}
+
+// DialLinkToken is DialLink presenting a bearer token (none if empty).
+func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
 	u, err := WSURL(hub)
 	if err != nil {
 		return nil, envelope.WrapError(envelope.CodeInvalidRequest, err.Error(), err)
@@ -61,8 +66,19 @@ func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOptio
 		ReadBufferSize:   4096,
 		WriteBufferSize:  4096,
 	}
-	ws, resp, err := d.DialContext(ctx, u, nil)
+	var hdr http.Header
+	if token != "" {
+		hdr = http.Header{"Authorization": {"Bearer " + token}}
+	}
+	ws, resp, err := d.DialContext(ctx, u, hdr)
 	if err != nil {
+		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+			code := envelope.CodeUnauthenticated
+			if resp.StatusCode == http.StatusForbidden {
+				code = envelope.CodePermissionDenied
+			}
+			return nil, envelope.WrapError(code, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), err)
+		}
 		if resp != nil {
 			return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 		}

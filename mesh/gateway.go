@@ -24,6 +24,15 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusMethodNotAllowed, envelope.NewError(envelope.CodeInvalidRequest, "use POST for JSON-RPC"))
 		return
 	}
+	who, aerr := h.guard.authenticate(r)
+	if aerr != nil {
+		httpRefuse(w, aerr)
+		return
+	}
+	ctx := r.Context()
+	if who != nil {
+		ctx = context.WithValue(ctx, principalKey{}, who)
+	}
 	limit := h.cfg.Conn.Limits.MaxBytes
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
 	if err != nil {
@@ -40,7 +49,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusOK, derr)
 		return
 	}
-	out := h.answerAll(r.Context(), calls, batch, nil)
+	out := h.answerAll(ctx, calls, batch, nil)
 	if out == nil {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -118,27 +127,42 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
 		return
 	}
+	if !h.upgrader.CheckOrigin(r) {
+		// Before anything else, credential or not: a cross-site page
+		// must learn nothing (S23).
+		h.metrics().Refused("origin")
+		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return
+	}
+	who, aerr := h.guard.authenticate(r)
+	if aerr != nil {
+		h.metrics().Refused("unauthenticated")
+		httpRefuse(w, aerr)
+		return
+	}
 	ws, err := h.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
 	}
 	if ws.Subprotocol() == envelope.Subprotocol {
-		h.startLink(ws)
+		h.startLink(ws, who)
 		return
 	}
-	h.startJSONRPC(ws)
+	h.startJSONRPC(ws, who)
 }
 
-func (h *Hub) startLink(ws *websocket.Conn) {
-	var l *Link
-	l = NewLink(ws, h.cfg.Conn,
+func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
+	l := NewLink(ws, h.cfg.Conn,
 		WithLinkHandler(h.ingress),
 		WithLinkLogger(h.log),
+		WithLinkPrincipal(who),
 		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
 	)
 	if !h.track(l) {
 		go l.Close()
+		return
 	}
+	expireLink(l, who)
 }
 
 // linkClosed removes the instances attached over a lost link from the
@@ -175,9 +199,13 @@ type rpcConn struct {
 	h      *Hub
 }
 
-func (h *Hub) startJSONRPC(ws *websocket.Conn) {
+func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h}
-	rc.ctx, rc.cancel = context.WithCancel(context.Background())
+	base := context.Background()
+	if who != nil {
+		base = context.WithValue(base, principalKey{}, who)
+	}
+	rc.ctx, rc.cancel = context.WithCancel(base)
 	if !h.track(rc) {
 		rc.cancel()
 		_ = ws.Close()

@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
@@ -83,6 +84,9 @@ type HubConfig struct {
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
+	// Security: tokens, roles, allowed origins, rate limits (nil: no
+	// authentication, browsers from no origin).
+	Security *Security
 }
 
 // DefaultHubConfig returns the defaults.
@@ -157,6 +161,7 @@ type Hub struct {
 	ownsReg  bool
 	log      *slog.Logger
 	upgrader websocket.Upgrader
+	guard    *guard
 	builtins map[string]builtin
 	invoke   envelope.Invoker // dispatcher for callers
 	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
@@ -206,7 +211,12 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		return nil, err
 	}
 	ps, _ := rc.PolicySet()
+	g, err := newGuard(cfg.Security)
+	if err != nil {
+		return nil, err
+	}
 	h := &Hub{
+		guard: g,
 		cfg:   cfg,
 		log:   slog.New(slog.DiscardHandler),
 		conns: map[closer]struct{}{},
@@ -221,6 +231,9 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	}
 	h.upgrader = websocket.Upgrader{
 		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
+		// Browsers only from the allowed origins (no same-host fallback:
+		// DNS rebinding makes a hostile page's Origin and Host agree).
+		CheckOrigin: h.guard.origins.Check,
 		// Read through the HTTP server's own buffer (size 0), and take
 		// write buffers from a pool only while writing: an idle link then
 		// holds no buffer of its own.
@@ -292,7 +305,23 @@ func (h *Hub) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	}
 	if m := h.metrics(); m != nil {
-		mux.Handle("/metrics", m.Handler())
+		// On the gateway port, with authentication on, metrics need an
+		// admin token (they name methods and agents); meshd --admin-addr
+		// serves them on loopback for the scraper without one.
+		mh := m.Handler()
+		mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+			if h.guard.on() {
+				who, err := h.guard.authenticate(r)
+				if err == nil && !hasRole(who.Roles, auth.RoleAdmin) {
+					err = envelope.NewError(envelope.CodePermissionDenied, "/metrics needs the admin role")
+				}
+				if err != nil {
+					httpRefuse(w, err)
+					return
+				}
+			}
+			mh.ServeHTTP(w, r)
+		})
 	}
 	mux.HandleFunc("/healthz", live)
 	mux.HandleFunc("/livez", live)
@@ -442,6 +471,25 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 	defer h.inflight.Add(-1)
 	if req.ID == "" {
 		req.ID = envelope.NewID()
+	}
+	if tok := req.Headers.AuthToken; tok != "" || h.guard.on() {
+		// A credential never goes further than this: not to logs, spans,
+		// peers or agents.
+		req.Headers.AuthToken = ""
+		p := PrincipalOf(ctx)
+		if p == nil && tok != "" && h.guard.on() {
+			c, err := h.guard.verifier.Verify(tok)
+			if err != nil {
+				h.metrics().Refused("unauthenticated")
+				return nil, err
+			}
+			p = &Principal{Claims: c}
+			ctx = context.WithValue(ctx, principalKey{}, p)
+		}
+		if err := h.guard.authorize(p, req); err != nil {
+			h.metrics().Refused(refusal(err))
+			return nil, err
+		}
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -39,7 +39,8 @@ type Link struct {
 	maxServing int
 	nserving   atomic.Int64
 	onClose    func(*Link, error)
-	Remote     string // the peer's address, for logs
+	who        *Principal // who the peer authenticated as (nil: no authentication)
+	Remote     string     // the peer's address, for logs
 }
 
 type linkResult struct {
@@ -59,6 +60,10 @@ func WithLinkLogger(lg *slog.Logger) LinkOption { return func(l *Link) { l.log =
 // WithLinkOnClose sets a hook called once, after the link closed and its
 // pending calls were failed.
 func WithLinkOnClose(f func(*Link, error)) LinkOption { return func(l *Link) { l.onClose = f } }
+
+// WithLinkPrincipal records who the peer authenticated as; requests it
+// sends are authorised as that principal.
+func WithLinkPrincipal(p *Principal) LinkOption { return func(l *Link) { l.who = p } }
 
 // WithMaxServing bounds the requests served concurrently for the peer
 // (default 10,000); past it the peer gets OVERLOADED at once.

@@ -25,7 +25,14 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 	if l != nil && l.Err() == nil {
 		return l, nil
 	}
-	nl, err := DialLink(ctx, "ws://"+addr+"/ws", p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, _ error) {
+	var tok string
+	if p.h.guard.on() {
+		var err error
+		if tok, err = p.h.guard.peerToken(p.h.cfg.ID); err != nil {
+			return nil, envelope.WrapError(envelope.CodeInternal, "cannot sign the peer token", err)
+		}
+	}
+	nl, err := DialLinkToken(ctx, "ws://"+addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, _ error) {
 		p.h.untrack(l)
 		p.mu.Lock()
 		if p.links[addr] == l {

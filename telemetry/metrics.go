@@ -32,6 +32,7 @@ type Metrics struct {
 	expirations          prometheus.Counter
 	reconnects           *prometheus.CounterVec
 	bytes                *prometheus.CounterVec
+	refused              *prometheus.CounterVec
 
 	labels *Labeler
 }
@@ -81,11 +82,14 @@ func NewMetrics(labels *Labeler) *Metrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
 		}, []string{"direction"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_security_refused_total", Help: "Connections and calls refused at the edge, by reason (origin, unauthenticated, permission_denied, rate_limited).",
+		}, []string{"reason"}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -109,6 +113,13 @@ func (m *Metrics) Heartbeat() {
 func (m *Metrics) Expired() {
 	if m != nil {
 		m.expirations.Inc()
+	}
+}
+
+// Refused counts a connection or call refused at the edge.
+func (m *Metrics) Refused(reason string) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Inc()
 	}
 }
 
@@ -169,7 +180,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, stateCollector{}} {
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, stateCollector{}} {
 			c.Describe(ch)
 		}
 		close(ch)

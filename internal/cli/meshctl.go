@@ -30,6 +30,7 @@ type ctlFlags struct {
 	config  string
 	hubs    []string
 	timeout time.Duration
+	token   string
 	output  string
 	stdin   io.Reader
 	stdout  io.Writer
@@ -50,6 +51,7 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	pf := root.PersistentFlags()
 	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", mesh.DefaultHubURL)),
 		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
+	pf.StringVar(&g.token, "token", envOr("MESH_TOKEN", ""), "bearer token for hubs started with --auth-key (meshctl token issue) [$MESH_TOKEN]")
 	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
 	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd())
@@ -78,7 +80,7 @@ func (g *ctlFlags) client(extra ...mesh.ClientOption) (*mesh.Client, error) {
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
-	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config)}, extra...)
+	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config), mesh.WithToken(g.token)}, extra...)
 	c, err := mesh.NewClient(g.hubs, opts...)
 	if err != nil {
 		return nil, usageErr("%v", err)
@@ -358,7 +360,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				}
 				defer stop()
 			}
-			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id),
+			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
 				agents.WithTelemetry(telemetry.New(tp, metrics))}
 			var a *agents.Agent
 			switch args[0] {

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -34,6 +35,11 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
 		hubTTL                     time.Duration
+		authKey                    string
+		allowRemote                bool
+		origins                    []string
+		ratePerToken               float64
+		burstPerToken              int
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -73,6 +79,15 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				return usageErr("%v", err)
 			}
 			hubOpts := []mesh.HubOption{mesh.WithLogger(log), mesh.WithTelemetry(tel)}
+			sec := &mesh.Security{Roles: file.Roles, Origins: origins, RatePerToken: ratePerToken, BurstPerToken: burstPerToken}
+			if authKey != "" {
+				if sec.Key, err = auth.LoadKey(authKey); err != nil {
+					return usageErr("--auth-key: %v", err)
+				}
+			}
+			if err := checkExposure(listen, allowRemote, authKey != ""); err != nil {
+				return usageErr("%v", err)
+			}
 			if regKind != "memory" && regKind != "etcd" {
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
 			}
@@ -101,7 +116,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise,
+				Reliability: &file.Config, Advertise: advertise, Security: sec,
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -117,12 +132,28 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				defer stop()
 			}
+			var demoAgents []*agents.Agent
+			if demo {
+				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
+				demoAgents = []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...)}
+				for _, a := range demoAgents {
+					if sec.Key != nil {
+						// The hub vouches for its own demo agents.
+						tok, err := auth.Issue(sec.Key, auth.Claims{Subject: "demo." + a.Methods()[0], Serve: a.Methods()}, 365*24*time.Hour)
+						if err != nil {
+							_ = ln.Close()
+							_ = hub.Shutdown(context.Background())
+							return withCode(ExitError, err)
+						}
+						agents.WithToken(tok)(a)
+					}
+				}
+			}
 			var wg sync.WaitGroup
 			actx, stopAgents := context.WithCancel(context.Background())
 			if demo {
 				url := "ws://" + ln.Addr().String() + "/ws"
-				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
-				for _, a := range []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...)} {
+				for _, a := range demoAgents {
 					wg.Go(func() { _ = a.Run(actx, url) })
 				}
 				log.Info("demo agents started", "agents", []string{"echo", "kv"})
@@ -164,6 +195,11 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringSliceVar(&etcdEndpoints, "etcd-endpoints", splitList(envOr("MESH_ETCD_ENDPOINTS", "http://127.0.0.1:2379")), "etcd URLs, comma separated [$MESH_ETCD_ENDPOINTS]")
 	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
 	f.DurationVar(&hubTTL, "hub-ttl", 0, "with --registry etcd: TTL of this hub's session lease, under which it writes itself and its agents; when the hub dies the others drop its agents after it (default 3 × --heartbeat, at least 2s; etcd rounds up to whole seconds)")
+	f.StringVar(&authKey, "auth-key", envOr("MESH_AUTH_KEY", ""), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token [$MESH_AUTH_KEY]")
+	f.BoolVar(&allowRemote, "allow-remote", false, "allow --listen on a non-loopback address (requires --auth-key)")
+	f.StringSliceVar(&origins, "allowed-origins", splitList(envOr("MESH_ALLOWED_ORIGINS", "")), "browser origins allowed to open a WebSocket, e.g. https://console.example,https://*.example.com (default: none) [$MESH_ALLOWED_ORIGINS]")
+	f.Float64Var(&ratePerToken, "rate-limit", 0, "calls per second allowed per token, past which calls get OVERLOADED (0: no limit; needs --auth-key)")
+	f.IntVar(&burstPerToken, "rate-burst", 0, "burst allowed per token above --rate-limit (default 2 × --rate-limit)")
 	f.StringVar(&advertise, "advertise", envOr("MESH_ADVERTISE", ""), "host:port other hubs reach this one at (default: --listen) [$MESH_ADVERTISE]")
 	f.StringVar(&adminAddr, "admin-addr", "", "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464)")
 	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")
@@ -199,4 +235,27 @@ func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logg
 	go func() { _ = srv.Serve(ln); close(done) }()
 	log.Info("admin listening", "addr", ln.Addr().String())
 	return func() { _ = srv.Close(); <-done }, nil
+}
+
+// checkExposure refuses to listen beyond loopback unless told to, and
+// beyond loopback without authentication at all.
+func checkExposure(listen string, allowRemote, auth bool) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %v", listen, err)
+	}
+	loopback := host == "localhost"
+	if ip := net.ParseIP(host); ip != nil {
+		loopback = ip.IsLoopback()
+	}
+	if loopback {
+		return nil
+	}
+	if !allowRemote {
+		return fmt.Errorf("--listen %s is not a loopback address: pass --allow-remote (with --auth-key) to accept connections from other hosts", listen)
+	}
+	if !auth {
+		return fmt.Errorf("--allow-remote needs --auth-key: a hub reachable from other hosts must authenticate them")
+	}
+	return nil
 }

@@ -21,6 +21,9 @@ import (
 // File is the whole configuration file.
 type File struct {
 	reliability.Config `koanf:",squash"`
+	// Roles maps method patterns to the roles that may call them
+	// (agentick's per-method roles); enforced when the hub has an auth key.
+	Roles map[string][]string `koanf:"roles"`
 }
 
 // delim separates key levels inside koanf. Method patterns contain dots

@@ -1,0 +1,294 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/ratelimit"
+)
+
+// Security is the hub's authentication and authorisation. The zero value
+// (or a nil *Security) authenticates nobody and guards nothing, as for a
+// hub on loopback for one developer; meshd refuses to listen beyond
+// loopback without a key.
+type Security struct {
+	// Key signs and checks tokens (auth.LoadKey). Set: every surface
+	// (/rpc, /ws, peer links) requires a valid token, agents may register
+	// only what their token's serve patterns allow, and the hub dials its
+	// peers with a short-lived token of role "hub" signed with it.
+	Key []byte
+	// Roles maps method patterns (exact, "prefix.*", "*"; exact beats the
+	// longest prefix) to the roles that may call them; any one suffices.
+	// Methods it does not cover need no role. The hub's admin built-ins
+	// (mesh.agents, mesh.breakers) need RoleAdmin in any case.
+	Roles map[string][]string
+	// Origins lists the browser origins allowed to open a WebSocket
+	// ("https://console.example", "https://*.example.com"). A request
+	// without Origin (agents, CLIs) is not a browser and passes; a browser
+	// from any origin not listed gets 403 before the upgrade.
+	Origins []string
+	// RatePerToken and BurstPerToken bound the calls each token (by its
+	// id) may make; past them a call gets OVERLOADED with a retry-after
+	// hint. 0: no limit.
+	RatePerToken  float64
+	BurstPerToken int
+}
+
+// Principal is who is calling, as their token says.
+type Principal struct {
+	*auth.Claims
+}
+
+// Peer reports whether the principal is another hub of the mesh.
+func (p *Principal) Peer() bool {
+	return p != nil && p.Claims != nil && hasRole(p.Roles, auth.RolePeer)
+}
+
+func hasRole(roles []string, r string) bool {
+	for _, x := range roles {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+type principalKey struct{}
+
+// PrincipalOf returns the caller of a request being handled by the hub
+// (nil when the hub authenticates nobody).
+func PrincipalOf(ctx context.Context) *Principal {
+	if p, ok := ctx.Value(principalKey{}).(*Principal); ok {
+		return p
+	}
+	if l := linkFrom(ctx); l != nil {
+		return l.who
+	}
+	return nil
+}
+
+// adminMethods need RoleAdmin whatever the role table says: they show the
+// mesh's inside.
+var adminMethods = map[string]bool{"mesh.agents": true, "mesh.breakers": true}
+
+// guard is a Hub's compiled Security.
+type guard struct {
+	verifier *auth.Verifier
+	key      []byte
+	roles    roleTable
+	origins  *auth.Origins
+	limiter  *ratelimit.Limiter
+}
+
+func newGuard(s *Security) (*guard, error) {
+	g := &guard{}
+	origins := []string(nil)
+	if s != nil {
+		origins = s.Origins
+	}
+	o, err := auth.NewOrigins(origins)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: allowed origins: %w", err)
+	}
+	g.origins = o
+	if s == nil || len(s.Key) == 0 {
+		return g, nil
+	}
+	if g.verifier, err = auth.NewVerifier(s.Key); err != nil {
+		return nil, fmt.Errorf("mesh: auth key: %w", err)
+	}
+	g.key = s.Key
+	if g.roles, err = newRoleTable(s.Roles); err != nil {
+		return nil, err
+	}
+	if s.RatePerToken > 0 {
+		if g.limiter, err = ratelimit.New(ratelimit.Config{Rate: s.RatePerToken, Burst: max(s.BurstPerToken, 1)}); err != nil {
+			return nil, fmt.Errorf("mesh: rate limit: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// on reports whether the hub authenticates.
+func (g *guard) on() bool { return g != nil && g.verifier != nil }
+
+// authenticate checks an HTTP request's credential (Authorization: Bearer,
+// or a "bearer.<token>" WebSocket subprotocol). Cookies never count.
+func (g *guard) authenticate(r *http.Request) (*Principal, *envelope.Error) {
+	if !g.on() {
+		return nil, nil
+	}
+	tok, err := auth.BearerToken(r)
+	if err != nil {
+		return nil, envelope.AsError(err)
+	}
+	if tok == "" {
+		return nil, envelope.NewError(envelope.CodeUnauthenticated, "missing token: send Authorization: Bearer <token>")
+	}
+	c, err := g.verifier.Verify(tok)
+	if err != nil {
+		return nil, envelope.AsError(err)
+	}
+	return &Principal{Claims: c}, nil
+}
+
+// authorize decides whether p may call req.Method, before any routing.
+func (g *guard) authorize(p *Principal, req *envelope.Request) error {
+	if !g.on() {
+		return nil
+	}
+	if p == nil || p.Claims == nil {
+		return envelope.NewError(envelope.CodeUnauthenticated, "missing token")
+	}
+	if p.Peer() {
+		return nil // the hub that forwarded the call authorised it
+	}
+	m := req.Method
+	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
+		return envelope.Errorf(envelope.CodePermissionDenied, "%s needs the %s role", m, auth.RoleAdmin)
+	}
+	if need, ok := g.roles.lookup(m); ok && !auth.Allowed(p.Roles, need) {
+		return envelope.Errorf(envelope.CodePermissionDenied, "%s needs one of the roles %s", m, strings.Join(need, ", "))
+	}
+	if g.limiter != nil && !isAgentControl(m) {
+		if ok, after := g.limiter.Allow(p.ID); !ok {
+			ms := max(after.Milliseconds(), 1)
+			return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this token exceeded; retry in %d ms", ms).
+				WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+		}
+	}
+	return nil
+}
+
+// mayServe decides whether p may register the capabilities: each must be
+// covered by the token's serve patterns, and none may claim the hub's own
+// namespaces.
+func (g *guard) mayServe(p *Principal, caps []string) error {
+	if !g.on() {
+		return nil // the built-in shadowing check still applies (INVALID_PARAMS)
+	}
+	for _, c := range caps {
+		if reservedCapability(c) {
+			return envelope.Errorf(envelope.CodePermissionDenied, "agent.register: %q is the hub's own namespace", c)
+		}
+	}
+	if p == nil || p.Claims == nil {
+		return envelope.NewError(envelope.CodeUnauthenticated, "missing token")
+	}
+	for _, c := range caps {
+		if !auth.MayServe(p.Claims, c) {
+			return envelope.Errorf(envelope.CodePermissionDenied, "agent.register: this token may not serve %q", c)
+		}
+	}
+	return nil
+}
+
+// reservedCapability: the hub's built-in namespaces cannot be claimed.
+func reservedCapability(c string) bool {
+	if c == "*" {
+		return true
+	}
+	for _, ns := range []string{"agent.", "mesh.", "rpc."} {
+		if strings.HasPrefix(c, ns) || c == strings.TrimSuffix(ns, ".")+".*" {
+			return true
+		}
+	}
+	return false
+}
+
+func sameSubject(a, b *Principal) bool {
+	return a != nil && b != nil && a.Claims != nil && b.Claims != nil && a.Subject == b.Subject
+}
+
+// peerToken is the token this hub dials its peers with.
+func (g *guard) peerToken(hubID string) (string, error) {
+	return auth.Issue(g.key, auth.Claims{Subject: "hub." + hubID, Roles: []string{auth.RolePeer}}, 10*time.Minute)
+}
+
+// expireLink closes l when its token expires (S24 e): a token is checked
+// once per link, so the link must not outlive it.
+func expireLink(l *Link, p *Principal) {
+	if p == nil || p.Claims == nil || p.ExpiresAt.IsZero() {
+		return
+	}
+	t := time.AfterFunc(time.Until(p.ExpiresAt), func() {
+		l.c.shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
+	})
+	context.AfterFunc(l.ctx, func() { t.Stop() })
+}
+
+// roleTable maps method patterns to the roles that may call them.
+type roleTable struct {
+	exact    map[string][]string
+	prefixes []rolePrefix // longest first
+	any      []string     // "*"
+}
+
+type rolePrefix struct {
+	prefix string
+	roles  []string
+}
+
+func newRoleTable(m map[string][]string) (roleTable, error) {
+	t := roleTable{exact: map[string][]string{}}
+	for pat, roles := range m {
+		if !auth.ValidPattern(pat) {
+			return t, fmt.Errorf("mesh: roles: %q is not a method name, \"prefix.*\" or \"*\"", pat)
+		}
+		if len(roles) == 0 {
+			return t, fmt.Errorf("mesh: roles: %q lists no role", pat)
+		}
+		switch {
+		case pat == "*":
+			t.any = roles
+		case strings.HasSuffix(pat, ".*"):
+			t.prefixes = append(t.prefixes, rolePrefix{strings.TrimSuffix(pat, "*"), roles})
+		default:
+			t.exact[pat] = roles
+		}
+	}
+	slices.SortStableFunc(t.prefixes, func(a, b rolePrefix) int { return len(b.prefix) - len(a.prefix) })
+	return t, nil
+}
+
+// lookup returns the roles guarding method: exact, then the longest
+// prefix, then "*".
+func (t roleTable) lookup(method string) ([]string, bool) {
+	if r, ok := t.exact[method]; ok {
+		return r, true
+	}
+	for _, p := range t.prefixes {
+		if strings.HasPrefix(method, p.prefix) {
+			return p.roles, true
+		}
+	}
+	return t.any, t.any != nil
+}
+
+// refusal names the reason of a refused call for agentmesh_security_refused_total.
+func refusal(err error) string {
+	switch envelope.CodeOf(err) {
+	case envelope.CodeUnauthenticated:
+		return "unauthenticated"
+	case envelope.CodeOverloaded:
+		return "rate_limited"
+	default:
+		return "permission_denied"
+	}
+}
+
+// httpRefuse answers an HTTP request refused before any work.
+func httpRefuse(w http.ResponseWriter, e *envelope.Error) {
+	w.Header().Set("Content-Type", "application/json")
+	status := e.Code.HTTPStatus()
+	if e.Code == envelope.CodeUnauthenticated {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="agentmesh"`)
+	}
+	writeRPCError(w, status, e)
+}

@@ -1,0 +1,477 @@
+package mesh_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/registry/etcd"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+var testKey = []byte("0123456789abcdef0123456789abcdef-test-key")
+
+func token(t *testing.T, c auth.Claims, ttl time.Duration) string {
+	t.Helper()
+	tok, err := auth.Issue(testKey, c, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func securedHub(t *testing.T, sec mesh.Security) *meshtest.Mesh {
+	t.Helper()
+	sec.Key = testKey
+	return meshtest.Start(t, mesh.HubConfig{HeartbeatInterval: time.Second, Security: &sec},
+		mesh.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
+}
+
+// countingAgent serves methods and counts the calls it executed.
+func countingAgent(name string, n *atomic.Int64, tok string, methods ...string) *agents.Agent {
+	a := agents.New(name, agents.WithToken(tok))
+	for _, m := range methods {
+		a.Handle(m, func(ctx context.Context, p json.RawMessage) (any, error) {
+			n.Add(1)
+			return map[string]string{"authToken": agents.RequestFrom(ctx).Headers.AuthToken}, nil
+		})
+	}
+	return a
+}
+
+func wantCode(t *testing.T, what string, err error, code envelope.Code) {
+	t.Helper()
+	if got := envelope.CodeOf(err); got != code {
+		t.Errorf("%s: got %v (%v), want %v", what, got, err, code)
+	}
+}
+
+// TestAuthRefusesBadTokens: no token, a wrongly signed one, an expired one
+// and garbage are each refused with UNAUTHENTICATED on /rpc, on a native
+// link and on a plain JSON-RPC WebSocket; a valid token passes.
+func TestAuthRefusesBadTokens(t *testing.T) {
+	m := securedHub(t, mesh.Security{})
+	otherKey := []byte("another-key-another-key-another-key!!")
+	wrong, _ := auth.Issue(otherKey, auth.Claims{Subject: "mallory"}, time.Hour)
+	expired := token(t, auth.Claims{Subject: "late"}, time.Second)
+	time.Sleep(time.Second + auth.DefaultLeeway + 100*time.Millisecond)
+	cases := map[string]string{"none": "", "wrongly signed": wrong, "expired": expired, "garbage": "abc.def.ghi"}
+	for name, tok := range cases {
+		for _, url := range []string{m.HTTP, m.WS} {
+			c, err := mesh.NewClient([]string{url}, mesh.WithToken(tok), mesh.WithoutReliability())
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.Call(t.Context(), "mesh.ping", nil, nil)
+			wantCode(t, name+" over "+url[:4], err, envelope.CodeUnauthenticated)
+			_ = c.Close()
+		}
+		// Plain JSON-RPC WebSocket: refused before the upgrade, with 401.
+		hdr := http.Header{}
+		if tok != "" {
+			hdr.Set("Authorization", "Bearer "+tok)
+		}
+		_, res, err := websocket.DefaultDialer.Dial(m.WS, hdr)
+		if err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: plain WebSocket upgrade: %v %v; want 401", name, err, res)
+		}
+	}
+	good := token(t, auth.Claims{Subject: "alice"}, time.Hour)
+	for _, url := range []string{m.HTTP, m.WS} {
+		c := mustClient(t, url, mesh.WithToken(good))
+		if err := c.Call(t.Context(), "mesh.ping", nil, nil); err != nil {
+			t.Errorf("valid token over %s: %v", url, err)
+		}
+	}
+	// A cookie is never a credential.
+	req, _ := http.NewRequest(http.MethodPost, m.HTTP+"/rpc", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"mesh.ping"}`))
+	req.AddCookie(&http.Cookie{Name: "token", Value: good})
+	req.AddCookie(&http.Cookie{Name: "Authorization", Value: "Bearer " + good})
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("cookie-only request: HTTP %d, want 401", res.StatusCode)
+	}
+}
+
+func mustClient(t *testing.T, url string, opts ...mesh.ClientOption) *mesh.Client {
+	t.Helper()
+	c, err := mesh.NewClient([]string{url}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestRegistrationGuard is S24 (b)(c): a token for media_gen.* cannot
+// register memory.* or any alias of it, nor the hub's namespaces; the
+// registry stays unchanged and no memory.* call ever reaches it. The
+// token for memory.* can, and takes an agent id no other holder can take
+// over.
+func TestRegistrationGuard(t *testing.T) {
+	m := securedHub(t, mesh.Security{})
+	x := token(t, auth.Claims{Subject: "agent-x", Serve: []string{"memory.*"}}, time.Hour)
+	y := token(t, auth.Claims{Subject: "agent-y", Serve: []string{"media_gen.*"}}, time.Hour)
+	admin := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour)))
+
+	var xCalls, yCalls atomic.Int64
+	m.RunAgent(t, countingAgent("memory", &xCalls, x, "memory.*"))
+
+	for _, claim := range []string{"memory.get", "memory.*", "Memory.Get", "memory.get.", "memory..get", "mеmory.get", "memory.get ", "*", "admin.*", "mesh.agents", "agent.register"} {
+		l, err := mesh.DialLinkToken(t.Context(), m.WS, y, mesh.ConnConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res mesh.RegisterResult
+		req := &envelope.Request{ID: envelope.NewID(), Method: "agent.register"}
+		req.Params, _ = json.Marshal(mesh.RegisterParams{AgentID: "y-" + fmt.Sprint(len(claim)), Capabilities: []string{claim}})
+		r, err := l.Call(t.Context(), req)
+		if err == nil {
+			_ = json.Unmarshal(r.Result, &res)
+		}
+		wantCode(t, "Y registers "+claim, err, envelope.CodePermissionDenied)
+		l.Close()
+	}
+	// Y may register what its token allows.
+	m.RunAgent(t, countingAgent("media", &yCalls, y, "media_gen.*"))
+
+	var list []mesh.AgentInfo
+	if err := admin.Call(t.Context(), "mesh.agents", nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 {
+		t.Errorf("registry holds %d agents, want 2 (X and Y's own): %+v", len(list), list)
+	}
+	caller := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)))
+	for range 50 {
+		if err := caller.Call(t.Context(), "memory.get", map[string]string{"key": "k"}, nil); err != nil {
+			t.Fatalf("memory.get: %v", err)
+		}
+	}
+	if xCalls.Load() != 50 || yCalls.Load() != 0 {
+		t.Errorf("memory.get reached X %d and Y %d times; want 50 and 0", xCalls.Load(), yCalls.Load())
+	}
+
+	// Another holder cannot take X's agent id over.
+	l, err := mesh.DialLinkToken(t.Context(), m.WS, token(t, auth.Claims{Subject: "agent-z", Serve: []string{"memory.*"}}, time.Hour), mesh.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var xs []mesh.AgentInfo
+	_ = admin.Call(t.Context(), "mesh.agents", nil, &xs)
+	xid := ""
+	for _, a := range xs {
+		if a.Name == "memory" {
+			xid = a.AgentID
+		}
+	}
+	req := &envelope.Request{ID: envelope.NewID(), Method: "agent.register"}
+	req.Params, _ = json.Marshal(mesh.RegisterParams{AgentID: xid, Capabilities: []string{"memory.*"}})
+	_, err = l.Call(t.Context(), req)
+	wantCode(t, "Z takes over X's agent id", err, envelope.CodePermissionDenied)
+	if err := caller.Call(t.Context(), "memory.get", map[string]string{"key": "k"}, nil); err != nil || xCalls.Load() != 51 {
+		t.Errorf("X no longer served after the takeover attempt: %v, %d calls", err, xCalls.Load())
+	}
+}
+
+// TestRolesGuardMethods is S24 (d): a role table from the policy file;
+// the wrong role is refused before routing (the agent's count does not
+// move), the right one passes, admin built-ins need admin, and the
+// credential never reaches the agent.
+func TestRolesGuardMethods(t *testing.T) {
+	m := securedHub(t, mesh.Security{Roles: map[string][]string{
+		"memory.get": {"reader", "writer"},
+		"memory.*":   {"writer"},
+	}})
+	var n atomic.Int64
+	m.RunAgent(t, countingAgent("memory", &n, token(t, auth.Claims{Subject: "mem", Serve: []string{"memory.*"}}, time.Hour), "memory.*"))
+	reader := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)))
+	writer := mustClient(t, m.HTTP, mesh.WithToken(token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)))
+
+	var got map[string]string
+	if err := reader.Call(t.Context(), "memory.get", nil, &got); err != nil {
+		t.Fatalf("reader memory.get: %v", err)
+	}
+	if got["authToken"] != "" {
+		t.Errorf("the agent saw the caller's credential: %q", got["authToken"])
+	}
+	wantCode(t, "reader memory.set", reader.Call(t.Context(), "memory.set", nil, nil), envelope.CodePermissionDenied)
+	wantCode(t, "reader memory.delete", reader.Call(t.Context(), "memory.delete", nil, nil), envelope.CodePermissionDenied)
+	if err := writer.Call(t.Context(), "memory.set", nil, nil); err != nil {
+		t.Errorf("writer memory.set: %v", err)
+	}
+	if n.Load() != 2 {
+		t.Errorf("agent executed %d calls, want 2 (refused calls must not reach it)", n.Load())
+	}
+	wantCode(t, "reader mesh.agents", reader.Call(t.Context(), "mesh.agents", nil, nil), envelope.CodePermissionDenied)
+	wantCode(t, "reader mesh.breakers", reader.Call(t.Context(), "mesh.breakers", nil, nil), envelope.CodePermissionDenied)
+	if err := reader.Call(t.Context(), "mesh.methods", nil, nil); err != nil {
+		t.Errorf("mesh.methods is open to any authenticated caller: %v", err)
+	}
+	// /metrics on the gateway port needs admin.
+	req, _ := http.NewRequest(http.MethodGet, m.HTTP+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusForbidden {
+		t.Errorf("/metrics with a reader token: HTTP %d, want 403", res.StatusCode)
+	}
+	req.Header.Set("Authorization", "Bearer "+token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour))
+	res, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), `agentmesh_security_refused_total{reason="permission_denied"} 4`) {
+		t.Errorf("/metrics with an admin token: HTTP %d; want 200 and 4 permission_denied refusals counted", res.StatusCode)
+	}
+	if strings.Contains(string(body), "eyJ") {
+		t.Error("a token appears in /metrics")
+	}
+}
+
+// TestCrossSiteWebSocket is S23: with allowed origin
+// https://console.example, an upgrade from another origin is refused with
+// 403 before any upgrade (credential or not), no registration and no call
+// happen; the allowed origin without a credential is UNAUTHENTICATED; an
+// agent without Origin and with a credential is accepted.
+func TestCrossSiteWebSocket(t *testing.T) {
+	m := securedHub(t, mesh.Security{Origins: []string{"https://console.example"}})
+	good := token(t, auth.Claims{Subject: "agent", Serve: []string{"echo.*"}}, time.Hour)
+	try := func(origin, tok string, cookie bool) int {
+		hdr := http.Header{}
+		if origin != "" {
+			hdr.Set("Origin", origin)
+		}
+		if tok != "" {
+			hdr.Set("Authorization", "Bearer "+tok)
+		}
+		if cookie {
+			hdr.Set("Cookie", "session="+good)
+		}
+		d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
+		ws, res, err := d.Dial(m.WS, hdr)
+		if err == nil {
+			ws.Close()
+			return http.StatusSwitchingProtocols
+		}
+		if res == nil {
+			t.Fatalf("dial: %v", err)
+		}
+		return res.StatusCode
+	}
+	counts := map[string]map[int]int{}
+	for range 1000 {
+		for name, c := range map[string]struct {
+			origin, tok string
+			cookie      bool
+		}{
+			"evil origin with a valid token": {"https://evil.example", good, false},
+			"allowed origin, no credential":  {"https://console.example", "", false},
+			"cookie only":                    {"https://console.example", "", true},
+		} {
+			if counts[name] == nil {
+				counts[name] = map[int]int{}
+			}
+			counts[name][try(c.origin, c.tok, c.cookie)]++
+		}
+	}
+	if c := counts["evil origin with a valid token"]; c[http.StatusForbidden] != 1000 {
+		t.Errorf("evil origin: %v; want 1000 × 403", c)
+	}
+	if c := counts["allowed origin, no credential"]; c[http.StatusUnauthorized] != 1000 {
+		t.Errorf("allowed origin without credential: %v; want 1000 × 401 UNAUTHENTICATED", c)
+	}
+	if c := counts["cookie only"]; c[http.StatusUnauthorized] != 1000 {
+		t.Errorf("cookie only: %v; want 1000 × 401", c)
+	}
+	if got := try("", good, false); got != http.StatusSwitchingProtocols {
+		t.Errorf("agent without Origin, with a token: %d; want 101", got)
+	}
+	if got := try("https://console.example", good, false); got != http.StatusSwitchingProtocols {
+		t.Errorf("allowed origin with a token: %d; want 101", got)
+	}
+	t.Logf("upgrades: %v", counts)
+}
+
+// TestTokenExpiresMidLink is S24 (e): a link is cut when its token
+// expires (≤ 1 s after), its pending calls answer UNAVAILABLE, and the
+// agent, whose token cannot be renewed, stops with UNAUTHENTICATED
+// instead of reconnecting in a loop.
+func TestTokenExpiresMidLink(t *testing.T) {
+	m := securedHub(t, mesh.Security{})
+	release := make(chan struct{})
+	tok := token(t, auth.Claims{Subject: "slow", Serve: []string{"slow.*"}}, 4*time.Second)
+	v, _ := auth.NewVerifier(testKey)
+	claims, err := v.Verify(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agents.New("slow", agents.WithToken(tok))
+	a.Handle("slow.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return "done", nil
+	})
+	defer close(release)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx, m.WS) }()
+	<-a.Registered()
+	caller := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "c"}, time.Hour)), mesh.WithoutReliability())
+	callErr := make(chan error, 1)
+	go func() { callErr <- caller.Call(context.Background(), "slow.wait", nil, nil, mesh.CallTimeout(30*time.Second)) }()
+	select {
+	case err := <-callErr:
+		t.Fatalf("call ended before the token expired: %v", err)
+	case <-time.After(time.Second):
+	}
+	var cut time.Time
+	select {
+	case err := <-callErr:
+		cut = time.Now()
+		wantCode(t, "pending call when the agent's token expired", err, envelope.CodeUnavailable)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the link outlived its token")
+	}
+	select {
+	case err := <-runErr:
+		wantCode(t, "agent after expiry", err, envelope.CodeUnauthenticated)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent kept reconnecting with an expired token")
+	}
+	t.Logf("link cut and pending call answered %v after the token's expiry", cut.Sub(claims.ExpiresAt).Round(time.Millisecond))
+	if late := cut.Sub(claims.ExpiresAt); late > time.Second {
+		t.Errorf("link cut %v after expiry; S24 asks ≤ 1 s", late)
+	}
+}
+
+// TestRateLimitPerToken is S28 (a), short: one token flooding at ~5× its
+// rate gets OVERLOADED with a retry-after hint for its excess, its
+// accepted rate within 10 % of the limit, while another token keeps all
+// its calls.
+func TestRateLimitPerToken(t *testing.T) {
+	m := securedHub(t, mesh.Security{RatePerToken: 100, BurstPerToken: 20})
+	var n atomic.Int64
+	m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	flood := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability())
+	calm := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "calm"}, time.Hour)), mesh.WithoutReliability())
+	d := 3 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	var ok, limited, other, hinted atomic.Int64
+	start := time.Now()
+	for range 8 {
+		wg.Go(func() {
+			tk := time.NewTicker(16 * time.Millisecond) // 8 × 62.5/s = 500/s
+			defer tk.Stop()
+			for ctx.Err() == nil {
+				<-tk.C
+				err := flood.Call(context.Background(), "echo.echo", nil, nil)
+				switch envelope.CodeOf(err) {
+				case envelope.CodeOK:
+					ok.Add(1)
+				case envelope.CodeOverloaded:
+					limited.Add(1)
+					if envelope.AsError(err).RetryAfter() > 0 {
+						hinted.Add(1)
+					}
+				default:
+					other.Add(1)
+				}
+			}
+		})
+	}
+	var calmOK, calmErr atomic.Int64
+	wg.Go(func() {
+		tk := time.NewTicker(20 * time.Millisecond) // 50/s, under the limit
+		defer tk.Stop()
+		for ctx.Err() == nil {
+			<-tk.C
+			if err := calm.Call(context.Background(), "echo.echo", nil, nil); err != nil {
+				calmErr.Add(1)
+			} else {
+				calmOK.Add(1)
+			}
+		}
+	})
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	rate := float64(ok.Load()-20) / el // the burst aside
+	t.Logf("flood: %d ok (%.0f/s after the burst), %d OVERLOADED (%d with retry-after), %d other; calm: %d ok, %d failed",
+		ok.Load(), rate, limited.Load(), hinted.Load(), other.Load(), calmOK.Load(), calmErr.Load())
+	if rate < 90 || rate > 110 {
+		t.Errorf("flooding token got %.0f calls/s through; the limit is 100/s (±10 %%)", rate)
+	}
+	if limited.Load() == 0 || hinted.Load() != limited.Load() || other.Load() != 0 {
+		t.Errorf("excess not refused as OVERLOADED with a retry-after hint")
+	}
+	if calmErr.Load() != 0 || calmOK.Load() == 0 {
+		t.Errorf("the other token lost calls: %d failed", calmErr.Load())
+	}
+}
+
+// TestPeerLinksAuthenticate: two hubs sharing the key reach each other's
+// agents (the peer link carries a hub token it mints); a hub with another
+// key cannot forward to them, and the agent never runs its call.
+func TestPeerLinksAuthenticate(t *testing.T) {
+	srv := etcdtest.Start(t)
+	start := func(name string, key []byte) *meshtest.Mesh {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/peerauth/", Hub: "hub-" + name}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, Security: &mesh.Security{Key: key}}, reg)
+	}
+	otherKey := []byte("a-different-key-a-different-key-!!!!")
+	a, b, c := start("A", testKey), start("B", testKey), start("C", otherKey)
+	var n atomic.Int64
+	a.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	for _, h := range []*meshtest.Mesh{b, c} {
+		meshtest.WaitFor(t, 5*time.Second, func() bool { return len(h.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
+	}
+	viaB := mustClient(t, b.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)))
+	for range 20 {
+		if err := viaB.Call(t.Context(), "echo.echo", nil, nil); err != nil {
+			t.Fatalf("call through B to A: %v", err)
+		}
+	}
+	ctok, _ := auth.Issue(otherKey, auth.Claims{Subject: "caller"}, time.Hour)
+	viaC := mustClient(t, c.WS, mesh.WithToken(ctok), mesh.WithoutReliability())
+	err := viaC.Call(t.Context(), "echo.echo", nil, nil)
+	if err == nil {
+		t.Fatal("a hub with another key forwarded a call into the mesh")
+	}
+	t.Logf("through the hub with the wrong key: %v", err)
+	if n.Load() != 20 {
+		t.Errorf("agent executed %d calls, want 20", n.Load())
+	}
+}

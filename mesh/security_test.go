@@ -347,7 +347,9 @@ func TestTokenExpiresMidLink(t *testing.T) {
 	<-a.Registered()
 	caller := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "c"}, time.Hour)), mesh.WithoutReliability())
 	callErr := make(chan error, 1)
-	go func() { callErr <- caller.Call(context.Background(), "slow.wait", nil, nil, mesh.CallTimeout(30*time.Second)) }()
+	go func() {
+		callErr <- caller.Call(context.Background(), "slow.wait", nil, nil, mesh.CallTimeout(30*time.Second))
+	}()
 	select {
 	case err := <-callErr:
 		t.Fatalf("call ended before the token expired: %v", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -189,9 +190,14 @@ func errString(err error) string {
 	return err.Error()
 }
 
+// maxPendingPerConn bounds the calls in flight on one plain JSON-RPC
+// WebSocket (native links have WithMaxServing).
+const maxPendingPerConn = 10000
+
 // rpcConn is a plain JSON-RPC 2.0 WebSocket client: requests in, responses
 // out, many in flight at once.
 type rpcConn struct {
+	busy   atomic.Int64 // calls in flight
 	c      *wsConn
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -222,9 +228,27 @@ func (rc *rpcConn) onMessage(data []byte) {
 		rc.c.send(b)
 		return
 	}
+	// A bound on the calls in flight per connection: past it the
+	// connection's new calls are refused at once, not queued.
+	if rc.busy.Add(int64(len(calls))) > maxPendingPerConn {
+		rc.busy.Add(-int64(len(calls)))
+		b := getBuf()
+		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
+		if !batch {
+			if !calls[0].Notification {
+				*b = envelope.AppendJSONRPCError(*b, calls[0].ID, e)
+				rc.c.send(b)
+			}
+			return
+		}
+		*b = envelope.AppendJSONRPCError(*b, nil, e)
+		rc.c.send(b)
+		return
+	}
 	rc.wg.Add(1)
 	go func() {
 		defer rc.wg.Done()
+		defer rc.busy.Add(-int64(len(calls)))
 		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
 		if out == nil {
 			return

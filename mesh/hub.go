@@ -84,6 +84,9 @@ type HubConfig struct {
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
+	// MaxConns bounds the open connections; past it a new one gets 503
+	// and is closed at once (default 10,000; keep it under ulimit -n).
+	MaxConns int
 	// Security: tokens, roles, allowed origins, rate limits (nil: no
 	// authentication, browsers from no origin).
 	Security *Security
@@ -125,6 +128,9 @@ func (c HubConfig) withDefaults() HubConfig {
 		c.DrainTimeout = d.DrainTimeout
 	}
 	c.Conn = c.Conn.withDefaults()
+	if c.MaxConns <= 0 {
+		c.MaxConns = 10000
+	}
 	return c
 }
 
@@ -342,9 +348,10 @@ func (h *Hub) Handler() http.Handler {
 // Serve serves on ln until ctx ends, then drains (at most DrainTimeout)
 // and returns. It returns early with the error if the listener fails.
 func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
+	ln = &capListener{Listener: ln, max: int64(h.cfg.MaxConns), refused: func() { h.metrics().Refused("max_conns") }}
 	srv := &http.Server{
 		Handler:           h.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: 5 * time.Second,  // slowloris: a header trickled byte by byte is cut here (S27)
 		ReadTimeout:       30 * time.Second, // the NEXUS3 seed's bound for reading a request
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,

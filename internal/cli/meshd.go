@@ -40,6 +40,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		origins                    []string
 		ratePerToken               float64
 		burstPerToken              int
+		maxConns                   int
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -116,7 +117,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise, Security: sec,
+				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns,
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -207,6 +208,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
+	f.IntVar(&maxConns, "max-conns", 10000, "open connections allowed; past it new ones get 503 at once (keep under ulimit -n)")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)

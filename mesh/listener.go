@@ -1,0 +1,53 @@
+package mesh
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// capListener refuses connections past max at once, with a 503 and a
+// close, instead of queueing them (netutil.LimitListener stops accepting,
+// which leaves them in the kernel's backlog until they time out): a flood
+// of connections is answered in microseconds and the hub's descriptors
+// stay bounded (S27).
+type capListener struct {
+	net.Listener
+	max     int64
+	active  atomic.Int64
+	refused func()
+}
+
+var busyReply = []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: 20\r\n\r\ntoo many connections")
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.active.Add(1) > l.max {
+			l.active.Add(-1)
+			if l.refused != nil {
+				l.refused()
+			}
+			_ = c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+			_, _ = c.Write(busyReply)
+			_ = c.Close()
+			continue
+		}
+		return &cappedConn{Conn: c, l: l}, nil
+	}
+}
+
+type cappedConn struct {
+	net.Conn
+	l    *capListener
+	once sync.Once
+}
+
+func (c *cappedConn) Close() error {
+	c.once.Do(func() { c.l.active.Add(-1) })
+	return c.Conn.Close()
+}

@@ -38,6 +38,7 @@ type Link struct {
 
 	maxServing int
 	nserving   atomic.Int64
+	late       atomic.Int64 // responses for calls no longer waiting
 	onClose    func(*Link, error)
 	Remote     string // the peer's address, for logs
 }
@@ -225,8 +226,19 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 	l.mu.Unlock()
 	if ok {
 		ch <- r // buffered 1, and only one deliverer removes the entry
+		return
+	}
+	// The call gave up (its deadline passed or it was cancelled) before
+	// the answer came: drop it, and count it.
+	l.late.Add(1)
+	if l.c.cfg.LateResponse != nil {
+		l.c.cfg.LateResponse()
 	}
 }
+
+// LateResponses returns how many responses arrived on this link for calls
+// that were no longer waiting (timed out or cancelled); they were dropped.
+func (l *Link) LateResponses() int64 { return l.late.Load() }
 
 func (l *Link) reply(seq uint64, res *envelope.Response, e *envelope.Error) {
 	b := getBuf()

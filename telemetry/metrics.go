@@ -32,6 +32,8 @@ type Metrics struct {
 	expirations          prometheus.Counter
 	reconnects           *prometheus.CounterVec
 	bytes                *prometheus.CounterVec
+	lateResponses        prometheus.Counter
+	pingAbuse            prometheus.Counter
 
 	labels *Labeler
 }
@@ -81,11 +83,17 @@ func NewMetrics(labels *Labeler) *Metrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
 		}, []string{"direction"}),
+		lateResponses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_late_responses_total", Help: "Responses that arrived after their call timed out or was cancelled: dropped, never delivered.",
+		}),
+		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
+		}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.lateResponses, m.pingAbuse,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -109,6 +117,21 @@ func (m *Metrics) Heartbeat() {
 func (m *Metrics) Expired() {
 	if m != nil {
 		m.expirations.Inc()
+	}
+}
+
+// LateResponse counts a response dropped because its call had already
+// timed out or been cancelled.
+func (m *Metrics) LateResponse() {
+	if m != nil {
+		m.lateResponses.Inc()
+	}
+}
+
+// PingAbuse counts a WebSocket closed for pinging too often.
+func (m *Metrics) PingAbuse() {
+	if m != nil {
+		m.pingAbuse.Inc()
 	}
 }
 
@@ -169,7 +192,8 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, stateCollector{}} {
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.lateResponses, m.pingAbuse,
+			stateCollector{}} {
 			c.Describe(ch)
 		}
 		close(ch)

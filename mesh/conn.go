@@ -80,13 +80,13 @@ var (
 	errTooManyPings = errors.New("peer pings too often: too many pings")
 )
 
-// pingBurst is how many pings a peer may send at once beyond the
-// sustained rate of one per PeerPingMin.
+// pingBurst is how many pings a peer may send at once; past that it must
+// keep to the sustained rate of one per PeerPingMin.
 const pingBurst = 5
 
 // pingPolicy enforces PeerPingMin with the generic cell rate algorithm:
 // tat is the theoretical arrival time of the next ping at the sustained
-// rate; a ping earlier than tat - burst × min breaks the policy. One
+// rate; a ping at or before tat - burst × min breaks the policy. One
 // comparison and no allocation per ping; the reader goroutine owns it.
 type pingPolicy struct {
 	min   time.Duration // <= 0: no limit
@@ -108,7 +108,7 @@ func (p *pingPolicy) allow(now time.Time) bool {
 	if tat.Before(now) {
 		tat = now
 	}
-	if tat.Sub(now) > p.burst {
+	if tat.Sub(now) >= p.burst {
 		return false
 	}
 	p.tat = tat.Add(p.min)

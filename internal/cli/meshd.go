@@ -23,6 +23,7 @@ import (
 
 // NewMeshd returns the meshd command.
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
+	var linkPing time.Duration // --link-ping
 	var (
 		listen, id, logLevel, conf string
 		logFormat, otlpEndpoint    string
@@ -33,7 +34,6 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
-		linkPing                   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",

@@ -3,6 +3,7 @@ package mesh
 import (
 	"errors"
 	"io"
+	"net"
 	"runtime"
 	"sync"
 	"time"
@@ -19,8 +20,16 @@ type ConnConfig struct {
 	// carries its own heartbeat.
 	PingInterval time.Duration
 	// IdleTimeout closes the connection when nothing (not even a pong)
-	// arrived for that long (default 3 × PingInterval).
+	// arrived for that long (default 2 × PingInterval: dead after two
+	// missed pings, RELIABILITY.md S21).
 	IdleTimeout time.Duration
+	// PeerPingMin is the shortest sustained interval allowed between the
+	// peer's pings (default 1 s, or PingInterval if shorter, so that a peer
+	// configured like this side is never cut off; negative: no limit). A
+	// peer that pings faster, beyond a burst of pingBurst, is closed with
+	// 1008 "too many pings", as gRPC answers an abusive client with GOAWAY
+	// ENHANCE_YOUR_CALM.
+	PeerPingMin time.Duration
 	// WriteTimeout bounds one write, so a stuck peer cannot pin the writer
 	// (default 10 s).
 	WriteTimeout time.Duration
@@ -32,6 +41,13 @@ type ConnConfig struct {
 	// Bytes, if set, is told the size of every message read (in) and
 	// written (out), for metrics. It must not block.
 	Bytes func(in, out int)
+	// PingAbuse, if set, is told when the connection is closed because the
+	// peer pinged too often (PeerPingMin). For metrics; it must not block.
+	PingAbuse func()
+	// LateResponse, if set, is told of every response that arrives on a
+	// link for a call no longer waiting (timed out or cancelled): it is
+	// dropped, never delivered. For metrics; it must not block.
+	LateResponse func()
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {
@@ -39,7 +55,10 @@ func (c ConnConfig) withDefaults() ConnConfig {
 		c.PingInterval = 5 * time.Second
 	}
 	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 3 * c.PingInterval
+		c.IdleTimeout = 2 * c.PingInterval
+	}
+	if c.PeerPingMin == 0 {
+		c.PeerPingMin = min(time.Second, c.PingInterval)
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
@@ -56,7 +75,45 @@ func (c ConnConfig) withDefaults() ConnConfig {
 	return c
 }
 
-var errConnClosed = errors.New("connection closed")
+var (
+	errConnClosed   = errors.New("connection closed")
+	errTooManyPings = errors.New("peer pings too often: too many pings")
+)
+
+// pingBurst is how many pings a peer may send at once; past that it must
+// keep to the sustained rate of one per PeerPingMin.
+const pingBurst = 5
+
+// pingPolicy enforces PeerPingMin with the generic cell rate algorithm:
+// tat is the theoretical arrival time of the next ping at the sustained
+// rate; a ping at or before tat - burst × min breaks the policy. One
+// comparison and no allocation per ping; the reader goroutine owns it.
+type pingPolicy struct {
+	min   time.Duration // <= 0: no limit
+	burst time.Duration // pingBurst × min
+	tat   time.Time
+}
+
+func newPingPolicy(min time.Duration) pingPolicy {
+	return pingPolicy{min: min, burst: pingBurst * min}
+}
+
+// allow records a ping received at now and reports whether the peer keeps
+// within the policy.
+func (p *pingPolicy) allow(now time.Time) bool {
+	if p.min <= 0 {
+		return true
+	}
+	tat := p.tat
+	if tat.Before(now) {
+		tat = now
+	}
+	if tat.Sub(now) >= p.burst {
+		return false
+	}
+	p.tat = tat.Add(p.min)
+	return true
+}
 
 // wsConn runs one WebSocket with exactly one reader and one writer
 // goroutine (gorilla allows no more). Frames to send go through a bounded
@@ -71,6 +128,7 @@ type wsConn struct {
 	err       error // why it closed; read after closing is closed
 	onClose   func(error)
 	wg        sync.WaitGroup
+	pings     pingPolicy // the peer's pings; reader goroutine only
 }
 
 func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
@@ -81,6 +139,7 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 		cfg:     cfg,
 		out:     make(chan *[]byte, cfg.QueueSize),
 		closing: make(chan struct{}),
+		pings:   newPingPolicy(cfg.PeerPingMin),
 	}
 }
 
@@ -98,6 +157,7 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 	idle := c.cfg.IdleTimeout
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
+	c.ws.SetPingHandler(c.onPing)
 	hint := 512
 	for {
 		typ, data, err := c.readMessage(hint)
@@ -115,6 +175,27 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 		}
 		onMessage(data)
 	}
+}
+
+// onPing runs on the reader goroutine for every ping: it enforces the
+// peer ping policy, then answers with a pong as gorilla's default handler
+// does. An error ends the read loop, which closes the connection.
+func (c *wsConn) onPing(data string) error {
+	if !c.pings.allow(time.Now()) {
+		if c.cfg.PingAbuse != nil {
+			c.cfg.PingAbuse()
+		}
+		return errTooManyPings
+	}
+	err := c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	if err == nil || errors.Is(err, websocket.ErrCloseSent) {
+		return nil
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil // the writer is stuck; its own timeout will tell
+	}
+	return err
 }
 
 // readMessage reads one message into a buffer of about hint bytes (the
@@ -287,8 +368,12 @@ func (c *wsConn) shutdown(err error) {
 		}
 		c.err = err
 		close(c.closing)
+		code, text := websocket.CloseNormalClosure, ""
+		if errors.Is(err, errTooManyPings) {
+			code, text = websocket.ClosePolicyViolation, "too many pings"
+		}
 		_ = c.ws.WriteControl(websocket.CloseMessage,
-			websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
 		_ = c.ws.Close()
 		if c.onClose != nil {
 			c.onClose(err)

@@ -246,7 +246,6 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
-	h.peers = peers{links: map[string]*Link{}, cfg: cfg.Conn, h: h}
 	h.policies = ps
 	m := h.metrics()
 	hook := h.breakerHook
@@ -262,8 +261,11 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.bulkheads.OnReject = m.BulkheadRejected
 		onRetry = m.Retry
 		h.cfg.Conn.Bytes = m.Bytes
+		h.cfg.Conn.PingAbuse = m.PingAbuse
+		h.cfg.Conn.LateResponse = m.LateResponse
 		m.RegisterHubState(h.state)
 	}
+	h.peers = peers{links: map[string]*Link{}, cfg: h.cfg.Conn, h: h}
 	h.routed = envelope.Chain(
 		h.bulkheads.Middleware,
 		reliability.Retry(ps, reliability.RetryOptions{

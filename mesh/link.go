@@ -38,14 +38,16 @@ type Link struct {
 
 	maxServing int
 	nserving   atomic.Int64
+	late       atomic.Int64 // responses for calls no longer waiting
 	onClose    func(*Link, error)
 	who        *Principal // who the peer authenticated as (nil: no authentication)
 	Remote     string     // the peer's address, for logs
 }
 
 type linkResult struct {
-	res *envelope.Response
-	err *envelope.Error
+	res  *envelope.Response
+	err  *envelope.Error
+	lost bool // the link closed: not an answer from the peer
 }
 
 // LinkOption configures a Link.
@@ -155,7 +157,14 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 		}
 		return res.res, nil
 	case <-ctx.Done():
-		l.forget(seq, ch)
+		if !l.forget(seq, ch) {
+			// The answer came as the call gave up: a deliverer holds
+			// it and is about to hand it over. Take it, to drop it.
+			if r := <-ch; !r.lost {
+				l.lateResponse()
+			}
+			resultChans.Put(ch)
+		}
 		cb := getBuf()
 		*cb = envelope.AppendCancelFrame(*cb, seq)
 		l.c.trySend(cb)
@@ -163,17 +172,18 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 	}
 }
 
-// forget removes a pending call. If a deliverer already took the entry it
-// will send on ch exactly once, so ch is then left to the garbage collector
-// rather than reused.
-func (l *Link) forget(seq uint64, ch chan linkResult) {
+// forget removes a pending call and reports whether it was still there.
+// If a deliverer already took the entry it will send on ch exactly once,
+// so ch is then not returned to the pool here.
+func (l *Link) forget(seq uint64, ch chan linkResult) (mine bool) {
 	l.mu.Lock()
-	_, mine := l.pending[seq]
+	_, mine = l.pending[seq]
 	delete(l.pending, seq)
 	l.mu.Unlock()
 	if mine {
 		resultChans.Put(ch)
 	}
+	return mine
 }
 
 // unavailableNotSent is UNAVAILABLE for a request that provably never
@@ -230,8 +240,23 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 	l.mu.Unlock()
 	if ok {
 		ch <- r // buffered 1, and only one deliverer removes the entry
+		return
+	}
+	// The call gave up (its deadline passed or it was cancelled) before
+	// the answer came: drop it, and count it.
+	l.lateResponse()
+}
+
+func (l *Link) lateResponse() {
+	l.late.Add(1)
+	if l.c.cfg.LateResponse != nil {
+		l.c.cfg.LateResponse()
 	}
 }
+
+// LateResponses returns how many responses arrived on this link for calls
+// that were no longer waiting (timed out or cancelled); they were dropped.
+func (l *Link) LateResponses() int64 { return l.late.Load() }
 
 func (l *Link) reply(seq uint64, res *envelope.Response, e *envelope.Error) {
 	b := getBuf()
@@ -334,7 +359,7 @@ func (l *Link) connClosed(err error) {
 	l.mu.Unlock()
 	l.cancel()
 	for _, ch := range pending {
-		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err)}
+		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err), lost: true}
 	}
 	if l.onClose != nil {
 		l.onClose(l, err)

@@ -33,6 +33,8 @@ type Metrics struct {
 	reconnects           *prometheus.CounterVec
 	bytes                *prometheus.CounterVec
 	refused              *prometheus.CounterVec
+	lateResponses        prometheus.Counter
+	pingAbuse            prometheus.Counter
 
 	labels *Labeler
 }
@@ -85,11 +87,17 @@ func NewMetrics(labels *Labeler) *Metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_security_refused_total", Help: "Connections and calls refused at the edge, by reason (origin, unauthenticated, permission_denied, rate_limited).",
 		}, []string{"reason"}),
+		lateResponses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_late_responses_total", Help: "Responses that arrived after their call timed out or was cancelled: dropped, never delivered.",
+		}),
+		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
+		}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -120,6 +128,21 @@ func (m *Metrics) Expired() {
 func (m *Metrics) Refused(reason string) {
 	if m != nil {
 		m.refused.WithLabelValues(reason).Inc()
+	}
+}
+
+// LateResponse counts a response dropped because its call had already
+// timed out or been cancelled.
+func (m *Metrics) LateResponse() {
+	if m != nil {
+		m.lateResponses.Inc()
+	}
+}
+
+// PingAbuse counts a WebSocket closed for pinging too often.
+func (m *Metrics) PingAbuse() {
+	if m != nil {
+		m.pingAbuse.Inc()
 	}
 }
 
@@ -180,7 +203,8 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, stateCollector{}} {
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse,
+			stateCollector{}} {
 			c.Describe(ch)
 		}
 		close(ch)

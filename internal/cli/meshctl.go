@@ -321,7 +321,7 @@ func (g *ctlFlags) agentCmd() *cobra.Command {
 		id, logLevel, metricsAddr string
 		chaos                     agents.ChaosConfig
 		failCode                  string
-		drain                     time.Duration
+		drain, linkPing           time.Duration
 	)
 	run := &cobra.Command{
 		Use:   "run echo|kv|chaos",
@@ -361,7 +361,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				defer stop()
 			}
 			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
-				agents.WithTelemetry(telemetry.New(tp, metrics))}
+				agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing})}
 			var a *agents.Agent
 			switch args[0] {
 			case "echo":
@@ -395,6 +395,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9465 (default: off)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error")
 	f.DurationVar(&drain, "drain-timeout", 5*time.Second, "how long to wait for handlers in flight on shutdown")
+	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of the hub link; silent for 2 intervals, it is dead and redialled")
 	f.Float64Var(&chaos.FailRate, "fail-rate", 0, "chaos: share of calls that fail (0..1)")
 	f.StringVar(&failCode, "fail-code", "UNAVAILABLE", "chaos: the code of injected failures")
 	f.DurationVar(&chaos.Latency, "latency", 0, "chaos: latency added to every call")

@@ -24,6 +24,7 @@ import (
 
 // NewMeshd returns the meshd command.
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
+	var linkPing time.Duration // --link-ping
 	var (
 		listen, id, logLevel, conf string
 		logFormat, otlpEndpoint    string
@@ -118,6 +119,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns,
+				Conn: mesh.ConnConfig{PingInterval: linkPing},
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -207,6 +209,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
+	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
 	f.IntVar(&maxConns, "max-conns", 10000, "open connections allowed; past it new ones get 503 at once (keep under ulimit -n)")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")

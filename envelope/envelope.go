@@ -73,6 +73,11 @@ type Headers struct {
 	// Hops counts hub-to-hub forwards; a hub does not forward a request
 	// that already crossed a peer link (no loops).
 	Hops int `json:"hops,omitempty"`
+	// IdempotencyKey makes a call safe to replay: the hub runs the first
+	// call with a key and answers later ones with the same key (from the
+	// same caller, within the hub's window) with its outcome; reusing the
+	// key for a different call is INVALID_PARAMS. At most 255 bytes.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 }
 
 var carrierKeys = []string{"traceparent", "tracestate", "baggage"}

@@ -282,6 +282,7 @@ func appendHeaders(b []byte, h *Headers) []byte {
 		b = strconv.AppendInt(b, int64(h.RetryCount), 10)
 	}
 	field("correlationId", h.CorrelationID)
+	field("idempotencyKey", h.IdempotencyKey)
 	if h.Hops != 0 {
 		if len(b) > n {
 			b = append(b, ',')
@@ -331,6 +332,11 @@ func decodeHeaders(v []byte, h *Headers) *Error {
 			h.RetryCount = int(n)
 		case "correlationId":
 			h.CorrelationID, e = stringField("headers.correlationId", v)
+		case "idempotencyKey":
+			h.IdempotencyKey, e = stringField("headers.idempotencyKey", v)
+			if e == nil && len(h.IdempotencyKey) > 255 {
+				e = NewError(CodeInvalidRequest, "headers.idempotencyKey is longer than 255 bytes")
+			}
 		case "hops":
 			var n int64
 			n, e = intField("headers.hops", v, 0, 16)

@@ -50,6 +50,17 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusOK, derr)
 		return
 	}
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		// The HTTP header of draft-ietf-httpapi-idempotency-key, for a
+		// single call (a batch carries keys per call in meta).
+		if batch || len(k) > 255 {
+			writeRPCError(w, http.StatusBadRequest, envelope.NewError(envelope.CodeInvalidRequest, "Idempotency-Key: one key of at most 255 bytes, for a single call"))
+			return
+		}
+		if calls[0].Err == nil && calls[0].Request.Headers.IdempotencyKey == "" {
+			calls[0].Request.Headers.IdempotencyKey = k
+		}
+	}
 	out := h.answerAll(ctx, calls, batch, nil)
 	if out == nil {
 		w.WriteHeader(http.StatusNoContent)

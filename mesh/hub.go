@@ -84,6 +84,11 @@ type HubConfig struct {
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
+	// IdempotencyWindow is how long the outcome of a call with an
+	// idempotency key is remembered (default 10 min); IdempotencyKeys
+	// bounds how many are (default 100,000).
+	IdempotencyWindow time.Duration
+	IdempotencyKeys   int
 	// MaxConns bounds the open connections; past it a new one gets 503
 	// and is closed at once (default 10,000; keep it under ulimit -n).
 	MaxConns int
@@ -131,6 +136,12 @@ func (c HubConfig) withDefaults() HubConfig {
 	if c.MaxConns <= 0 {
 		c.MaxConns = 10000
 	}
+	if c.IdempotencyWindow <= 0 {
+		c.IdempotencyWindow = 10 * time.Minute
+	}
+	if c.IdempotencyKeys <= 0 {
+		c.IdempotencyKeys = 100000
+	}
 	return c
 }
 
@@ -168,6 +179,7 @@ type Hub struct {
 	log      *slog.Logger
 	upgrader websocket.Upgrader
 	guard    *guard
+	idem     *idempotency
 	builtins map[string]builtin
 	invoke   envelope.Invoker // dispatcher for callers
 	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
@@ -222,6 +234,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		return nil, err
 	}
 	h := &Hub{
+		idem:  newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
 		guard: g,
 		cfg:   cfg,
 		log:   slog.New(slog.DiscardHandler),
@@ -504,6 +517,13 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 		var cancel context.CancelFunc
 		ctx, cancel = req.WithTTL(ctx, h.cfg.DefaultTimeout)
 		defer cancel()
+	}
+	if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !isAgentControl(req.Method) {
+		caller := ""
+		if p := PrincipalOf(ctx); p != nil && p.Claims != nil {
+			caller = p.Subject
+		}
+		return h.idem.do(ctx, caller, req, func() (*envelope.Response, error) { return h.invoke(ctx, req) })
 	}
 	return h.invoke(ctx, req)
 }

@@ -3,6 +3,7 @@ package mesh
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,10 @@ type ClientOption func(*clientConfig)
 // WithTimeout sets the timeout of calls whose context has no deadline
 // (default 10 s).
 func WithTimeout(d time.Duration) ClientOption { return func(c *clientConfig) { c.timeout = d } }
+
+// WithTLS sets the TLS configuration for wss:// and https:// hubs
+// (ClientTLS).
+func WithTLS(cfg *tls.Config) ClientOption { return func(c *clientConfig) { c.conn.TLS = cfg } }
 
 // WithToken sets the bearer token presented to the hub (meshd --auth-key).
 func WithToken(tok string) ClientOption { return func(c *clientConfig) { c.token = tok } }
@@ -143,8 +148,12 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	defHTTP := c.cfg.httpClient
 	for _, o := range opts {
 		o(&c.cfg)
+	}
+	if c.cfg.conn.TLS != nil && c.cfg.httpClient == defHTTP {
+		defHTTP.Transport.(*http.Transport).TLSClientConfig = c.cfg.conn.TLS
 	}
 	if len(hubs) == 0 {
 		hubs = []string{DefaultHubURL}

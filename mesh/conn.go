@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -38,6 +39,9 @@ type ConnConfig struct {
 	QueueSize int
 	// Limits bound each incoming message (default 1 MiB, depth 64).
 	Limits envelope.Limits
+	// TLS configures the dialler for wss:// hubs (ClientTLS); nil: the
+	// system's roots, no client certificate.
+	TLS *tls.Config
 	// Bytes, if set, is told the size of every message read (in) and
 	// written (out), for metrics. It must not block.
 	Bytes func(in, out int)

@@ -65,6 +65,7 @@ func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts 
 		Subprotocols:     []string{envelope.Subprotocol},
 		ReadBufferSize:   4096,
 		WriteBufferSize:  4096,
+		TLSClientConfig:  cfg.TLS,
 	}
 	var hdr http.Header
 	if token != "" {
@@ -95,6 +96,9 @@ func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts 
 func netErrText(err error) string {
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Err != nil {
+		if oe.Addr == nil { // e.g. a TLS alert from the hub
+			return oe.Op + ": " + oe.Err.Error()
+		}
 		return oe.Op + " " + oe.Addr.String() + ": " + oe.Err.Error()
 	}
 	return err.Error()

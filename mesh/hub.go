@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -89,6 +90,11 @@ type HubConfig struct {
 	// bounds how many are (default 100,000).
 	IdempotencyWindow time.Duration
 	IdempotencyKeys   int
+	// TLS, when set, serves every surface over TLS (ServerTLS; with a
+	// client CA, mutual TLS). PeerTLS, when set, is how this hub dials
+	// its peers: over wss, presenting its client certificate if any.
+	TLS     *tls.Config
+	PeerTLS *tls.Config
 	// MaxConns bounds the open connections; past it a new one gets 503
 	// and is closed at once (default 10,000; keep it under ulimit -n).
 	MaxConns int
@@ -364,6 +370,9 @@ func (h *Hub) Handler() http.Handler {
 // and returns. It returns early with the error if the listener fails.
 func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	ln = &capListener{Listener: ln, max: int64(h.cfg.MaxConns), refused: func() { h.metrics().Refused("max_conns") }}
+	if h.cfg.TLS != nil {
+		ln = tls.NewListener(ln, h.cfg.TLS)
+	}
 	srv := &http.Server{
 		Handler:           h.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,  // slowloris: a header trickled byte by byte is cut here (S27)

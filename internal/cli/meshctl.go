@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +32,9 @@ type ctlFlags struct {
 	hubs    []string
 	timeout time.Duration
 	token   string
+	tlsCA   string
+	tlsCert string
+	tlsKey  string
 	output  string
 	stdin   io.Reader
 	stdout  io.Writer
@@ -52,6 +56,9 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", mesh.DefaultHubURL)),
 		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
 	pf.StringVar(&g.token, "token", envOr("MESH_TOKEN", ""), "bearer token for hubs started with --auth-key (meshctl token issue) [$MESH_TOKEN]")
+	pf.StringVar(&g.tlsCA, "tls-ca", envOr("MESH_TLS_CA", ""), "CA bundle (PEM) that wss:// and https:// hubs must chain to (default: the system's roots) [$MESH_TLS_CA]")
+	pf.StringVar(&g.tlsCert, "tls-cert", envOr("MESH_TLS_CERT", ""), "client certificate (PEM) for hubs that require mutual TLS [$MESH_TLS_CERT]")
+	pf.StringVar(&g.tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")
 	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
 	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd())
@@ -75,12 +82,29 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
+// tls returns the dialler's TLS configuration (nil when no flag is set).
+func (g *ctlFlags) tls() (*tls.Config, error) {
+	if g.tlsCA == "" && g.tlsCert == "" && g.tlsKey == "" {
+		return nil, nil
+	}
+	c, err := mesh.ClientTLS(g.tlsCA, g.tlsCert, g.tlsKey)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	return c, nil
+}
+
 func (g *ctlFlags) client(extra ...mesh.ClientOption) (*mesh.Client, error) {
 	file, err := config.Load(g.config)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
-	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config), mesh.WithToken(g.token)}, extra...)
+	tlsCfg, err := g.tls()
+	if err != nil {
+		return nil, err
+	}
+	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config),
+		mesh.WithToken(g.token), mesh.WithTLS(tlsCfg)}, extra...)
 	c, err := mesh.NewClient(g.hubs, opts...)
 	if err != nil {
 		return nil, usageErr("%v", err)
@@ -342,6 +366,10 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 			if id == "" {
 				id = envelope.NewID()
 			}
+			tlsCfg, err := g.tls()
+			if err != nil {
+				return err
+			}
 			tp, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{ServiceName: "agent-" + args[0], InstanceID: id, Version: envelope.Version}, log)
 			if err != nil {
 				return usageErr("%v", err)
@@ -361,7 +389,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				defer stop()
 			}
 			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
-				agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing})}
+				agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing, TLS: tlsCfg})}
 			var a *agents.Agent
 			switch args[0] {
 			case "echo":

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,6 +43,8 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		ratePerToken               float64
 		burstPerToken              int
 		maxConns                   int
+		tlsCert, tlsKey            string
+		clientCA, tlsCA            string
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -90,6 +93,23 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			if err := checkExposure(listen, allowRemote, authKey != ""); err != nil {
 				return usageErr("%v", err)
 			}
+			var srvTLS, peerTLS *tls.Config
+			if tlsCert != "" || tlsKey != "" || clientCA != "" {
+				if srvTLS, err = mesh.ServerTLS(tlsCert, tlsKey, clientCA); err != nil {
+					return usageErr("%v", err)
+				}
+				// Peers (and the demo agents) are dialled over wss, verified
+				// against --tls-ca (default: --client-ca, else the system's
+				// roots), presenting this hub's certificate: for mutual TLS
+				// between hubs it needs the clientAuth usage too.
+				ca := tlsCA
+				if ca == "" {
+					ca = clientCA
+				}
+				if peerTLS, err = mesh.ClientTLS(ca, tlsCert, tlsKey); err != nil {
+					return usageErr("%v", err)
+				}
+			}
 			if regKind != "memory" && regKind != "etcd" {
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
 			}
@@ -119,7 +139,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns,
-				Conn: mesh.ConnConfig{PingInterval: linkPing},
+				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -127,7 +147,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			ctx := cmd.Context()
 			if adminAddr != "" {
-				stop, err := serveAdmin(adminAddr, hub, tel.M, log)
+				stop, err := serveAdmin(adminAddr, hub, tel.M, log, srvTLS)
 				if err != nil {
 					_ = ln.Close()
 					_ = hub.Shutdown(context.Background())
@@ -156,7 +176,13 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			actx, stopAgents := context.WithCancel(context.Background())
 			if demo {
 				url := "ws://" + ln.Addr().String() + "/ws"
+				if srvTLS != nil {
+					url = "wss://" + ln.Addr().String() + "/ws"
+				}
 				for _, a := range demoAgents {
+					if peerTLS != nil {
+						agents.WithConnConfig(mesh.ConnConfig{TLS: peerTLS})(a)
+					}
 					wg.Go(func() { _ = a.Run(actx, url) })
 				}
 				log.Info("demo agents started", "agents", []string{"echo", "kv"})
@@ -211,6 +237,10 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
+	f.StringVar(&tlsCert, "tls-cert", envOr("MESH_TLS_CERT", ""), "serve TLS with this certificate (PEM); also presented to peer hubs [$MESH_TLS_CERT]")
+	f.StringVar(&tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")
+	f.StringVar(&clientCA, "client-ca", envOr("MESH_CLIENT_CA", ""), "require client certificates chaining to this CA bundle: mutual TLS [$MESH_CLIENT_CA]")
+	f.StringVar(&tlsCA, "tls-ca", envOr("MESH_TLS_CA", ""), "CA bundle peer hubs' certificates must chain to (default: --client-ca, else the system's roots) [$MESH_TLS_CA]")
 	f.IntVar(&maxConns, "max-conns", 10000, "open connections allowed; past it new ones get 503 at once (keep under ulimit -n)")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
 	cmd.SetOut(stdout)
@@ -220,10 +250,20 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 
 // serveAdmin serves the admin endpoints (metrics, probes, pprof) on their
 // own listener until stop is called.
-func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logger) (stop func(), err error) {
+func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logger, tlsCfg *tls.Config) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	if tlsCfg != nil {
+		// TLS, but a client certificate only if given: probes and the
+		// scraper reach this port without one (bind it to loopback or a
+		// private network).
+		c := tlsCfg.Clone()
+		if c.ClientAuth == tls.RequireAndVerifyClientCert {
+			c.ClientAuth = tls.VerifyClientCertIfGiven
+		}
+		ln = tls.NewListener(ln, c)
 	}
 	mux := http.NewServeMux()
 	h := hub.Handler()

@@ -34,10 +34,32 @@ func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
+	if cfg.TLS != nil {
+		// The plain readiness probe cannot pass a TLS (maybe mutual)
+		// listener: a TLS hub is ready when it accepts connections.
+		return serveWith(tb, h, ln, func(m *Mesh) bool {
+			c, err := net.Dial("tcp", m.Addr)
+			if err == nil {
+				c.Close()
+			}
+			return err == nil
+		})
+	}
 	return serve(tb, h, ln)
 }
 
 func serve(tb testing.TB, h *mesh.Hub, ln net.Listener) *Mesh {
+	return serveWith(tb, h, ln, func(m *Mesh) bool {
+		res, err := http.Get(m.HTTP + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+}
+
+func serveWith(tb testing.TB, h *mesh.Hub, ln net.Listener, ready func(*Mesh) bool) *Mesh {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -52,14 +74,7 @@ func serve(tb testing.TB, h *mesh.Hub, ln net.Listener) *Mesh {
 	})
 	addr := ln.Addr().String()
 	m := &Mesh{Hub: h, Addr: addr, WS: "ws://" + addr + "/ws", HTTP: "http://" + addr}
-	WaitFor(tb, 5*time.Second, func() bool {
-		res, err := http.Get(m.HTTP + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	})
+	WaitFor(tb, 5*time.Second, func() bool { return ready(m) })
 	return m
 }
 

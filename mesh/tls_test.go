@@ -1,0 +1,143 @@
+package mesh_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
+)
+
+// testPKI writes a CA, a certificate for 127.0.0.1 (server and client
+// usage, as a hub's) and a client certificate into dir; it returns their
+// paths.
+type testPKI struct{ ca, cert, key, clientCert, clientKey, otherCA string }
+
+func newPKI(t *testing.T) testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	newCA := func(cn string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _ := x509.ParseCertificate(der)
+		return c, k, der
+	}
+	ca, caKey, caDER := newCA("agentmesh test CA")
+	_, _, otherDER := newCA("someone else's CA")
+	leaf := func(name string, serial int64, usage []x509.ExtKeyUsage) (string, string) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: usage, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kd, _ := x509.MarshalECPrivateKey(k)
+		return write(name+".pem", "CERTIFICATE", der), write(name+"-key.pem", "EC PRIVATE KEY", kd)
+	}
+	p := testPKI{ca: write("ca.pem", "CERTIFICATE", caDER), otherCA: write("other-ca.pem", "CERTIFICATE", otherDER)}
+	p.cert, p.key = leaf("hub", 2, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth})
+	p.clientCert, p.clientKey = leaf("client", 3, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth})
+	return p
+}
+
+// TestMutualTLS: a hub serving mutual TLS answers clients and agents that
+// present a certificate from its CA, over wss:// and https://; a client
+// without a certificate, or that does not trust the hub's CA, or that
+// speaks plain ws://, gets nothing through.
+func TestMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	srv, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := meshtest.Start(t, mesh.HubConfig{TLS: srv})
+	wss, https := strings.Replace(m.WS, "ws://", "wss://", 1), strings.Replace(m.HTTP, "http://", "https://", 1)
+	good, err := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agents.NewEcho(agents.WithConnConfig(mesh.ConnConfig{TLS: good}))
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := contextUntil(stop)
+		defer cancel()
+		done <- a.Run(ctx, wss)
+	}()
+	defer func() { close(stop); <-done }()
+	select {
+	case <-a.Registered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not register over mutual TLS")
+	}
+	for _, url := range []string{wss, https} {
+		c := mustClient(t, url, mesh.WithTLS(good))
+		var got []string
+		if err := c.Call(t.Context(), "echo.echo", []string{"over tls"}, &got); err != nil || len(got) != 1 || got[0] != "over tls" {
+			t.Errorf("%s: %q, %v", url, got, err)
+		}
+	}
+	noCert, _ := mesh.ClientTLS(pki.ca, "", "")
+	distrust, _ := mesh.ClientTLS(pki.otherCA, pki.clientCert, pki.clientKey)
+	for name, c := range map[string]struct {
+		url string
+		tls *tls.Config
+	}{
+		"no client certificate (wss)":   {wss, noCert},
+		"no client certificate (https)": {https, noCert},
+		"hub's CA not trusted":          {wss, distrust},
+		"plain ws to a TLS port":        {m.WS, nil},
+	} {
+		cl := mustClient(t, c.url, mesh.WithTLS(c.tls), mesh.WithoutReliability())
+		err := cl.Call(t.Context(), "echo.echo", []string{"x"}, nil)
+		if err == nil {
+			t.Errorf("%s: the call went through", name)
+			continue
+		}
+		if code := envelope.CodeOf(err); code != envelope.CodeUnavailable {
+			t.Errorf("%s: %v; want UNAVAILABLE (no hub reachable)", name, err)
+		}
+	}
+}
+
+func contextUntil(stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx, cancel
+}

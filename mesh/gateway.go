@@ -27,6 +27,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	who, aerr := h.guard.authenticate(r)
 	if aerr != nil {
+		h.metrics().Refused(refusal(aerr))
 		httpRefuse(w, aerr)
 		return
 	}
@@ -148,7 +149,7 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 	}
 	who, aerr := h.guard.authenticate(r)
 	if aerr != nil {
-		h.metrics().Refused("unauthenticated")
+		h.metrics().Refused(refusal(aerr))
 		httpRefuse(w, aerr)
 		return
 	}

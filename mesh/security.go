@@ -3,8 +3,10 @@ package mesh
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +40,10 @@ type Security struct {
 	// hint. 0: no limit.
 	RatePerToken  float64
 	BurstPerToken int
+	// FailedAuthRate and FailedAuthBurst budget failed authentications per
+	// source address (default 20/s, burst 100; negative: no budget).
+	FailedAuthRate  float64
+	FailedAuthBurst int
 }
 
 // Principal is who is calling, as their token says.
@@ -84,6 +90,7 @@ type guard struct {
 	roles    roleTable
 	origins  *auth.Origins
 	limiter  *ratelimit.Limiter
+	failures *ratelimit.Limiter // failed authentications per source address
 }
 
 func newGuard(s *Security) (*guard, error) {
@@ -102,6 +109,15 @@ func newGuard(s *Security) (*guard, error) {
 	}
 	if g.verifier, err = auth.NewVerifier(s.Key); err != nil {
 		return nil, fmt.Errorf("mesh: auth key: %w", err)
+	}
+	fr, fb := s.FailedAuthRate, s.FailedAuthBurst
+	if fr == 0 {
+		fr, fb = 20, 100
+	}
+	if fr > 0 {
+		if g.failures, err = ratelimit.New(ratelimit.Config{Rate: fr, Burst: max(fb, 1)}); err != nil {
+			return nil, fmt.Errorf("mesh: failed-authentication limit: %w", err)
+		}
 	}
 	g.key = s.Key
 	if g.roles, err = newRoleTable(s.Roles); err != nil {
@@ -124,6 +140,23 @@ func (g *guard) authenticate(r *http.Request) (*Principal, *envelope.Error) {
 	if !g.on() {
 		return nil, nil
 	}
+	p, e := g.authenticate1(r)
+	if e != nil && g.failures != nil {
+		// Failed attempts are budgeted per source address (S24 f): past
+		// the budget the source is told to back off (OVERLOADED, HTTP
+		// 429 with Retry-After) instead of being told why, and its
+		// refusals are counted apart. A valid token still passes.
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if ok, after := g.failures.Allow(host); !ok {
+			ms := max(after.Milliseconds(), 1)
+			return nil, envelope.Errorf(envelope.CodeOverloaded, "too many failed authentications from this address; retry in %d ms", ms).
+				WithData(map[string]int64{"retryAfterMs": ms})
+		}
+	}
+	return p, e
+}
+
+func (g *guard) authenticate1(r *http.Request) (*Principal, *envelope.Error) {
 	tok, err := auth.BearerToken(r)
 	if err != nil {
 		return nil, envelope.AsError(err)
@@ -287,6 +320,10 @@ func refusal(err error) string {
 func httpRefuse(w http.ResponseWriter, e *envelope.Error) {
 	w.Header().Set("Content-Type", "application/json")
 	status := e.Code.HTTPStatus()
+	if ra := e.RetryAfter(); ra > 0 {
+		status = http.StatusTooManyRequests
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(max(ra.Round(time.Second)/time.Second, 1)), 10))
+	}
 	if e.Code == envelope.CodeUnauthenticated {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="agentmesh"`)
 	}

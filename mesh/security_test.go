@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,7 +261,9 @@ func TestRolesGuardMethods(t *testing.T) {
 // happen; the allowed origin without a credential is UNAUTHENTICATED; an
 // agent without Origin and with a credential is accepted.
 func TestCrossSiteWebSocket(t *testing.T) {
-	m := securedHub(t, mesh.Security{Origins: []string{"https://console.example"}})
+	// No budget for failed authentications here: S23 counts each refusal's
+	// kind; S24 (f) tests the budget.
+	m := securedHub(t, mesh.Security{Origins: []string{"https://console.example"}, FailedAuthRate: -1})
 	good := token(t, auth.Claims{Subject: "agent", Serve: []string{"echo.*"}}, time.Hour)
 	try := func(origin, tok string, cookie bool) int {
 		hdr := http.Header{}
@@ -546,4 +549,79 @@ func TestIdempotencyKeyReplay(t *testing.T) {
 		t.Errorf("after the window: %+v, %v; want a new entry", again, err)
 	}
 	t.Logf("52 replays of one keyed call, %d executions in all (1 + bob + 1 after the window)", runs.Load())
+}
+
+// TestBadTokenFlood is S24 (f), short: one source sends bad tokens at
+// ~1000/s; past its budget it is told to back off (429 OVERLOADED with
+// Retry-After), while legitimate callers from a client with a valid token
+// keep 0 errors and their latency.
+func TestBadTokenFlood(t *testing.T) {
+	m := securedHub(t, mesh.Security{})
+	var n atomic.Int64
+	m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	legit := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "legit"}, time.Hour)), mesh.WithoutReliability())
+	measure := func(d time.Duration) (p99 time.Duration, errs int) {
+		var lat []time.Duration
+		tk := time.NewTicker(10 * time.Millisecond) // 100 req/s
+		defer tk.Stop()
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			<-tk.C
+			s := time.Now()
+			if err := legit.Call(t.Context(), "echo.echo", nil, nil); err != nil {
+				errs++
+			}
+			lat = append(lat, time.Since(s))
+		}
+		slices.Sort(lat)
+		return lat[len(lat)*99/100], errs
+	}
+	// The flood runs in this process, so the control phase runs the same
+	// flood against /livez (no authentication): what differs between the
+	// phases is the hub's handling of bad tokens, not the generator's CPU.
+	var codes sync.Map
+	flood := func(path string, d time.Duration) (time.Duration, int) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				tk := time.NewTicker(4 * time.Millisecond) // 4 × 250/s
+				defer tk.Stop()
+				hc := &http.Client{}
+				for ctx.Err() == nil {
+					<-tk.C
+					req, _ := http.NewRequest(http.MethodPost, m.HTTP+path, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"echo.echo"}`))
+					req.Header.Set("Authorization", "Bearer not.a.token")
+					res, err := hc.Do(req)
+					if err != nil {
+						continue
+					}
+					_, _ = io.Copy(io.Discard, res.Body)
+					res.Body.Close()
+					if path == "/rpc" {
+						v, _ := codes.LoadOrStore(res.StatusCode, new(atomic.Int64))
+						v.(*atomic.Int64).Add(1)
+					}
+				}
+			})
+		}
+		p99, errs := measure(d)
+		cancel()
+		wg.Wait()
+		return p99, errs
+	}
+	healthy, _ := flood("/livez", 3*time.Second)
+	flooded, errs := flood("/rpc", 3*time.Second)
+	got := map[int]int64{}
+	codes.Range(func(k, v any) bool { got[k.(int)] = v.(*atomic.Int64).Load(); return true })
+	t.Logf("bad tokens: %v by HTTP status; legitimate p99 %v under a flood of /livez, %v under the flood of bad tokens, %d errors", got, healthy, flooded, errs)
+	if got[http.StatusTooManyRequests] == 0 || got[http.StatusUnauthorized] > 200 {
+		t.Errorf("bad attempts were not rate-limited: %v", got)
+	}
+	if errs != 0 {
+		t.Errorf("legitimate calls failed during the flood: %d", errs)
+	}
+	// 2× healthy, with 2 ms of slack: this 2-core machine is shared.
+	if flooded > 2*healthy+2*time.Millisecond {
+		t.Errorf("legitimate p99 %v under the flood; healthy %v", flooded, healthy)
+	}
 }

@@ -14,22 +14,44 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/registry/etcd"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 	"github.com/agentmesh/agentmesh/reliability"
 )
 
-// TestS08DeadlineAndCancel is scenario S08 on one hub (the three-hop
-// variant waits for peer links): a handler that sleeps 10 s but watches
-// its context; the client (a) times out at 1 s, (b) cancels at 300 ms,
-// (c) goes away mid-call. In every case the handler's context ends within
-// 100 ms of the client's deadline or cancel, and goroutines return to
-// their baseline.
+// TestS08DeadlineAndCancel is scenario S08 on one hub: a handler that
+// sleeps 10 s but watches its context; the client (a) times out at 1 s,
+// (b) cancels at 300 ms, (c) goes away mid-call. In every case the
+// handler's context ends within 100 ms of the client's deadline or cancel,
+// and goroutines return to their baseline.
 func TestS08DeadlineAndCancel(t *testing.T) {
+	rc := config("s08", reliability.Policy{Timeout: 30 * time.Second}, nil)
+	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+	runS08(t, rc, m, m)
+}
+
+// TestS08ThreeHops is S08 as the scenario sets it: client → hub A → hub B
+// → agent, the hubs on a real etcd, the call crossing a peer link; the
+// deadline and the cancel travel both hops.
+func TestS08ThreeHops(t *testing.T) {
+	srv := etcdtest.Start(t)
+	rc := config("s08", reliability.Policy{Timeout: 30 * time.Second}, nil)
+	hub := func(name string) *meshtest.Mesh {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/s08/", Hub: "hub-" + name}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, Reliability: rc}, reg)
+	}
+	a, b := hub("A"), hub("B")
+	runS08(t, rc, a, b)
+}
+
+func runS08(t *testing.T, rc *reliability.Config, m, agentHub *meshtest.Mesh) {
 	rounds := 5
 	if !testing.Short() {
 		rounds = 20
 	}
-	rc := config("s08", reliability.Policy{Timeout: 30 * time.Second}, nil)
-	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
 	type seen struct {
 		ttl   int64
 		ended time.Time
@@ -48,7 +70,16 @@ func TestS08DeadlineAndCancel(t *testing.T) {
 		mu.Unlock()
 		return nil, ctx.Err()
 	})
-	m.RunAgent(t, a)
+	agentHub.RunAgent(t, a)
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(m.Hub.Registry().Snapshot().Lookup("s08.sleep")) == 1 })
+	if m != agentHub {
+		// Warm the peer link, so the baseline counts its goroutines.
+		c := m.Client(t, mesh.WithoutReliability())
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		_ = c.Call(ctx, "s08.sleep", nil, nil)
+		cancel()
+		time.Sleep(200 * time.Millisecond)
+	}
 	baseline := runtime.NumGoroutine()
 
 	check := func(t *testing.T, id string, at time.Time, ttlMax int64) {

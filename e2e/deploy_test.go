@@ -84,7 +84,7 @@ func TestDeployFiles(t *testing.T) {
 	yamlDocs(t, repo(t, "deploy/prometheus/prometheus.yml"))
 	yamlDocs(t, repo(t, "deploy/grafana/provisioning/datasources/datasources.yaml"))
 	unit, _ := os.ReadFile(repo(t, "deploy/systemd/meshd.service"))
-	for _, want := range []string{"ExecStart=/usr/local/bin/meshd", "NoNewPrivileges=yes", "LimitNOFILE=65536", "Restart=on-failure"} {
+	for _, want := range []string{"ExecStart=/usr/local/bin/meshd", "Type=notify", "WatchdogSec=", "NoNewPrivileges=yes", "LimitNOFILE=65536", "Restart=on-failure"} {
 		if !bytes.Contains(unit, []byte(want)) {
 			t.Errorf("meshd.service lacks %q", want)
 		}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/cobra"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -196,12 +197,30 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				select {
 				case <-ctx.Done():
 					hub.BeginDrain()
+					_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 				case <-served:
 				}
 				stopAgents()
 				wg.Wait()
 				stopSrv()
 			}()
+			// systemd Type=notify: the socket is bound and the hub serves
+			// from here on; with WatchdogSec, keep-alives every half of it.
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+			if wd, _ := daemon.SdWatchdogEnabled(false); wd > 0 {
+				go func() {
+					t := time.NewTicker(wd / 2)
+					defer t.Stop()
+					for {
+						select {
+						case <-served:
+							return
+						case <-t.C:
+							_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+						}
+					}
+				}()
+			}
 			err = hub.Serve(srvCtx, ln)
 			close(served)
 			stopAgents()

@@ -31,19 +31,22 @@ func (h *Hub) metrics() *telemetry.Metrics {
 // state is what /metrics reports about the hub at scrape time.
 func (h *Hub) state() telemetry.HubState {
 	snap := h.reg.Snapshot()
-	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0}}
+	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0, "peer": 0}}
 	for _, in := range snap.Instances() {
 		s.AgentsByState[in.State()]++
 	}
 	s.Methods = len(snap.Methods())
 	agentLinks := map[*Link]bool{}
 	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
+	peerLinks := h.peers.links()
 	h.mu.Lock()
 	for c := range h.conns {
 		l, ok := c.(*Link)
 		switch {
 		case ok && agentLinks[l]:
 			s.Links["agent"]++
+		case ok && peerLinks[l]:
+			s.Links["peer"]++
 		default:
 			s.Links["client"]++
 		}
@@ -80,6 +83,11 @@ type HubConfig struct {
 	// Advertise is the host:port other hubs reach this one at (peer
 	// links); empty: this hub takes no forwarded calls' addresses.
 	Advertise string
+	// PeerHeartbeat is the ping interval of the links this hub dials to
+	// other hubs; a peer silent for 2.5 intervals is dead, its link closed
+	// and the calls in flight on it answered UNAVAILABLE (default 1 s: a
+	// partitioned peer is detected within 2.5 s, S05's bound being 3 s).
+	PeerHeartbeat time.Duration
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
@@ -92,6 +100,7 @@ func DefaultHubConfig() HubConfig {
 		DefaultTimeout:    30 * time.Second, // JSON-RPC callers send no ttl; longer than any policy default but llm/media
 		DrainTimeout:      10 * time.Second, // a rolling restart should not wait on a stuck call for ever
 		Conn:              ConnConfig{}.withDefaults(),
+		PeerHeartbeat:     time.Second, // TCP notices a dead peer after ~15 min here; S05 wants <= 3 s
 	}
 }
 
@@ -99,6 +108,9 @@ func DefaultHubConfig() HubConfig {
 func (c HubConfig) Validate() error {
 	if c.HeartbeatInterval < 10*time.Millisecond {
 		return errors.New("mesh: heartbeat interval must be at least 10ms")
+	}
+	if c.PeerHeartbeat < 10*time.Millisecond {
+		return errors.New("mesh: peer heartbeat must be at least 10ms")
 	}
 	if c.DefaultTimeout <= 0 || c.DrainTimeout < 0 {
 		return errors.New("mesh: timeouts must be positive")
@@ -120,8 +132,20 @@ func (c HubConfig) withDefaults() HubConfig {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = d.DrainTimeout
 	}
+	if c.PeerHeartbeat <= 0 {
+		c.PeerHeartbeat = d.PeerHeartbeat
+	}
 	c.Conn = c.Conn.withDefaults()
 	return c
+}
+
+// peerConn is the configuration of the links this hub dials to its peers:
+// the hub's, with the peer heartbeat.
+func (c HubConfig) peerConn() ConnConfig {
+	pc := c.Conn
+	pc.PingInterval = c.PeerHeartbeat
+	pc.IdleTimeout = c.PeerHeartbeat * 5 / 2
+	return pc
 }
 
 // HubOption wires a code dependency into the hub.
@@ -227,7 +251,6 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
-	h.peers = peers{links: map[string]*Link{}, cfg: cfg.Conn, h: h}
 	h.policies = ps
 	m := h.metrics()
 	hook := h.breakerHook
@@ -245,6 +268,9 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.cfg.Conn.Bytes = m.Bytes
 		m.RegisterHubState(h.state)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.peers = newPeers(h, ctx, h.cfg.peerConn())
 	h.routed = envelope.Chain(
 		h.bulkheads.Middleware,
 		reliability.Retry(ps, reliability.RetryOptions{
@@ -256,8 +282,6 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.tel.Attempt,
 	)(h.attempt)
 	h.invoke = h.tel.Server(h.logFailures(h.dispatch))
-	ctx, cancel := context.WithCancel(context.Background())
-	h.stop = cancel
 	watch, err := h.reg.Watch(ctx)
 	if err != nil {
 		cancel()
@@ -384,6 +408,7 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 		}
 		wg.Wait()
 		h.stop()
+		h.peers.wg.Wait() // background dials; a link they open now is closed at once
 		<-h.done
 		if h.ownsReg {
 			_ = h.reg.Close()

@@ -33,6 +33,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
+		peerHeartbeat              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -94,7 +95,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise,
+				Reliability: &file.Config, Advertise: advertise, PeerHeartbeat: peerHeartbeat,
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -162,6 +163,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
+	f.DurationVar(&peerHeartbeat, "peer-heartbeat", time.Second, "ping interval of links to other hubs; a peer silent for 2.5 intervals is dead and its calls fail over")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
 	cmd.SetOut(stdout)

@@ -408,7 +408,7 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 		}
 		wg.Wait()
 		h.stop()
-		h.peers.wg.Wait() // background dials; a link they open now is closed at once
+		h.peers.shutdown() // background dials; a link they open now is closed at once
 		<-h.done
 		if h.ownsReg {
 			_ = h.reg.Close()
@@ -549,7 +549,14 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		open := func(in *registry.Instance) bool {
 			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 		}
-		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		// Instances behind a peer link found dead are avoided while others
+		// serve the method; when only they are left one is tried, which
+		// fails fast (not sent) and kicks a re-dial.
+		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr) }
+		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
+		if in == nil {
+			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		}
 		if in == nil && tried != nil {
 			in = registry.Pick(cands, open) // every instance tried: any that is not open
 		}
@@ -565,14 +572,24 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	}
 	release := in.Acquire()
 	var res *envelope.Response
+	outcome := error(nil) // what the breaker is told
 	if v, ok := h.bindings.Load(in.InstanceID); ok {
 		res, err = v.(*binding).link.Call(ctx, req)
+		outcome = err
 	} else if in.Hub != h.cfg.ID {
-		res, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+		var peerLost bool
+		res, peerLost, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+		outcome = err
+		if peerLost {
+			// The link between the hubs failed, not the instance: its
+			// breaker is neither tripped nor healed (an excluded outcome).
+			outcome = unavailableNotSent("peer link lost")
+		}
 	} else {
 		err = unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+		outcome = err
 	}
 	release()
-	done(err)
+	done(outcome)
 	return res, err
 }

@@ -11,31 +11,35 @@ import (
 
 // peers keeps one link to each other hub. A link is dialled on first use,
 // in the background (a caller waits for it at most until its own
-// deadline); when it closes, calls in flight on it fail with UNAVAILABLE
-// and the next call dials again.
+// deadline); when it closes, calls in flight on it fail with UNAVAILABLE.
 //
-// A peer whose link was lost, or whose last dial failed, is "down": calls
-// for it fail at once with UNAVAILABLE (not sent) while a background dial,
-// at most one at a time and spaced by a capped backoff, tries to reach it
-// again; the first successful dial brings it back. So a partitioned peer
-// costs its callers nothing but a fast failure (S05), and a healed one is
-// used again within a dial (plus at most peerMaxBackoff).
+// A peer whose link was lost, or whose last dial failed, is "down": the
+// router avoids its instances while others serve the method, and calls
+// that still go to it fail at once with UNAVAILABLE (not sent). While it
+// is down and the registry still lists instances at its address, a
+// background loop re-dials it, spaced by a capped backoff; the first
+// successful dial brings it back. So a partitioned peer costs its callers
+// nothing but a fast failure (S05), and a healed one is used again within
+// peerMaxBackoff plus a dial.
 type peers struct {
-	mu   sync.Mutex
-	hubs map[string]*peerState // by hub address
-	cfg  ConnConfig            // peer links: short heartbeat (HubConfig.PeerHeartbeat)
-	h    *Hub
-	ctx  context.Context // ends at hub shutdown; bounds background dials
-	wg   sync.WaitGroup  // background dials
+	mu     sync.Mutex
+	hubs   map[string]*peerState // by hub address
+	closed bool                  // set by shutdown: start no more goroutines
+	cfg    ConnConfig            // peer links: short heartbeat (HubConfig.PeerHeartbeat)
+	h      *Hub
+	ctx    context.Context // ends at hub shutdown; bounds background dials
+	wg     sync.WaitGroup  // dials and re-dial loops
 }
 
 type peerState struct {
-	link    *Link
-	dialing chan struct{} // non-nil while a dial runs; closed when it ends
-	down    bool          // the link was lost or the last dial failed
-	err     error         // why it is down
-	next    time.Time     // no dial before this (backoff while down)
-	backoff time.Duration
+	addr      string
+	link      *Link
+	dialing   chan struct{} // non-nil while a dial runs; closed when it ends
+	down      bool          // the link was lost or the last dial failed
+	err       error         // why it is down
+	next      time.Time     // no dial before this (backoff while down)
+	backoff   time.Duration
+	redialing bool // a re-dial loop runs
 }
 
 const (
@@ -47,6 +51,15 @@ func newPeers(h *Hub, ctx context.Context, cfg ConnConfig) peers {
 	return peers{hubs: map[string]*peerState{}, cfg: cfg, h: h, ctx: ctx}
 }
 
+// shutdown waits for the background dials once the hub's context ended;
+// none starts afterwards.
+func (p *peers) shutdown() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
 // link returns a live link to the hub at addr. If none is open it starts a
 // dial (unless one runs or the backoff forbids it); a down peer fails at
 // once, otherwise the caller waits for the dial within ctx.
@@ -55,17 +68,19 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 		p.mu.Lock()
 		st := p.hubs[addr]
 		if st == nil {
-			st = &peerState{}
+			st = &peerState{addr: addr}
 			p.hubs[addr] = st
 		}
 		if st.link != nil && st.link.Err() == nil {
 			p.mu.Unlock()
 			return st.link, nil
 		}
+		if p.closed {
+			p.mu.Unlock()
+			return nil, unavailableNotSent("hub is shutting down")
+		}
 		if st.dialing == nil && !time.Now().Before(st.next) {
-			st.dialing = make(chan struct{})
-			p.wg.Add(1)
-			go p.dial(addr, st, st.dialing)
+			p.startDialLocked(st)
 		}
 		if st.down {
 			err := st.err
@@ -82,14 +97,20 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 	}
 }
 
-// dial runs one dial to addr in the background, bounded by the peer idle
-// timeout (a handshake that hangs is a dead peer too) and by the hub's life.
-func (p *peers) dial(addr string, st *peerState, done chan struct{}) {
+func (p *peers) startDialLocked(st *peerState) {
+	st.dialing = make(chan struct{})
+	p.wg.Add(1)
+	go p.dial(st, st.dialing)
+}
+
+// dial runs one dial in the background, bounded by the peer idle timeout
+// (a handshake that hangs is a dead peer too) and by the hub's life.
+func (p *peers) dial(st *peerState, done chan struct{}) {
 	defer p.wg.Done()
 	defer close(done)
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.IdleTimeout)
 	defer cancel()
-	l, err := DialLink(ctx, "ws://"+addr+"/ws", p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, err error) {
+	l, err := DialLink(ctx, "ws://"+st.addr+"/ws", p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, err error) {
 		p.h.untrack(l)
 		p.mu.Lock()
 		if st.link == l {
@@ -98,7 +119,7 @@ func (p *peers) dial(addr string, st *peerState, done chan struct{}) {
 		}
 		p.mu.Unlock()
 		if p.ctx.Err() == nil {
-			p.h.log.Warn("peer link lost", "peer", addr, "error", err)
+			p.h.log.Warn("peer link lost", "peer", st.addr, "error", err)
 		}
 	}))
 	p.mu.Lock()
@@ -114,15 +135,85 @@ func (p *peers) dial(addr string, st *peerState, done chan struct{}) {
 		return
 	}
 	if st.down {
-		p.h.log.Info("peer link back", "peer", addr)
+		p.h.log.Info("peer link back", "peer", st.addr)
 	}
 	st.link, st.down, st.err, st.backoff, st.next = l, false, nil, 0, time.Time{}
 }
 
+// markDownLocked records a lost link or failed dial, and starts the
+// re-dial loop if none runs.
 func (p *peers) markDownLocked(st *peerState, err error) {
 	st.down, st.err = true, err
 	st.backoff = min(max(2*st.backoff, peerMinBackoff), peerMaxBackoff)
 	st.next = time.Now().Add(st.backoff)
+	if !st.redialing && !p.closed && p.ctx.Err() == nil {
+		st.redialing = true
+		p.wg.Add(1)
+		go p.redial(st)
+	}
+}
+
+// redial dials a down peer after each backoff until it is back, the
+// registry lists no instance at its address any more, or the hub stops.
+func (p *peers) redial(st *peerState) {
+	defer p.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		wait := time.Until(st.next)
+		p.mu.Unlock()
+		t.Reset(max(wait, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			p.mu.Lock()
+			st.redialing = false
+			p.mu.Unlock()
+			return
+		}
+		wanted := p.wanted(st.addr)
+		p.mu.Lock()
+		if !st.down || !wanted || p.closed {
+			st.redialing = false
+			p.mu.Unlock()
+			return
+		}
+		if st.dialing == nil && !time.Now().Before(st.next) {
+			p.startDialLocked(st)
+		}
+		done := st.dialing
+		p.mu.Unlock()
+		if done != nil {
+			select {
+			case <-done:
+			case <-p.ctx.Done():
+			}
+		}
+	}
+}
+
+// wanted reports whether some instance in the registry is attached to the
+// hub at addr.
+func (p *peers) wanted(addr string) bool {
+	for _, in := range p.h.reg.Snapshot().Instances() {
+		if in.HubAddr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// isDown reports whether the peer at addr is known to be unreachable (its
+// link was lost or its last dial failed, and no dial has succeeded since).
+func (p *peers) isDown(addr string) bool {
+	if addr == "" {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.hubs[addr]
+	return st != nil && st.down
 }
 
 // links returns the open peer links this hub dialled (for /metrics:
@@ -142,20 +233,22 @@ func (p *peers) links() map[*Link]bool {
 
 // forward sends a call for an instance attached to another hub over the
 // peer link to that hub, which serves it locally (Hops stops it from
-// forwarding again).
-func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (*envelope.Response, error) {
+// forwarding again). peerLost reports a failure of the peer link itself
+// (unreachable, or lost with the call in flight), not of the instance.
+func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (res *envelope.Response, peerLost bool, err error) {
 	if req.Headers.Hops > 0 {
-		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
+		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
 	}
 	if in.HubAddr == "" {
-		return nil, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
+		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
 	}
 	l, err := h.peers.link(ctx, in.HubAddr)
 	if err != nil {
-		return nil, envelope.AsError(err) // a failed dial is not sent
+		return nil, true, envelope.AsError(err) // a failed dial is not sent
 	}
 	r := *req
 	r.Destination = in.InstanceID
 	r.Headers.Hops++
-	return l.Call(ctx, &r)
+	res, err = l.Call(ctx, &r)
+	return res, err != nil && l.Err() != nil, err
 }

@@ -139,6 +139,11 @@ func hubInstances(ctx context.Context, ws string) ([]string, error) {
 		return nil, err
 	}
 	defer c.Close()
+	return agentsOf(ctx, c)
+}
+
+// agentsOf is what mesh.agents through c lists, sorted.
+func agentsOf(ctx context.Context, c *mesh.Client) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var list []mesh.AgentInfo

@@ -176,14 +176,15 @@ func WithLogger(l *slog.Logger) HubOption { return func(h *Hub) { h.log = l } }
 // NewHub starts one goroutine that follows the registry; Shutdown stops it.
 // A Hub is safe for concurrent use.
 type Hub struct {
-	cfg      HubConfig
-	reg      registry.Registry
-	ownsReg  bool
-	log      *slog.Logger
-	upgrader websocket.Upgrader
-	builtins map[string]builtin
-	invoke   envelope.Invoker // dispatcher for callers
-	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	cfg       HubConfig
+	reg       registry.Registry
+	ownsReg   bool
+	log       *slog.Logger
+	upgrader  websocket.Upgrader
+	builtins  map[string]builtin
+	invoke    envelope.Invoker // dispatcher for callers
+	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
 
 	breakerHook func(k reliability.BreakerKey, from, to string)
 	tel         *telemetry.Telemetry
@@ -281,6 +282,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		}),
 		h.tel.Attempt,
 	)(h.attempt)
+	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
 	h.invoke = h.tel.Server(h.logFailures(h.dispatch))
 	watch, err := h.reg.Watch(ctx)
 	if err != nil {
@@ -518,7 +520,15 @@ func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Re
 // route forwards a call to an instance: the one named by Destination, or
 // one picked by the balancer among the ready instances serving the method,
 // under the method's policy (bulkhead, retries, breakers per instance).
+//
+// A call forwarded by a peer hub (Hops > 0) gets one attempt here: the
+// origin hub runs the method's policy (retries, budget), so the error must
+// reach it without this hub's "gave up after N attempts" mark, free to be
+// retried on another instance.
 func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if req.Headers.Hops > 0 {
+		return h.forwarded(ctx, req)
+	}
 	return h.routed(ctx, req)
 }
 
@@ -530,6 +540,11 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	var in *registry.Instance
 	if req.Destination != "" {
 		in = snap.Instance(req.Destination)
+		if in == nil && req.Headers.Hops > 0 {
+			// The origin hub picked an instance that has just left this
+			// one: not sent, so the origin retries elsewhere.
+			return nil, unavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
+		}
 		if in == nil {
 			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
 		}

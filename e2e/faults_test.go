@@ -164,6 +164,7 @@ type call struct {
 	Client   string
 	Method   string
 	Intended time.Time
+	Start    time.Time // when it was actually sent
 	End      time.Time
 	Code     envelope.Code
 	NotSent  bool
@@ -178,8 +179,9 @@ type calls struct {
 // invoker wraps inv to record each call under client's name.
 func (cs *calls) invoker(client string, inv envelope.Invoker, intended time.Time) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		start := time.Now()
 		res, err := inv(ctx, req)
-		c := call{Client: client, Method: req.Method, Intended: intended, End: time.Now()}
+		c := call{Client: client, Method: req.Method, Intended: intended, Start: start, End: time.Now()}
 		if err != nil {
 			e := envelope.AsError(err)
 			c.Code, c.NotSent = e.Code, e.NotSent()

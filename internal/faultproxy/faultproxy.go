@@ -124,9 +124,13 @@ func (p *Proxy) Delay(dir Direction, mean, jitter time.Duration) {
 	})
 }
 
-// DropChunks drops each chunk read in dir with probability prob, for d (0:
-// until Heal or DropChunks(dir, 0, 0)). On a framed stream this corrupts
-// the framing: the peers must notice and close.
+// DropChunks makes each chunk read in dir lose, with probability prob, a
+// random span of its bytes (possibly all of them), for d (0: until Heal or
+// DropChunks(dir, 0, 0)). On loopback one read is often exactly one
+// message of the protocol above, so dropping whole chunks would drop whole
+// messages and leave the framing intact; cutting a span out of them
+// corrupts the framing, as the scenarios intend: the peers must notice
+// and close.
 func (p *Proxy) DropChunks(dir Direction, prob float64, d time.Duration) {
 	p.set(func() {
 		for _, x := range []Direction{Up, Down} {
@@ -258,7 +262,12 @@ func (p *Proxy) pump(c *conn, src, dst net.Conn, dir Direction) {
 	for {
 		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
-		if n > 0 && !p.dropNow(dir) {
+		if n > 0 && p.dropNow(dir) {
+			i := rand.IntN(n)
+			j := i + 1 + rand.IntN(n-i)
+			n = copy(buf[i:], buf[j:n]) + i
+		}
+		if n > 0 {
 			last = p.release(dir, last)
 			q <- chunk{b: buf[:n], at: last}
 		}

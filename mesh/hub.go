@@ -579,6 +579,8 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			return nil, envelope.Errorf(envelope.CodeCircuitOpen, "the circuit is open for every instance serving %s", req.Method).MarkNotSent()
 		}
 	}
+	// Picked although behind a down peer: no instance outside one was left.
+	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr)
 	tried.Add(in.InstanceID)
 	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
@@ -599,6 +601,12 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			// The link between the hubs failed, not the instance: its
 			// breaker is neither tripped nor healed (an excluded outcome).
 			outcome = unavailableNotSent("peer link lost")
+			if e := envelope.AsError(err); e.NotSent() && onlyBehindDown {
+				// Every instance left is behind a down peer: like no
+				// responders (S22), answered at once, and no retry loop
+				// waits to try again.
+				err = e.WithAttempts(1)
+			}
 		}
 	} else {
 		err = unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")

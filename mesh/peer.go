@@ -71,9 +71,16 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 			st = &peerState{addr: addr}
 			p.hubs[addr] = st
 		}
-		if st.link != nil && st.link.Err() == nil {
-			p.mu.Unlock()
-			return st.link, nil
+		if st.link != nil {
+			err := st.link.Err()
+			if err == nil {
+				p.mu.Unlock()
+				return st.link, nil
+			}
+			// Closed, and its close hook has not run yet: the peer is
+			// down from now, not after a dial that may hang.
+			st.link = nil
+			p.markDownLocked(st, err)
 		}
 		if p.closed {
 			p.mu.Unlock()

@@ -86,7 +86,8 @@ type HubConfig struct {
 	// PeerHeartbeat is the ping interval of the links this hub dials to
 	// other hubs; a peer silent for 2.5 intervals is dead, its link closed
 	// and the calls in flight on it answered UNAVAILABLE (default 1 s: a
-	// partitioned peer is detected within 2.5 s, S05's bound being 3 s).
+	// partitioned peer is detected within 2.5 s, S05's bound being 3 s). A
+	// dial to a peer is bounded by 1.5 intervals.
 	PeerHeartbeat time.Duration
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).

@@ -110,12 +110,14 @@ func (p *peers) startDialLocked(st *peerState) {
 	go p.dial(st, st.dialing)
 }
 
-// dial runs one dial in the background, bounded by the peer idle timeout
-// (a handshake that hangs is a dead peer too) and by the hub's life.
+// dial runs one dial in the background, bounded by 1.5 peer heartbeats (a
+// handshake that hangs is a dead peer too; a heartbeat is meant to be many
+// round trips) and by the hub's life.
 func (p *peers) dial(st *peerState, done chan struct{}) {
 	defer p.wg.Done()
 	defer close(done)
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.IdleTimeout)
+	started := time.Now()
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PingInterval*3/2)
 	defer cancel()
 	l, err := DialLink(ctx, "ws://"+st.addr+"/ws", p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, err error) {
 		p.h.untrack(l)
@@ -134,6 +136,9 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	st.dialing = nil
 	if err != nil {
 		p.markDownLocked(st, err)
+		// The backoff counts from the dial's start: a dial that hung until
+		// its timeout has waited long enough.
+		st.next = started.Add(st.backoff)
 		return
 	}
 	if !p.h.track(l) {

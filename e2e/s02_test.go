@@ -26,7 +26,7 @@ import (
 
 // logTimes returns the times of the JSON log lines of a process whose msg
 // is msg and whose agent field is agent.
-func logTimes(log, msg, agent string) []time.Time {
+func hubLogTimes(log, msg, agent string) []time.Time {
 	var out []time.Time
 	sc := bufio.NewScanner(strings.NewReader(log))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -79,19 +79,19 @@ func scrape(base, name string) float64 {
 
 // call is one request of a scenario with what the ledger does not keep:
 // when it really started, which instance answered.
-type call struct {
+type s02Call struct {
 	scenario.Outcome
 	Start  time.Time
 	Origin string
 }
 
 // calls is a concurrent list of calls.
-type calls struct {
+type s02Calls struct {
 	mu   sync.Mutex
-	list []call
+	list []s02Call
 }
 
-func (cs *calls) add(c call) {
+func (cs *s02Calls) add(c s02Call) {
 	cs.mu.Lock()
 	cs.list = append(cs.list, c)
 	cs.mu.Unlock()
@@ -100,13 +100,13 @@ func (cs *calls) add(c call) {
 // do makes one call of method with params, records it in led and cs. want
 // is the part of the result that proves it answers this request; pick
 // extracts it from the result.
-func (cs *calls) do(ctx context.Context, led *scenario.Ledger, inv envelope.Invoker, method string, idempotent bool,
+func (cs *s02Calls) do(ctx context.Context, led *scenario.Ledger, inv envelope.Invoker, method string, idempotent bool,
 	params, want string, pick func(json.RawMessage) string, intended time.Time) {
 	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: json.RawMessage(params)}
 	start := time.Now()
 	res, err := inv(ctx, req)
 	o := scenario.Outcome{ID: req.ID, Method: method, Idempotent: idempotent, Intended: intended, End: time.Now(), Want: want}
-	c := call{Start: start}
+	c := s02Call{Start: start}
 	if err != nil {
 		e := envelope.AsError(err)
 		o.Code, o.NotSent = e.Code, e.NotSent()
@@ -255,7 +255,7 @@ func TestS02FrozenAgent(t *testing.T) {
 	}()
 
 	led := scenario.NewLedger()
-	var cs calls
+	var cs s02Calls
 	sent := scenario.Drive(context.Background(), 200, p.load, 1000, func(ctx context.Context, i int, intended time.Time) {
 		if rand.IntN(5) == 0 {
 			want := fmt.Sprintf(`{"i":%d}`, i)
@@ -303,8 +303,8 @@ func TestS02FrozenAgent(t *testing.T) {
 	removed := map[string]time.Time{}
 	rejoined := map[string]time.Time{}
 	for _, id := range frozenIDs {
-		removed[id] = firstAfter(logTimes(hubLog, "instance left the registry; closing its link", id), ft.stopped)
-		rejoined[id] = firstAfter(logTimes(hubLog, "agent registered", id), ft.continued)
+		removed[id] = firstAfter(hubLogTimes(hubLog, "instance left the registry; closing its link", id), ft.stopped)
+		rejoined[id] = firstAfter(hubLogTimes(hubLog, "agent registered", id), ft.continued)
 	}
 	late := scrape(h.base, "agentmesh_late_responses_total")
 	pending := scrape(h.base, "agentmesh_pending_requests")

@@ -259,7 +259,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	}()
 
 	led := scenario.NewLedger()
-	var cs calls
+	var cs s02Calls
 	pickRaw := func(r json.RawMessage) string { return string(r) }
 	sent := scenario.Drive(context.Background(), 100, p.load, 1000, func(ctx context.Context, i int, intended time.Time) {
 		if rand.IntN(5) == 0 {
@@ -273,14 +273,14 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	s := led.Summarize(p.name, sent)
 
 	hubLog := h.stderr.String()
-	dead := firstAfter(logTimes(hubLog, "agent link lost; deregistered", "echo-0"), ft.holed)
-	expired := firstAfter(logTimes(hubLog, "instance left the registry; closing its link", "echo-0"), ft.holed)
-	back := firstAfter(logTimes(hubLog, "agent registered", "echo-0"), ft.healed)
+	dead := firstAfter(hubLogTimes(hubLog, "agent link lost; deregistered", "echo-0"), ft.holed)
+	expired := firstAfter(hubLogTimes(hubLog, "instance left the registry; closing its link", "echo-0"), ft.holed)
+	back := firstAfter(hubLogTimes(hubLog, "agent registered", "echo-0"), ft.healed)
 	agentLost := firstAfter(agentLogTimes(agents[0].stderr.String(), "hub link lost; reconnecting"), ft.holed)
 	abuse := scrape(h.base, "agentmesh_link_ping_abuse_total")
 	var registeredInAbuse int
 	for i := range 4 {
-		for _, at := range logTimes(hubLog, "agent registered", fmt.Sprintf("echo-%d", i)) {
+		for _, at := range hubLogTimes(hubLog, "agent registered", fmt.Sprintf("echo-%d", i)) {
 			if !at.Before(ft.abuseStart) {
 				registeredInAbuse++
 			}

@@ -33,19 +33,22 @@ func (h *Hub) metrics() *telemetry.Metrics {
 // state is what /metrics reports about the hub at scrape time.
 func (h *Hub) state() telemetry.HubState {
 	snap := h.reg.Snapshot()
-	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0}}
+	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0, "peer": 0}}
 	for _, in := range snap.Instances() {
 		s.AgentsByState[in.State()]++
 	}
 	s.Methods = len(snap.Methods())
 	agentLinks := map[*Link]bool{}
 	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
+	peerLinks := h.peers.links()
 	h.mu.Lock()
 	for c := range h.conns {
 		l, ok := c.(*Link)
 		switch {
 		case ok && agentLinks[l]:
 			s.Links["agent"]++
+		case ok && peerLinks[l]:
+			s.Links["peer"]++
 		default:
 			s.Links["client"]++
 		}
@@ -82,6 +85,12 @@ type HubConfig struct {
 	// Advertise is the host:port other hubs reach this one at (peer
 	// links); empty: this hub takes no forwarded calls' addresses.
 	Advertise string
+	// PeerHeartbeat is the ping interval of the links this hub dials to
+	// other hubs; a peer silent for 2.5 intervals is dead, its link closed
+	// and the calls in flight on it answered UNAVAILABLE (default 1 s: a
+	// partitioned peer is detected within 2.5 s, S05's bound being 3 s). A
+	// dial to a peer is bounded by 1.5 intervals.
+	PeerHeartbeat time.Duration
 	// Reliability holds the per-method policies, breakers, bulkheads and
 	// retry budget the router applies (nil: reliability.DefaultConfig()).
 	Reliability *reliability.Config
@@ -110,6 +119,7 @@ func DefaultHubConfig() HubConfig {
 		DefaultTimeout:    30 * time.Second, // JSON-RPC callers send no ttl; longer than any policy default but llm/media
 		DrainTimeout:      10 * time.Second, // a rolling restart should not wait on a stuck call for ever
 		Conn:              ConnConfig{}.withDefaults(),
+		PeerHeartbeat:     time.Second, // TCP notices a dead peer after ~15 min here; S05 wants <= 3 s
 	}
 }
 
@@ -117,6 +127,9 @@ func DefaultHubConfig() HubConfig {
 func (c HubConfig) Validate() error {
 	if c.HeartbeatInterval < 10*time.Millisecond {
 		return errors.New("mesh: heartbeat interval must be at least 10ms")
+	}
+	if c.PeerHeartbeat < 10*time.Millisecond {
+		return errors.New("mesh: peer heartbeat must be at least 10ms")
 	}
 	if c.DefaultTimeout <= 0 || c.DrainTimeout < 0 {
 		return errors.New("mesh: timeouts must be positive")
@@ -138,6 +151,9 @@ func (c HubConfig) withDefaults() HubConfig {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = d.DrainTimeout
 	}
+	if c.PeerHeartbeat <= 0 {
+		c.PeerHeartbeat = d.PeerHeartbeat
+	}
 	c.Conn = c.Conn.withDefaults()
 	if c.MaxConns <= 0 {
 		c.MaxConns = 10000
@@ -149,6 +165,16 @@ func (c HubConfig) withDefaults() HubConfig {
 		c.IdempotencyKeys = 100000
 	}
 	return c
+}
+
+// peerConn is the configuration of the links this hub dials to its peers:
+// the hub's, with the peer heartbeat.
+func (c HubConfig) peerConn() ConnConfig {
+	pc := c.Conn
+	pc.TLS = c.PeerTLS
+	pc.PingInterval = c.PeerHeartbeat
+	pc.IdleTimeout = c.PeerHeartbeat * 5 / 2
+	return pc
 }
 
 // HubOption wires a code dependency into the hub.
@@ -179,16 +205,17 @@ func WithLogger(l *slog.Logger) HubOption { return func(h *Hub) { h.log = l } }
 // NewHub starts one goroutine that follows the registry; Shutdown stops it.
 // A Hub is safe for concurrent use.
 type Hub struct {
-	cfg      HubConfig
-	reg      registry.Registry
-	ownsReg  bool
-	log      *slog.Logger
-	upgrader websocket.Upgrader
-	guard    *guard
-	idem     *idempotency
-	builtins map[string]builtin
-	invoke   envelope.Invoker // dispatcher for callers
-	routed   envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	cfg       HubConfig
+	reg       registry.Registry
+	ownsReg   bool
+	log       *slog.Logger
+	upgrader  websocket.Upgrader
+	guard     *guard
+	idem      *idempotency
+	builtins  map[string]builtin
+	invoke    envelope.Invoker // dispatcher for callers
+	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
 
 	breakerHook func(k reliability.BreakerKey, from, to string)
 	tel         *telemetry.Telemetry
@@ -284,7 +311,9 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.cfg.Conn.LateResponse = m.LateResponse
 		m.RegisterHubState(h.state)
 	}
-	h.peers = peers{links: map[string]*Link{}, cfg: h.cfg.Conn, h: h}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.peers = newPeers(h, ctx, h.cfg.peerConn())
 	h.routed = envelope.Chain(
 		h.bulkheads.Middleware,
 		reliability.Retry(ps, reliability.RetryOptions{
@@ -295,9 +324,8 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		}),
 		h.tel.Attempt,
 	)(h.attempt)
+	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
 	h.invoke = h.tel.Server(h.logFailures(h.dispatch))
-	ctx, cancel := context.WithCancel(context.Background())
-	h.stop = cancel
 	watch, err := h.reg.Watch(ctx)
 	if err != nil {
 		cancel()
@@ -444,6 +472,7 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 		}
 		wg.Wait()
 		h.stop()
+		h.peers.shutdown() // background dials; a link they open now is closed at once
 		<-h.done
 		if h.ownsReg {
 			_ = h.reg.Close()
@@ -579,7 +608,15 @@ func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Re
 // route forwards a call to an instance: the one named by Destination, or
 // one picked by the balancer among the ready instances serving the method,
 // under the method's policy (bulkhead, retries, breakers per instance).
+//
+// A call forwarded by a peer hub (Hops > 0) gets one attempt here: the
+// origin hub runs the method's policy (retries, budget), so the error must
+// reach it without this hub's "gave up after N attempts" mark, free to be
+// retried on another instance.
 func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if req.Headers.Hops > 0 {
+		return h.forwarded(ctx, req)
+	}
 	return h.routed(ctx, req)
 }
 
@@ -591,6 +628,11 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	var in *registry.Instance
 	if req.Destination != "" {
 		in = snap.Instance(req.Destination)
+		if in == nil && req.Headers.Hops > 0 {
+			// The origin hub picked an instance that has just left this
+			// one: not sent, so the origin retries elsewhere.
+			return nil, unavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
+		}
 		if in == nil {
 			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
 		}
@@ -610,7 +652,14 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		open := func(in *registry.Instance) bool {
 			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 		}
-		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		// Instances behind a peer link found dead are avoided while others
+		// serve the method; when only they are left one is tried, which
+		// fails fast (not sent) and kicks a re-dial.
+		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr) }
+		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
+		if in == nil {
+			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		}
 		if in == nil && tried != nil {
 			in = registry.Pick(cands, open) // every instance tried: any that is not open
 		}
@@ -618,6 +667,8 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			return nil, envelope.Errorf(envelope.CodeCircuitOpen, "the circuit is open for every instance serving %s", req.Method).MarkNotSent()
 		}
 	}
+	// Picked although behind a down peer: no instance outside one was left.
+	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr)
 	tried.Add(in.InstanceID)
 	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
@@ -626,14 +677,30 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	}
 	release := in.Acquire()
 	var res *envelope.Response
+	outcome := error(nil) // what the breaker is told
 	if v, ok := h.bindings.Load(in.InstanceID); ok {
 		res, err = v.(*binding).link.Call(ctx, req)
+		outcome = err
 	} else if in.Hub != h.cfg.ID {
-		res, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+		var peerLost bool
+		res, peerLost, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+		outcome = err
+		if peerLost {
+			// The link between the hubs failed, not the instance: its
+			// breaker is neither tripped nor healed (an excluded outcome).
+			outcome = unavailableNotSent("peer link lost")
+			if e := envelope.AsError(err); e.NotSent() && onlyBehindDown {
+				// Every instance left is behind a down peer: like no
+				// responders (S22), answered at once, and no retry loop
+				// waits to try again.
+				err = e.WithAttempts(1)
+			}
+		}
 	} else {
 		err = unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+		outcome = err
 	}
 	release()
-	done(err)
+	done(outcome)
 	return res, err
 }

@@ -3,76 +3,278 @@ package mesh
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
-// peers keeps one link to each other hub, dialled on first use and
-// dropped when it closes (the next call dials again).
+// peers keeps one link to each other hub. A link is dialled on first use,
+// in the background (a caller waits for it at most until its own
+// deadline); when it closes, calls in flight on it fail with UNAVAILABLE.
+//
+// A peer whose link was lost, or whose last dial failed, is "down": the
+// router avoids its instances while others serve the method, and calls
+// that still go to it fail at once with UNAVAILABLE (not sent). While it
+// is down and the registry still lists instances at its address, a
+// background loop re-dials it, spaced by a capped backoff; the first
+// successful dial brings it back. So a partitioned peer costs its callers
+// nothing but a fast failure (S05), and a healed one is used again within
+// peerMaxBackoff plus a dial.
 type peers struct {
-	mu    sync.Mutex
-	links map[string]*Link // by hub address
-	cfg   ConnConfig
-	h     *Hub
+	mu     sync.Mutex
+	hubs   map[string]*peerState // by hub address
+	closed bool                  // set by shutdown: start no more goroutines
+	cfg    ConnConfig            // peer links: short heartbeat (HubConfig.PeerHeartbeat)
+	h      *Hub
+	ctx    context.Context // ends at hub shutdown; bounds background dials
+	wg     sync.WaitGroup  // dials and re-dial loops
 }
 
-// link returns a live link to the hub at addr, dialling if needed within ctx.
-func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
+type peerState struct {
+	addr      string
+	link      *Link
+	dialing   chan struct{} // non-nil while a dial runs; closed when it ends
+	down      bool          // the link was lost or the last dial failed
+	err       error         // why it is down
+	next      time.Time     // no dial before this (backoff while down)
+	backoff   time.Duration
+	redialing bool // a re-dial loop runs
+}
+
+const (
+	peerMinBackoff = 100 * time.Millisecond
+	peerMaxBackoff = time.Second
+)
+
+func newPeers(h *Hub, ctx context.Context, cfg ConnConfig) peers {
+	return peers{hubs: map[string]*peerState{}, cfg: cfg, h: h, ctx: ctx}
+}
+
+// shutdown waits for the background dials once the hub's context ended;
+// none starts afterwards.
+func (p *peers) shutdown() {
 	p.mu.Lock()
-	l := p.links[addr]
+	p.closed = true
 	p.mu.Unlock()
-	if l != nil && l.Err() == nil {
-		return l, nil
+	p.wg.Wait()
+}
+
+// link returns a live link to the hub at addr. If none is open it starts a
+// dial (unless one runs or the backoff forbids it); a down peer fails at
+// once, otherwise the caller waits for the dial within ctx.
+func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
+	for {
+		p.mu.Lock()
+		st := p.hubs[addr]
+		if st == nil {
+			st = &peerState{addr: addr}
+			p.hubs[addr] = st
+		}
+		if st.link != nil {
+			err := st.link.Err()
+			if err == nil {
+				p.mu.Unlock()
+				return st.link, nil
+			}
+			// Closed, and its close hook has not run yet: the peer is
+			// down from now, not after a dial that may hang.
+			st.link = nil
+			p.markDownLocked(st, err)
+		}
+		if p.closed {
+			p.mu.Unlock()
+			return nil, unavailableNotSent("hub is shutting down")
+		}
+		if st.dialing == nil && !time.Now().Before(st.next) {
+			p.startDialLocked(st)
+		}
+		if st.down {
+			err := st.err
+			p.mu.Unlock()
+			return nil, envelope.WrapError(envelope.CodeUnavailable, "peer hub "+addr+" is unreachable", err).MarkNotSent()
+		}
+		wait := st.dialing
+		p.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, envelope.AsError(ctx.Err()).MarkNotSent()
+		}
 	}
+}
+
+func (p *peers) startDialLocked(st *peerState) {
+	st.dialing = make(chan struct{})
+	p.wg.Add(1)
+	go p.dial(st, st.dialing)
+}
+
+// dial runs one dial in the background, bounded by 1.5 peer heartbeats (a
+// handshake that hangs is a dead peer too; a heartbeat is meant to be many
+// round trips) and by the hub's life.
+func (p *peers) dial(st *peerState, done chan struct{}) {
+	defer p.wg.Done()
+	defer close(done)
+	started := time.Now()
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PingInterval*3/2)
+	defer cancel()
+	// Peers authenticate with a short token this hub mints with the
+	// shared key, and speak TLS when the hub has a peer TLS config.
 	var tok string
 	if p.h.guard.on() {
 		var err error
 		if tok, err = p.h.guard.peerToken(p.h.cfg.ID); err != nil {
-			return nil, envelope.WrapError(envelope.CodeInternal, "cannot sign the peer token", err)
+			p.h.log.Error("cannot sign the peer token", "error", err)
+			return
 		}
 	}
-	nl, err := DialLinkToken(ctx, "ws://"+addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, _ error) {
+	scheme := "ws://"
+	if p.cfg.TLS != nil {
+		scheme = "wss://"
+	}
+	l, err := DialLinkToken(ctx, scheme+st.addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, err error) {
 		p.h.untrack(l)
 		p.mu.Lock()
-		if p.links[addr] == l {
-			delete(p.links, addr)
+		if st.link == l {
+			st.link = nil
+			p.markDownLocked(st, err)
 		}
 		p.mu.Unlock()
+		if p.ctx.Err() == nil {
+			p.h.log.Warn("peer link lost", "peer", st.addr, "error", err)
+		}
 	}))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st.dialing = nil
 	if err != nil {
-		return nil, err
+		p.markDownLocked(st, err)
+		// The backoff counts from the dial's start: a dial that hung until
+		// its timeout has waited long enough.
+		st.next = started.Add(st.backoff)
+		return
+	}
+	if !p.h.track(l) {
+		go l.Close() // the hub is shutting down
+		p.markDownLocked(st, unavailableNotSent("hub is shutting down"))
+		return
+	}
+	if st.down {
+		p.h.log.Info("peer link back", "peer", st.addr)
+	}
+	st.link, st.down, st.err, st.backoff, st.next = l, false, nil, 0, time.Time{}
+}
+
+// markDownLocked records a lost link or failed dial, and starts the
+// re-dial loop if none runs.
+func (p *peers) markDownLocked(st *peerState, err error) {
+	st.down, st.err = true, err
+	st.backoff = min(max(2*st.backoff, peerMinBackoff), peerMaxBackoff)
+	st.next = time.Now().Add(st.backoff)
+	if !st.redialing && !p.closed && p.ctx.Err() == nil {
+		st.redialing = true
+		p.wg.Add(1)
+		go p.redial(st)
+	}
+}
+
+// redial dials a down peer after each backoff until it is back, the
+// registry lists no instance at its address any more, or the hub stops.
+func (p *peers) redial(st *peerState) {
+	defer p.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		wait := time.Until(st.next)
+		p.mu.Unlock()
+		t.Reset(max(wait, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			p.mu.Lock()
+			st.redialing = false
+			p.mu.Unlock()
+			return
+		}
+		wanted := p.wanted(st.addr)
+		p.mu.Lock()
+		if !st.down || !wanted || p.closed {
+			st.redialing = false
+			p.mu.Unlock()
+			return
+		}
+		if st.dialing == nil && !time.Now().Before(st.next) {
+			p.startDialLocked(st)
+		}
+		done := st.dialing
+		p.mu.Unlock()
+		if done != nil {
+			select {
+			case <-done:
+			case <-p.ctx.Done():
+			}
+		}
+	}
+}
+
+// wanted reports whether some instance in the registry is attached to the
+// hub at addr.
+func (p *peers) wanted(addr string) bool {
+	for _, in := range p.h.reg.Snapshot().Instances() {
+		if in.HubAddr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// isDown reports whether the peer at addr is known to be unreachable (its
+// link was lost or its last dial failed, and no dial has succeeded since).
+func (p *peers) isDown(addr string) bool {
+	if addr == "" {
+		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cur := p.links[addr]; cur != nil && cur.Err() == nil {
-		go nl.Close() // another call dialled first
-		return cur, nil
+	st := p.hubs[addr]
+	return st != nil && st.down
+}
+
+// links returns the open peer links this hub dialled (for /metrics:
+// agentmesh_links{kind="peer"}; a peer's links to this hub count as
+// "client" on this side).
+func (p *peers) links() map[*Link]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[*Link]bool{}
+	for _, st := range p.hubs {
+		if st.link != nil && st.link.Err() == nil {
+			out[st.link] = true
+		}
 	}
-	p.links[addr] = nl
-	if !p.h.track(nl) {
-		go nl.Close()
-		return nil, unavailableNotSent("hub is shutting down")
-	}
-	return nl, nil
+	return out
 }
 
 // forward sends a call for an instance attached to another hub over the
 // peer link to that hub, which serves it locally (Hops stops it from
-// forwarding again).
-func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (*envelope.Response, error) {
+// forwarding again). peerLost reports a failure of the peer link itself
+// (unreachable, or lost with the call in flight), not of the instance.
+func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (res *envelope.Response, peerLost bool, err error) {
 	if req.Headers.Hops > 0 {
-		return nil, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
+		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
 	}
 	if in.HubAddr == "" {
-		return nil, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
+		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
 	}
 	l, err := h.peers.link(ctx, in.HubAddr)
 	if err != nil {
-		return nil, envelope.AsError(err) // a failed dial is not sent
+		return nil, true, envelope.AsError(err) // a failed dial is not sent
 	}
 	r := *req
 	r.Destination = in.InstanceID
 	r.Headers.Hops++
-	return l.Call(ctx, &r)
+	res, err = l.Call(ctx, &r)
+	return res, err != nil && l.Err() != nil, err
 }

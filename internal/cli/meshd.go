@@ -46,6 +46,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		maxConns                   int
 		tlsCert, tlsKey            string
 		clientCA, tlsCA            string
+		peerHeartbeat              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -139,7 +140,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns,
+				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, PeerHeartbeat: peerHeartbeat,
 				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
 			}, hubOpts...)
 			if err != nil {
@@ -255,6 +256,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
+	f.DurationVar(&peerHeartbeat, "peer-heartbeat", time.Second, "ping interval of links to other hubs; a peer silent for 2.5 intervals is dead and its calls fail over")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
 	f.StringVar(&tlsCert, "tls-cert", envOr("MESH_TLS_CERT", ""), "serve TLS with this certificate (PEM); also presented to peer hubs [$MESH_TLS_CERT]")
 	f.StringVar(&tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")

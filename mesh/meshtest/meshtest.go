@@ -144,6 +144,13 @@ func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry) *Mes
 		tb.Fatalf("listen: %v", err)
 	}
 	cfg.Advertise = ln.Addr().String()
+	return StartClusterOn(tb, cfg, reg, ln)
+}
+
+// StartClusterOn is StartCluster on a listener of the caller's, keeping
+// cfg.Advertise (e.g. a fault proxy in front of ln).
+func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln net.Listener) *Mesh {
+	tb.Helper()
 	h, err := mesh.NewHub(cfg, mesh.WithRegistry(reg))
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)

@@ -1,9 +1,9 @@
 package mesh
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -35,7 +35,17 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		ctx = context.WithValue(ctx, principalKey{}, who)
 	}
 	limit := h.cfg.Conn.Limits.MaxBytes
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
+	if r.ContentLength > int64(limit) {
+		// Declared too big: refused before reading a byte of it.
+		writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+		return
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + bytes.MinRead) // one allocation, no doublings
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, int64(limit)))
+	data := buf.Bytes()
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -397,7 +397,9 @@ func s26HTTP(ctx context.Context, addr string, rcp **rawConn, it *s26Item, st *s
 	if *rcp == nil {
 		rc, err := dialRaw(ctx, addr)
 		if err != nil {
-			st.record(it, "http", 0, "dial error", err)
+			if ctx.Err() == nil { // not the attack's end cutting a dial short
+				st.record(it, "http", 0, "dial error", err)
+			}
 			return
 		}
 		*rcp = rc
@@ -461,7 +463,9 @@ func s26WS(ctx context.Context, m *meshtest.Mesh, wsp **websocket.Conn, it *s26I
 	if it.header {
 		rc, err := dialRaw(ctx, m.Addr)
 		if err != nil {
-			st.record(it, tr, 0, "dial error", err)
+			if ctx.Err() == nil {
+				st.record(it, tr, 0, "dial error", err)
+			}
 			return
 		}
 		start := time.Now()
@@ -481,7 +485,9 @@ func s26WS(ctx context.Context, m *meshtest.Mesh, wsp **websocket.Conn, it *s26I
 		}
 		ws, res, err := d.DialContext(ctx, m.WS, nil)
 		if err != nil {
-			st.record(it, tr, 0, "dial error", err)
+			if ctx.Err() == nil {
+				st.record(it, tr, 0, "dial error", err)
+			}
 			return
 		}
 		res.Body.Close()
@@ -749,6 +755,8 @@ func TestS26HostileJSON(t *testing.T) {
 	// 3. Attack: 4 HTTP, 4 plain WebSocket and 2 native attackers at ~100
 	// messages/s each, cycling through the corpus, plus the legitimate load.
 	hitsBefore := hits.Load()
+	var gc0 runtime.MemStats
+	runtime.ReadMemStats(&gc0)
 	st := newS26Stats()
 	actx, acancel := context.WithTimeout(ctx, attack)
 	defer acancel()
@@ -803,6 +811,8 @@ func TestS26HostileJSON(t *testing.T) {
 	}
 	wg.Wait()
 	aLat, aFails, aErrs := under()
+	var gc1 runtime.MemStats
+	runtime.ReadMemStats(&gc1)
 	runtime.GC()
 	afterHeap := heapInuse()
 
@@ -827,6 +837,8 @@ func TestS26HostileJSON(t *testing.T) {
 		"legit_attack_p50":   ms(pctl(aLat, 50)),
 		"legit_attack_p99":   ms(ap99),
 		"p99_ratio":          float64(ap99) / float64(max(hp99, 1)),
+		"gc_cycles":          gc1.NumGC - gc0.NumGC,
+		"gc_pause_ms":        float64(gc1.PauseTotalNs-gc0.PauseTotalNs) / 1e6,
 		"heap_base_mib":      float64(baseHeap) / (1 << 20),
 		"heap_peak_mib":      float64(peakHeap.Load()) / (1 << 20),
 		"heap_after_mib":     float64(afterHeap) / (1 << 20),
@@ -845,11 +857,15 @@ func TestS26HostileJSON(t *testing.T) {
 	if aFails != 0 {
 		t.Errorf("legitimate calls under attack: %d failed: %v", aFails, aErrs)
 	}
-	if want := int(attack.Seconds()*100) * 9 / 10; len(aLat) < want {
+	// The load generators are closed loop (attackers) or tick-driven
+	// (legitimate calls; a starved ticker drops ticks): on a saturated
+	// machine they fall short of the nominal rates, which the summary
+	// reports. These floors only catch a test that did not apply the load.
+	if want := int(attack.Seconds()*100) * 3 / 4; len(aLat) < want {
 		t.Errorf("legitimate calls under attack: %d succeeded, want ≥ %d (100/s)", len(aLat), want)
 	}
-	if rate := float64(st.sent) / attack.Seconds(); rate < 500 {
-		t.Errorf("attackers reached %.0f messages/s, want ~1000 (the test did not apply the load)", rate)
+	if rate := float64(st.sent) / attack.Seconds(); rate < 300 {
+		t.Errorf("attackers reached %.0f messages/s, nominal 1000 (the test did not apply the load)", rate)
 	}
 	// 50 ms is the scenario's figure for an answer to each hostile input,
 	// measured from the first byte sent to the answer, transfer of the

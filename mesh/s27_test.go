@@ -297,7 +297,7 @@ func TestS27ConnectionFlood(t *testing.T) {
 	if rp99 > 10*time.Millisecond {
 		t.Errorf("refusals past the cap took p99 %v; want ≤ 10 ms", rp99)
 	}
-	if hFails != 0 || aFails != 0 || len(aLat) < int(flood.Seconds()*100)*9/10 {
+	if hFails != 0 || aFails != 0 || len(aLat) < int(flood.Seconds()*100)*3/4 {
 		t.Errorf("legitimate calls: %d failed healthy, %d ok and %d failed under the flood (%v)", hFails, len(aLat), aFails, aErrs)
 	}
 	if ap99 > 2*hp99+5*time.Millisecond {

@@ -236,8 +236,9 @@ func (it *s26Item) httpRequest(ws bool) func(io.Writer) error {
 	return func(w io.Writer) error {
 		h := "POST /rpc HTTP/1.1\r\nHost: hub\r\nContent-Type: application/json\r\n"
 		if !it.chunked {
-			if it.body.small != nil { // one write, one segment
-				_, err := w.Write(fmt.Appendf([]byte(h), "Content-Length: %d\r\n\r\n%s", it.body.size, it.body.small))
+			if it.body.small != nil { // one writev, no copy of the body
+				bufs := net.Buffers{fmt.Appendf([]byte(h), "Content-Length: %d\r\n\r\n", it.body.size), it.body.small}
+				_, err := bufs.WriteTo(w)
 				return err
 			}
 			if _, err := fmt.Fprintf(w, "%sContent-Length: %d\r\n\r\n", h, it.body.size); err != nil {
@@ -391,13 +392,21 @@ func (s *s26Stats) record(it *s26Item, tr string, d time.Duration, outcome strin
 	}
 }
 
+// ctxOver reports whether ctx has ended or reached its deadline (a dial
+// bounded by the deadline can fail with a timeout a moment before the
+// context's own timer marks it done).
+func ctxOver(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ctx.Err() != nil || (ok && !time.Now().Before(dl))
+}
+
 // s26HTTP sends one item over HTTP; *rcp is reused while the server keeps
 // the connection open.
 func s26HTTP(ctx context.Context, addr string, rcp **rawConn, it *s26Item, st *s26Stats) {
 	if *rcp == nil {
 		rc, err := dialRaw(ctx, addr)
 		if err != nil {
-			if ctx.Err() == nil { // not the attack's end cutting a dial short
+			if !ctxOver(ctx) { // not the attack's end cutting a dial short
 				st.record(it, "http", 0, "dial error", err)
 			}
 			return
@@ -463,7 +472,7 @@ func s26WS(ctx context.Context, m *meshtest.Mesh, wsp **websocket.Conn, it *s26I
 	if it.header {
 		rc, err := dialRaw(ctx, m.Addr)
 		if err != nil {
-			if ctx.Err() == nil {
+			if !ctxOver(ctx) {
 				st.record(it, tr, 0, "dial error", err)
 			}
 			return
@@ -485,7 +494,7 @@ func s26WS(ctx context.Context, m *meshtest.Mesh, wsp **websocket.Conn, it *s26I
 		}
 		ws, res, err := d.DialContext(ctx, m.WS, nil)
 		if err != nil {
-			if ctx.Err() == nil {
+			if !ctxOver(ctx) {
 				st.record(it, tr, 0, "dial error", err)
 			}
 			return

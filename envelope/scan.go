@@ -45,6 +45,12 @@ func (l Limits) check(data []byte) *Error {
 	if !valid {
 		return NewError(CodeParseError, "message is not valid JSON")
 	}
+	// JSON text is UTF-8 (RFC 8259 §8.1). encoding/json would turn invalid
+	// bytes into U+FFFD, other decoders refuse them or pass them on: the
+	// hub reads a message exactly one way, so it refuses them (S26).
+	if !utf8.Valid(data) {
+		return NewError(CodeParseError, "message is not valid UTF-8")
+	}
 	return nil
 }
 

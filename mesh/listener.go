@@ -47,6 +47,18 @@ type cappedConn struct {
 	once sync.Once
 }
 
+// CloseWrite half-closes the connection when the underlying one can: the
+// HTTP server sends its last response (413, 431) and a FIN this way, then
+// waits before closing, so that a client still sending a refused request
+// reads the answer instead of a reset. Hiding it behind the wrapper made
+// such clients wait for the full close (500 ms) to see the end.
+func (c *cappedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *cappedConn) Close() error {
 	c.once.Do(func() { c.l.active.Add(-1) })
 	return c.Conn.Close()

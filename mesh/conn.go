@@ -3,7 +3,6 @@ package mesh
 import (
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -162,14 +161,12 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
-	hint := 512
 	for {
-		typ, data, err := c.readMessage(hint)
+		typ, data, err := c.readMessage()
 		if err != nil {
 			c.shutdown(err)
 			return
 		}
-		hint = max(512, min(len(data)+len(data)/4, c.cfg.Limits.MaxBytes))
 		_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(len(data), 0)
@@ -202,35 +199,17 @@ func (c *wsConn) onPing(data string) error {
 	return err
 }
 
-// readMessage reads one message into a buffer of about hint bytes (the
-// size of the last one), growing it if needed: one allocation per message
-// instead of the doublings of gorilla's ReadMessage. The buffer is not
-// reused, since decoded frames keep pointing into it.
-func (c *wsConn) readMessage(hint int) (int, []byte, error) {
+// readMessage reads one message through a pooled scratch buffer and
+// returns it in a slice of its exact size (decoded frames keep pointing
+// into it, so it is not reused): one allocation per message, none for a
+// message refused while it is read.
+func (c *wsConn) readMessage() (int, []byte, error) {
 	typ, r, err := c.ws.NextReader()
 	if err != nil {
 		return typ, nil, err
 	}
-	buf := make([]byte, 0, hint)
-	for {
-		if len(buf) == cap(buf) {
-			// Double, up to the read limit, rather than let append grow
-			// large slices by 1.25×: a message read up to the limit (a
-			// hostile one, in fragments) then allocates ~2× its size
-			// instead of ~5× (S26).
-			nb := make([]byte, len(buf), max(min(2*cap(buf), c.cfg.Limits.MaxBytes+1025), len(buf)+512))
-			copy(nb, buf)
-			buf = nb
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return typ, buf, nil
-		}
-		if err != nil {
-			return typ, nil, err
-		}
-	}
+	buf, err := readExact(r, c.cfg.Limits.MaxBytes+1024)
+	return typ, buf, err
 }
 
 func (c *wsConn) writeLoop() {

@@ -79,27 +79,8 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 // of the declared length when there is one, else into a buffer doubled
 // up to limit+1 (room to see the excess), so that a body read to the
 // limit allocates about twice the limit, not four times (S26).
-func readBody(r io.Reader, declared int64, limit int) ([]byte, error) {
-	size := 4096
-	if declared >= 0 {
-		size = int(declared) + 1 // +1: the read that finds the end
-	}
-	buf := make([]byte, 0, min(size, limit+1))
-	for {
-		if len(buf) == cap(buf) {
-			nb := make([]byte, len(buf), max(min(2*cap(buf), limit+1), len(buf)+512))
-			copy(nb, buf)
-			buf = nb
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
+func readBody(r io.Reader, _ int64, limit int) ([]byte, error) {
+	return readExact(r, limit)
 }
 
 func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {

@@ -191,6 +191,13 @@ func (l *eventLog) read(ctx context.Context, afterSeq uint64, max int, wait time
 	}
 }
 
+// tail is where the log stands: no events, next_seq the last seq.
+func (l *eventLog) tail() EventsPage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return EventsPage{Events: []SeqEvent{}, NextSeq: l.next - 1, Closed: l.closed}
+}
+
 func intPtr(n int) *int { return &n }
 
 func strPtr(s string) *string { return &s }

@@ -26,6 +26,7 @@ import (
 //	chat.get_context      {agentId}                         → {message_count, history_count, …}
 //	chat.getAgentMessages {agentId, offset?, limit?}        → {messages, total, offset, limit}
 //	chat.events           {agentId, after_seq?, wait_ms?, max?} → {events: [{seq, streamId, agentId, event}], next_seq, dropped}
+//	chat.events           {agentId, tail: true}             → {events: [], next_seq}: where to start following
 //
 // The NEXUS3 names chat.create_agent, chat.destroy_agent and
 // chat.list_agents are aliases. Agent ids name agents of this runtime
@@ -163,10 +164,14 @@ func NewService(rt *Runtime, opts ...agents.Option) *agents.Agent {
 			AfterSeq uint64 `json:"after_seq"`
 			WaitMs   int64  `json:"wait_ms"`
 			Max      int    `json:"max"`
+			Tail     bool   `json:"tail"`
 		}
 		ag, err := per("chat.events", p, &in)
 		if err != nil {
 			return nil, err
+		}
+		if in.Tail {
+			return ag.events.tail(), nil
 		}
 		if in.WaitMs < 0 || in.Max < 0 || in.Max > 1024 {
 			return nil, envelope.NewError(envelope.CodeInvalidParams, "wait_ms must not be negative and max must be within 0..1024")

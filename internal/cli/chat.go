@@ -181,7 +181,7 @@ func (g *ctlFlags) chatTurn(ctx context.Context, c *mesh.Client, id, line string
 	reqID := envelope.NewID()
 	pctx, stopPoll := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	pr := &streamPrinter{w: g.stdout}
+	pr := &streamPrinter{w: g.stdout, color: isTerminal(g.stdout)}
 	wg.Go(func() {
 		after := head.NextSeq
 		for {
@@ -250,6 +250,7 @@ func (g *ctlFlags) chatTurn(ctx context.Context, c *mesh.Client, id, line string
 // message_update's accumulated text, tool calls and compactions.
 type streamPrinter struct {
 	w       io.Writer
+	color   bool // dim the thinking
 	mu      sync.Mutex
 	printed int // bytes of the current message's text already printed
 	thought int
@@ -275,11 +276,21 @@ func (p *streamPrinter) print(e chat.SeqEvent) {
 			}
 		}
 		if len(thinking) > p.thought {
-			fmt.Fprintf(p.w, "\x1b[2m%s\x1b[0m", thinking[p.thought:])
+			switch {
+			case p.color:
+				fmt.Fprintf(p.w, "\x1b[2m%s\x1b[0m", thinking[p.thought:])
+			case p.thought == 0:
+				fmt.Fprintf(p.w, "(thinking) %s", thinking)
+			default:
+				fmt.Fprint(p.w, thinking[p.thought:])
+			}
 			p.thought = len(thinking)
 			p.midLine = true
 		}
 		if len(text) > p.printed {
+			if p.printed == 0 && p.thought > 0 {
+				fmt.Fprintln(p.w)
+			}
 			fmt.Fprint(p.w, text[p.printed:])
 			p.printed = len(text)
 			p.midLine = true

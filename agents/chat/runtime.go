@@ -744,8 +744,8 @@ func summarize(prev string, removed []Message, maxTokens int) string {
 				t += " [called " + c.Name + "]"
 			}
 		}
-		if len(t) > 120 {
-			t = t[:120] + "…"
+		if r := []rune(t); len(r) > 120 {
+			t = string(r[:120]) + "…"
 		}
 		lines = append(lines, m.Role+": "+t)
 	}

@@ -297,3 +297,24 @@ func TestOpenAIHTTPErrorAndCancel(t *testing.T) {
 		t.Errorf("NewOpenAI without a model succeeded")
 	}
 }
+
+func TestOpenAISilentStreamTimesOut(t *testing.T) {
+	f := &fakeOpenAI{t: t, scripts: [][]string{{delta("Hel"), "!hang"}}}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	p, err := NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", Model: "m", HTTPClient: srv.Client(), IdleTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newRT(t, Config{}, p, nil)
+	a := mustCreate(t, rt, "idle", "")
+	start := time.Now()
+	_, err = a.Send(t.Context(), "hi", "")
+	if envelope.CodeOf(err) != envelope.CodeTimeout || time.Since(start) > 5*time.Second {
+		t.Errorf("silent stream: %v after %s; want TIMEOUT after about 200ms", err, time.Since(start))
+	}
+	page, _ := rt.Messages("idle", 0, 10)
+	if page.Total != 2 || page.Messages[1].StopReason != StopError || TextOf(page.Messages[1].Content) != "Hel" {
+		t.Errorf("history = %+v", page.Messages)
+	}
+}

@@ -652,3 +652,37 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestDestroyDuringTurn(t *testing.T) {
+	rt := newRT(t, Config{}, &Scripted{ChunkSize: 1, Delay: 2 * time.Millisecond}, nil)
+	a := mustCreate(t, rt, "d1", "")
+	errc := make(chan error, 2)
+	go func() { _, err := a.Send(context.Background(), "/long 5000", "running"); errc <- err }()
+	waitFor(t, func() bool { return a.Context().Busy })
+	go func() { _, err := a.Send(context.Background(), "queued", "queued"); errc <- err }()
+	waitFor(t, func() bool { return a.waiting.Load() == 1 })
+	if !rt.Destroy(t.Context(), "d1") {
+		t.Fatal("destroy = false")
+	}
+	// Destroy returned: the turn is over, both sends have failed.
+	for range 2 {
+		select {
+		case err := <-errc:
+			if c := envelope.CodeOf(err); c != envelope.CodeCancelled && c != envelope.CodeAgentNotFound {
+				t.Errorf("send to a destroyed agent: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a send outlived destroy")
+		}
+	}
+	if _, err := a.Send(t.Context(), "late", ""); envelope.CodeOf(err) != envelope.CodeAgentNotFound {
+		t.Errorf("send after destroy: %v; want AGENT_NOT_FOUND", err)
+	}
+	page, err := rt.Messages("d1", 0, 10)
+	if err != nil || page.Total != 2 || page.Messages[1].StopReason != StopAborted {
+		t.Errorf("history of the destroyed agent = %+v, %v", page, err)
+	}
+	if p := a.Events(t.Context(), 0, 0, time.Second); !p.Closed {
+		t.Errorf("events of a destroyed agent are not marked closed")
+	}
+}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
@@ -33,7 +32,8 @@ type chatAgentFlags struct {
 	chunkDelay                       time.Duration
 }
 
-func (c *chatAgentFlags) register(f *pflag.FlagSet) {
+func (c *chatAgentFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
 	f.StringVar(&c.provider, "provider", envOr("MESH_CHAT_PROVIDER", "scripted"), "chat: scripted (offline, deterministic) or openai (any OpenAI-compatible chat-completions server) [$MESH_CHAT_PROVIDER]")
 	f.StringVar(&c.model, "model", envOr("OPENAI_MODEL", ""), "chat: the model of --provider openai [$OPENAI_MODEL]")
 	f.StringVar(&c.baseURL, "base-url", envOr("OPENAI_BASE_URL", "https://api.openai.com/v1"), "chat: API root of --provider openai [$OPENAI_BASE_URL]")

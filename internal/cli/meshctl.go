@@ -439,7 +439,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
 	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
-	chatFlags.register(f)
+	chatFlags.register(run)
 	agent.AddCommand(run)
 	return agent
 }

@@ -61,7 +61,7 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	pf.StringVar(&g.tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")
 	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
 	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
-	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd())
+	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd(), g.chatCmd())
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	return root
@@ -346,18 +346,20 @@ func (g *ctlFlags) agentCmd() *cobra.Command {
 		chaos                     agents.ChaosConfig
 		failCode                  string
 		drain, linkPing           time.Duration
+		chatFlags                 chatAgentFlags
 	)
 	run := &cobra.Command{
-		Use:   "run echo|kv|chaos",
+		Use:   "run echo|kv|chaos|chat",
 		Short: "Run a built-in agent against the hub until interrupted",
 		Long: `Run a built-in agent: it registers with the hub, heartbeats, reconnects
 with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 
   echo   echo.echo returns its params; echo.sleep {ms} sleeps
   kv     memory.put/get/delete/query on an in-memory store
-  chaos  chaos.echo with injected faults; chaos.executions counts executions per request id`,
+  chaos  chaos.echo with injected faults; chaos.executions counts executions per request id
+  chat   chat.* : a pool of chat agents (sessions on disk, streamed turns, tools); see meshctl chat`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{"echo", "kv", "chaos"},
+		ValidArgs: []string{"echo", "kv", "chaos", "chat"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			log, err := telemetry.NewLogger(g.stderr, logLevel)
 			if err != nil {
@@ -412,8 +414,15 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 					os.Exit(ExitError)
 				}
 				a = agents.NewChaos(chaos, opts...)
+			case "chat":
+				chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, opts...)
+				if err != nil {
+					return err
+				}
+				defer closeChat()
+				a = chatAgent
 			default:
-				return usageErr("unknown agent %q: want echo, kv or chaos", args[0])
+				return usageErr("unknown agent %q: want echo, kv, chaos or chat", args[0])
 			}
 			return a.Run(cmd.Context(), g.hubs...)
 		},
@@ -430,6 +439,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
 	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
+	chatFlags.register(run)
 	agent.AddCommand(run)
 	return agent
 }

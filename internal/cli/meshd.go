@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
@@ -47,6 +48,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		tlsCert, tlsKey            string
 		clientCA, tlsCA            string
 		peerHeartbeat              time.Duration
+		chatDir                    string // --chat-data-dir: the demo chat agent's sessions
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",
@@ -158,9 +160,12 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				defer stop()
 			}
 			var demoAgents []*agents.Agent
+			var chatDemo *demoChat // the demo chat agent (chat.go)
 			if demo {
 				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
-				demoAgents = []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...)}
+				chatDemo = newDemoChat(chatDir, opts...)
+				defer chatDemo.close()
+				demoAgents = []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...), chatDemo.agent}
 				for _, a := range demoAgents {
 					if sec.Key != nil {
 						// The hub vouches for its own demo agents.
@@ -181,13 +186,16 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if srvTLS != nil {
 					url = "wss://" + ln.Addr().String() + "/ws"
 				}
+				if err := chatDemo.connect(url, peerTLS, sec.Key); err != nil {
+					log.Error("demo chat agent: no mesh_call tool", "error", err)
+				}
 				for _, a := range demoAgents {
 					if peerTLS != nil {
 						agents.WithConnConfig(mesh.ConnConfig{TLS: peerTLS})(a)
 					}
 					wg.Go(func() { _ = a.Run(actx, url) })
 				}
-				log.Info("demo agents started", "agents", []string{"echo", "kv"})
+				log.Info("demo agents started", "agents", []string{"echo", "kv", "chat"}, "chatDataDir", chatDir)
 			}
 			// On shutdown the hub stops taking calls at once; the demo agents
 			// then finish what they have, deregister and leave (within
@@ -236,7 +244,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", mesh.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
-	f.BoolVar(&demo, "demo", false, "also run the echo and kv agents in this process")
+	f.BoolVar(&demo, "demo", false, "also run the echo, kv and chat (scripted provider) agents in this process")
+	f.StringVar(&chatDir, "chat-data-dir", envOr("MESH_CHAT_DATA_DIR", chat.DefaultDataDir()), "with --demo: session files of the chat agent [$MESH_CHAT_DATA_DIR]")
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")
 	f.StringVar(&logLevel, "log-level", envOr("MESH_LOG_LEVEL", "info"), "debug, info, warn or error [$MESH_LOG_LEVEL]")

@@ -1,0 +1,756 @@
+package chat
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Config is a Runtime's settings. Zero values take the defaults noted.
+type Config struct {
+	// DataDir holds the session files (DataDir/sessions/ID.jsonl).
+	// Default: DefaultDataDir().
+	DataDir string
+	// SystemPrompt is the system prompt of agents created without one.
+	SystemPrompt string
+	// TokenBudget is the context window the runtime keeps the context
+	// under (system + tools + messages); past it, it compacts. Default 8000.
+	TokenBudget int
+	// KeepTokens is what a token compaction keeps (default TokenBudget/2).
+	KeepTokens int
+	// MaxMessages is the count budget of the context; past it, it
+	// compacts. Default 200; negative: no count budget.
+	MaxMessages int
+	// KeepMessages is what a count compaction keeps (default MaxMessages/2).
+	KeepMessages int
+	// Summarize replaces the removed messages with a summary (compaction
+	// reason "summary") instead of dropping them.
+	Summarize bool
+	// MaxToolRounds bounds the provider calls of one turn (default 8).
+	MaxToolRounds int
+	// MaxQueue bounds the sends waiting for an agent's running turn;
+	// past it, send fails with OVERLOADED. Default 8.
+	MaxQueue int
+	// EventBuffer is the size of each agent's event ring (default 1024).
+	EventBuffer int
+}
+
+// DefaultDataDir is $XDG_STATE_HOME/agentmesh/chat, else
+// ~/.local/state/agentmesh/chat, else (no home) the user's config
+// directory's agentmesh/chat.
+func DefaultDataDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "agentmesh", "chat")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "agentmesh", "chat")
+	}
+	if d, err := os.UserConfigDir(); err == nil {
+		return filepath.Join(d, "agentmesh", "chat")
+	}
+	return filepath.Join(os.TempDir(), "agentmesh-chat")
+}
+
+func (c *Config) defaults() {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir()
+	}
+	if c.TokenBudget <= 0 {
+		c.TokenBudget = 8000
+	}
+	if c.KeepTokens <= 0 || c.KeepTokens > c.TokenBudget {
+		c.KeepTokens = c.TokenBudget / 2
+	}
+	if c.MaxMessages == 0 {
+		c.MaxMessages = 200
+	}
+	if c.KeepMessages <= 0 || (c.MaxMessages > 0 && c.KeepMessages > c.MaxMessages) {
+		c.KeepMessages = max(c.MaxMessages/2, 1)
+	}
+	if c.MaxToolRounds <= 0 {
+		c.MaxToolRounds = 8
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = 8
+	}
+}
+
+// Runtime is the agent pool (NEXUS3's AgentPool).
+type Runtime struct {
+	cfg      Config
+	provider Provider
+	tools    *Tools
+
+	mu     sync.Mutex
+	agents map[string]*Agent
+}
+
+// NewRuntime returns a pool of agents whose turns run through p, with the
+// tools of tools (nil: none). It does no I/O.
+func NewRuntime(cfg Config, p Provider, tools *Tools) *Runtime {
+	cfg.defaults()
+	if p == nil {
+		p = &Scripted{}
+	}
+	if tools == nil {
+		tools = NewTools()
+	}
+	return &Runtime{cfg: cfg, provider: p, tools: tools, agents: map[string]*Agent{}}
+}
+
+// Config returns the runtime's settings, defaults filled in.
+func (r *Runtime) Config() Config { return r.cfg }
+
+// Agent is one conversation: its history, context and event log.
+type Agent struct {
+	rt        *Runtime
+	id        string
+	createdAt time.Time
+	file      *sessionFile
+	events    *eventLog
+	turn      chan struct{} // holds a token while a turn runs
+	waiting   atomic.Int32  // sends waiting for the turn
+
+	mu             sync.Mutex
+	systemPrompt   string
+	history        []Message
+	firstKept      int
+	summary        string
+	compactions    int
+	shouldShutdown bool
+	closed         bool
+	running        map[string]context.CancelFunc // request id → cancel, queued or running
+}
+
+// AgentInfo is one row of list.
+type AgentInfo struct {
+	AgentID        string `json:"agent_id"`
+	CreatedAt      string `json:"created_at"`
+	MessageCount   int    `json:"message_count"`
+	ShouldShutdown bool   `json:"should_shutdown"`
+}
+
+// CreateResult is the answer of create.
+type CreateResult struct {
+	AgentID      string `json:"agent_id"`
+	CreatedAt    string `json:"created_at"`
+	Resumed      bool   `json:"resumed"`       // an existing session file was loaded
+	MessageCount int    `json:"message_count"` // messages in its history
+}
+
+func newHexID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func agentNotFound(id string) error {
+	return envelope.Errorf(envelope.CodeAgentNotFound, "Agent not found: %s", id)
+}
+
+// Create adds an agent. An empty id gets a new 8-hex one; an id whose
+// session file exists resumes that history (a new systemPrompt, if given,
+// replaces the stored one). An id already in the pool is INVALID_PARAMS.
+func (r *Runtime) Create(id, systemPrompt string) (*CreateResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id == "" {
+		for {
+			id = newHexID()
+			if _, err := os.Stat(sessionPath(r.cfg.DataDir, id)); r.agents[id] == nil && errors.Is(err, os.ErrNotExist) {
+				break
+			}
+		}
+	}
+	if !ValidAgentID(id) {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "invalid agent_id %q: want 1 to 128 of A-Z a-z 0-9 . _ -, not starting with . or -", id)
+	}
+	if r.agents[id] != nil {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "Agent already exists: %s", id)
+	}
+	f, st, err := openSession(r.cfg.DataDir, id)
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInternal, "cannot open the session file", err)
+	}
+	resumed := st.agentID != ""
+	a := &Agent{
+		rt: r, id: id, file: f, events: newEventLog(r.cfg.EventBuffer), turn: make(chan struct{}, 1),
+		systemPrompt: st.systemPrompt, history: st.history, firstKept: st.firstKept, summary: st.summary,
+		compactions: st.compactions, running: map[string]context.CancelFunc{},
+	}
+	if !resumed {
+		a.createdAt = time.Now().UTC()
+		if systemPrompt == "" {
+			systemPrompt = r.cfg.SystemPrompt
+		}
+		a.systemPrompt = systemPrompt
+		err = f.append(entry{Type: entrySession, AgentID: id, CreatedAt: a.createdAt.UnixMilli(), SystemPrompt: &systemPrompt})
+	} else {
+		a.createdAt = time.UnixMilli(st.createdAt).UTC()
+		if systemPrompt != "" && systemPrompt != st.systemPrompt {
+			a.systemPrompt = systemPrompt
+			err = f.append(entry{Type: entrySession, AgentID: id, SystemPrompt: &systemPrompt})
+		}
+	}
+	if err != nil {
+		_ = f.close()
+		return nil, envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
+	}
+	r.agents[id] = a
+	return &CreateResult{AgentID: id, CreatedAt: a.createdAt.Format(time.RFC3339Nano), Resumed: resumed, MessageCount: len(a.history)}, nil
+}
+
+// Get returns the agent id, or nil.
+func (r *Runtime) Get(id string) *Agent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.agents[id]
+}
+
+func (r *Runtime) agent(id string) (*Agent, error) {
+	if id == "" {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "Missing required parameter: agentId")
+	}
+	if a := r.Get(id); a != nil {
+		return a, nil
+	}
+	return nil, agentNotFound(id)
+}
+
+// Destroy removes an agent from the pool: it cancels its turns, waits for
+// the running one to end (until ctx ends) and closes its session file,
+// which stays on disk. It reports whether the agent was there.
+func (r *Runtime) Destroy(ctx context.Context, id string) bool {
+	r.mu.Lock()
+	a := r.agents[id]
+	delete(r.agents, id)
+	r.mu.Unlock()
+	if a == nil {
+		return false
+	}
+	a.close(ctx)
+	return true
+}
+
+// Close destroys every agent.
+func (r *Runtime) Close(ctx context.Context) {
+	r.mu.Lock()
+	all := make([]*Agent, 0, len(r.agents))
+	for _, a := range r.agents {
+		all = append(all, a)
+	}
+	r.agents = map[string]*Agent{}
+	r.mu.Unlock()
+	for _, a := range all {
+		a.close(ctx)
+	}
+}
+
+// List describes the agents in the pool, oldest first.
+func (r *Runtime) List() []AgentInfo {
+	r.mu.Lock()
+	all := make([]*Agent, 0, len(r.agents))
+	for _, a := range r.agents {
+		all = append(all, a)
+	}
+	r.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].createdAt.Equal(all[j].createdAt) {
+			return all[i].createdAt.Before(all[j].createdAt)
+		}
+		return all[i].id < all[j].id
+	})
+	out := make([]AgentInfo, 0, len(all))
+	for _, a := range all {
+		a.mu.Lock()
+		out = append(out, AgentInfo{AgentID: a.id, CreatedAt: a.createdAt.Format(time.RFC3339Nano), MessageCount: a.contextLen(), ShouldShutdown: a.shouldShutdown})
+		a.mu.Unlock()
+	}
+	return out
+}
+
+// ShouldShutdown reports whether the pool has agents and all of them were
+// asked to shut down.
+func (r *Runtime) ShouldShutdown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.agents) == 0 {
+		return false
+	}
+	for _, a := range r.agents {
+		a.mu.Lock()
+		s := a.shouldShutdown
+		a.mu.Unlock()
+		if !s {
+			return false
+		}
+	}
+	return true
+}
+
+// MessagesPage is the answer of getAgentMessages.
+type MessagesPage struct {
+	Messages []Message `json:"messages"`
+	Total    int       `json:"total"`
+	Offset   int       `json:"offset"`
+	Limit    int       `json:"limit"`
+}
+
+// Messages pages through an agent's history: from memory for an agent in
+// the pool, else from its session file (a closed agent);
+// AGENT_NOT_FOUND when there is neither. limit ≤ 0 means 50.
+func (r *Runtime) Messages(id string, offset, limit int) (*MessagesPage, error) {
+	if id == "" {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "Missing required parameter: agentId")
+	}
+	if offset < 0 {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "offset must not be negative")
+	}
+	if limit <= 0 {
+		limit = 50
+	}
+	var hist []Message
+	if a := r.Get(id); a != nil {
+		a.mu.Lock()
+		hist = a.history[:len(a.history):len(a.history)]
+		a.mu.Unlock()
+	} else {
+		st, err := readSession(r.cfg.DataDir, id)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, envelope.Errorf(envelope.CodeAgentNotFound, "No session found for agent: %s", id)
+			}
+			return nil, envelope.WrapError(envelope.CodeInternal, "cannot read the session file", err)
+		}
+		hist = st.history
+	}
+	page := &MessagesPage{Messages: []Message{}, Total: len(hist), Offset: offset, Limit: limit}
+	if offset < len(hist) {
+		page.Messages = append(page.Messages, hist[offset:min(len(hist), offset+limit)]...)
+	}
+	return page, nil
+}
+
+// ID returns the agent's id.
+func (a *Agent) ID() string { return a.id }
+
+// contextLen is the number of messages in the context (a.mu held).
+func (a *Agent) contextLen() int {
+	n := len(a.history) - a.firstKept
+	if a.summary != "" {
+		n++
+	}
+	return n
+}
+
+// Subscribe calls f with each event the agent publishes from now on until
+// cancel is called; f runs on the turn's goroutine and must not block.
+func (a *Agent) Subscribe(f func(SeqEvent)) (cancel func()) { return a.events.subscribe(f) }
+
+// Events returns the events after afterSeq, waiting up to wait for one.
+func (a *Agent) Events(ctx context.Context, afterSeq uint64, max int, wait time.Duration) EventsPage {
+	return a.events.read(ctx, afterSeq, max, wait)
+}
+
+func (a *Agent) close(ctx context.Context) {
+	a.mu.Lock()
+	a.closed = true
+	for _, cancel := range a.running {
+		cancel()
+	}
+	a.mu.Unlock()
+	// Wait for the running turn, so that the file is not closed under it.
+	select {
+	case a.turn <- struct{}{}:
+		<-a.turn
+	case <-ctx.Done():
+	}
+	_ = a.file.close()
+	a.events.close()
+}
+
+// Shutdown marks the agent as wanting shutdown: its running turn ends as
+// it would, and it takes no more sends (UNAVAILABLE).
+func (a *Agent) Shutdown() {
+	a.mu.Lock()
+	a.shouldShutdown = true
+	a.mu.Unlock()
+}
+
+// Cancel cancels the send with this request id, running or queued. It
+// reports whether there was one.
+func (a *Agent) Cancel(requestID string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cancel, ok := a.running[requestID]
+	if ok {
+		cancel()
+		delete(a.running, requestID)
+	}
+	return ok
+}
+
+// Tokens is the answer of get_tokens.
+type Tokens struct {
+	System    int `json:"system"`
+	Tools     int `json:"tools"`
+	Messages  int `json:"messages"`
+	Total     int `json:"total"`
+	Budget    int `json:"budget"`
+	Available int `json:"available"`
+}
+
+// Tokens estimates the context's tokens.
+func (a *Agent) Tokens() Tokens {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tokens()
+}
+
+func (a *Agent) tokens() Tokens {
+	t := Tokens{System: EstimateTokens(a.systemPrompt), Tools: toolTokens(a.rt.tools.Specs()), Budget: a.rt.cfg.TokenBudget}
+	for i := a.firstKept; i < len(a.history); i++ {
+		t.Messages += messageTokens(&a.history[i])
+	}
+	if a.summary != "" {
+		t.Messages += 4 + EstimateTokens(a.summary)
+	}
+	t.Total = t.System + t.Tools + t.Messages
+	t.Available = max(0, t.Budget-t.Total)
+	return t
+}
+
+// ContextInfo is the answer of get_context.
+type ContextInfo struct {
+	AgentID        string `json:"agent_id"`
+	MessageCount   int    `json:"message_count"` // messages in the context
+	HistoryCount   int    `json:"history_count"` // messages in the session file
+	SystemPrompt   string `json:"system_prompt"`
+	Summary        string `json:"summary,omitempty"`
+	Compactions    int    `json:"compactions"`
+	MaxMessages    int    `json:"max_messages"`
+	CreatedAt      string `json:"created_at"`
+	ShouldShutdown bool   `json:"should_shutdown"`
+	Busy           bool   `json:"busy"` // a turn is running
+	Tokens         Tokens `json:"tokens"`
+}
+
+// Context describes the agent's context.
+func (a *Agent) Context() ContextInfo {
+	busy := len(a.turn) > 0
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return ContextInfo{
+		AgentID: a.id, MessageCount: a.contextLen(), HistoryCount: len(a.history), SystemPrompt: a.systemPrompt,
+		Summary: a.summary, Compactions: a.compactions, MaxMessages: a.rt.cfg.MaxMessages,
+		CreatedAt: a.createdAt.Format(time.RFC3339Nano), ShouldShutdown: a.shouldShutdown, Busy: busy, Tokens: a.tokens(),
+	}
+}
+
+// SendResult is the answer of send.
+type SendResult struct {
+	Content   string `json:"content"`
+	RequestID string `json:"request_id"`
+}
+
+// Send runs one turn: it appends the user's message, calls the provider
+// (and the tools it asks for, up to MaxToolRounds), streaming events, and
+// answers the last assistant message's text. Sends to one agent run one at
+// a time, in arrival order; past MaxQueue waiting, OVERLOADED. A cancelled
+// send (Cancel, or ctx) fails with CANCELLED; what was streamed so far is
+// kept in the history as an assistant message with stopReason "aborted".
+func (a *Agent) Send(ctx context.Context, content, requestID string) (*SendResult, error) {
+	if requestID == "" {
+		requestID = newHexID() + newHexID()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.mu.Lock()
+	switch {
+	case a.closed:
+		a.mu.Unlock()
+		return nil, agentNotFound(a.id)
+	case a.shouldShutdown:
+		a.mu.Unlock()
+		return nil, envelope.Errorf(envelope.CodeUnavailable, "agent %s is shutting down", a.id)
+	case a.running[requestID] != nil:
+		a.mu.Unlock()
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "request_id %q is already in flight", requestID)
+	}
+	a.running[requestID] = cancel
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.running, requestID)
+		a.mu.Unlock()
+	}()
+	if int(a.waiting.Add(1)) > a.rt.cfg.MaxQueue {
+		a.waiting.Add(-1)
+		return nil, envelope.Errorf(envelope.CodeOverloaded, "agent %s has %d sends waiting already", a.id, a.rt.cfg.MaxQueue)
+	}
+	select {
+	case a.turn <- struct{}{}:
+		a.waiting.Add(-1)
+	case <-ctx.Done():
+		a.waiting.Add(-1)
+		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+	}
+	defer func() { <-a.turn }()
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return nil, agentNotFound(a.id)
+	}
+	if ctx.Err() != nil {
+		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+	}
+	text, err := a.runTurn(ctx, content)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled", requestID)
+		}
+		var e *envelope.Error
+		if errors.As(err, &e) {
+			return nil, e
+		}
+		return nil, envelope.Errorf(envelope.CodeRPCError, "%v", err)
+	}
+	return &SendResult{Content: text, RequestID: requestID}, nil
+}
+
+// record appends m to the history and the session file.
+func (a *Agent) record(m Message) error {
+	if m.Timestamp == 0 {
+		m.Timestamp = nowMs()
+	}
+	if err := a.file.append(entry{Type: entryMessage, Message: &m}); err != nil {
+		return envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
+	}
+	a.mu.Lock()
+	a.history = append(a.history, m)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Agent) publish(streamID string, ev Event) {
+	a.events.publish(StreamPayload{StreamID: streamID, AgentID: a.id, Event: ev})
+}
+
+// request builds the provider's request from the context.
+func (a *Agent) request() *Request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	req := &Request{System: a.systemPrompt, Tools: a.rt.tools.Specs()}
+	if a.summary != "" {
+		req.Messages = append(req.Messages, Message{Role: RoleUser, Content: Content{Text("[Summary of the earlier conversation]\n" + a.summary)}})
+	}
+	req.Messages = append(req.Messages, a.history[a.firstKept:]...)
+	return req
+}
+
+// runTurn runs one turn (the turn token held).
+func (a *Agent) runTurn(ctx context.Context, content string) (string, error) {
+	if err := a.record(Message{Role: RoleUser, Content: Content{Text(content)}}); err != nil {
+		return "", err
+	}
+	for round := 1; ; round++ {
+		if err := a.compact(); err != nil {
+			return "", err
+		}
+		streamID := envelope.NewID()
+		a.publish(streamID, Event{Type: EventMessageStart, Message: &StreamMessage{Role: RoleAssistant, Content: Content{}}})
+		var last Content
+		msg, err := a.rt.provider.Stream(ctx, a.request(), func(c Content) {
+			last = cloneContent(c)
+			a.publish(streamID, Event{Type: EventMessageUpdate, Message: &StreamMessage{Role: RoleAssistant, Content: last}})
+		})
+		if err != nil {
+			stop, errText := StopError, err.Error()
+			if ctx.Err() != nil {
+				stop, errText = StopAborted, "cancelled"
+			}
+			a.publish(streamID, Event{Type: EventMessageEnd, Message: &StreamMessage{Role: RoleAssistant, Content: cloneContent(last), StopReason: stop}})
+			if rerr := a.record(Message{Role: RoleAssistant, Content: last, Provider: a.rt.provider.Name(), StopReason: stop, ErrorMessage: errText}); rerr != nil {
+				return "", rerr
+			}
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			return "", providerError(err)
+		}
+		msg.Role = RoleAssistant
+		if msg.Provider == "" {
+			msg.Provider = a.rt.provider.Name()
+		}
+		a.publish(streamID, Event{Type: EventMessageEnd, Message: &StreamMessage{Role: RoleAssistant, Content: cloneContent(msg.Content), StopReason: msg.StopReason}})
+		if err := a.record(*msg); err != nil {
+			return "", err
+		}
+		calls := ToolCalls(msg.Content)
+		if len(calls) == 0 || round >= a.rt.cfg.MaxToolRounds {
+			return TextOf(msg.Content), nil
+		}
+		for _, call := range calls {
+			a.publish(streamID, Event{Type: EventToolExecutionStart, ToolCallID: call.ID, ToolName: call.Name, Args: call.Arguments})
+			result, isErr := a.runTool(ctx, call)
+			a.publish(streamID, Event{Type: EventToolExecutionEnd, ToolCallID: call.ID, Result: strPtr(result), IsError: boolPtr(isErr)})
+			if err := a.record(Message{Role: RoleToolResult, ToolCallID: call.ID, ToolName: call.Name, Content: Content{Text(result)}, IsError: boolPtr(isErr)}); err != nil {
+				return "", err
+			}
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+		}
+	}
+}
+
+// providerError keeps a provider's coded error, else makes it RPC_ERROR.
+func providerError(err error) error {
+	var e *envelope.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return envelope.Errorf(envelope.CodeRPCError, "provider: %v", err)
+}
+
+// runTool runs one tool call; a panic or error is a result with isError.
+func (a *Agent) runTool(ctx context.Context, call ContentBlock) (result string, isErr bool) {
+	t, ok := a.rt.tools.Get(call.Name)
+	if !ok {
+		return fmt.Sprintf("unknown tool %q", call.Name), true
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			result, isErr = fmt.Sprintf("tool %s panicked: %v", call.Name, p), true
+		}
+	}()
+	out, err := t.Run(ctx, ToolCall{AgentID: a.id, ID: call.ID}, call.Arguments)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "cancelled", true
+		}
+		return err.Error(), true
+	}
+	return out, false
+}
+
+// compact compacts the context when it is past its count or token budget
+// (the turn token held). The cut falls before a user message, so that a
+// tool call is never separated from its result, and never after the
+// current turn's user message.
+func (a *Agent) compact() error {
+	cfg := &a.rt.cfg
+	a.mu.Lock()
+	tok := a.tokens()
+	n := a.contextLen()
+	reason := ""
+	switch {
+	case cfg.MaxMessages > 0 && n > cfg.MaxMessages:
+		reason = "count"
+	case tok.Total > cfg.TokenBudget:
+		reason = "tokens"
+	}
+	if reason == "" {
+		a.mu.Unlock()
+		return nil
+	}
+	lastUser := -1
+	for i := len(a.history) - 1; i >= a.firstKept; i-- {
+		if a.history[i].Role == RoleUser {
+			lastUser = i
+			break
+		}
+	}
+	cut := a.firstKept
+	if reason == "count" {
+		cut = max(a.firstKept, len(a.history)-cfg.KeepMessages)
+	} else {
+		kept := tok.System + tok.Tools
+		cut = len(a.history)
+		for cut > a.firstKept && kept+messageTokens(&a.history[cut-1]) <= cfg.KeepTokens {
+			cut--
+			kept += messageTokens(&a.history[cut])
+		}
+	}
+	for cut < len(a.history) && a.history[cut].Role != RoleUser {
+		cut++
+	}
+	if lastUser >= 0 && cut > lastUser {
+		cut = lastUser
+	}
+	if cut <= a.firstKept {
+		a.mu.Unlock()
+		return nil // nothing can go: the current turn alone is past the budget
+	}
+	removed, kept := cut-a.firstKept, len(a.history)-cut
+	tokRemoved, tokKept := 0, 0
+	for i := a.firstKept; i < len(a.history); i++ {
+		if i < cut {
+			tokRemoved += messageTokens(&a.history[i])
+		} else {
+			tokKept += messageTokens(&a.history[i])
+		}
+	}
+	summary := ""
+	if cfg.Summarize {
+		reason = "summary"
+		summary = summarize(a.summary, a.history[a.firstKept:cut], max(cfg.KeepTokens/4, 64))
+		tokKept += 4 + EstimateTokens(summary)
+	} else if a.summary != "" {
+		tokRemoved += 4 + EstimateTokens(a.summary)
+	}
+	a.mu.Unlock()
+
+	streamID := "compaction:" + a.id
+	a.publish(streamID, Event{Type: EventCompactionStart})
+	if err := a.file.append(entry{Type: entryCompaction, FirstKept: cut, Summary: summary, Reason: reason}); err != nil {
+		return envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
+	}
+	a.mu.Lock()
+	a.firstKept, a.summary = cut, summary
+	a.compactions++
+	a.mu.Unlock()
+	end := Event{Type: EventCompactionEnd, Removed: intPtr(removed), Kept: intPtr(kept), Reason: reason}
+	if reason != "count" {
+		end.TokensRemoved, end.TokensKept = intPtr(tokRemoved), intPtr(tokKept)
+	}
+	a.publish(streamID, end)
+	return nil
+}
+
+// summarize folds removed messages into a bounded extractive summary: one
+// line per message, "role: first words", newest kept when it must shrink.
+func summarize(prev string, removed []Message, maxTokens int) string {
+	var lines []string
+	if prev != "" {
+		lines = append(lines, strings.Split(prev, "\n")...)
+	}
+	for _, m := range removed {
+		t := strings.Join(strings.Fields(TextOf(m.Content)), " ")
+		if m.Role == RoleAssistant {
+			for _, c := range ToolCalls(m.Content) {
+				t += " [called " + c.Name + "]"
+			}
+		}
+		if r := []rune(t); len(r) > 120 {
+			t = string(r[:120]) + "…"
+		}
+		lines = append(lines, m.Role+": "+t)
+	}
+	for len(lines) > 1 && EstimateTokens(strings.Join(lines, "\n")) > maxTokens {
+		lines = lines[1:]
+	}
+	return strings.Join(lines, "\n")
+}

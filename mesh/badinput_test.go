@@ -97,6 +97,9 @@ func badInputs() []struct {
 		{"register over HTTP", `{"jsonrpc":"2.0","method":"agent.register","params":{"capabilities":["x.y"]},"id":1}`, envelope.CodeInvalidRequest},
 		{"heartbeat for another agent", `{"jsonrpc":"2.0","method":"agent.heartbeat","params":{"agentId":"someone"},"id":1}`, envelope.CodeAgentNotFound},
 		{"bad ttl", `{"jsonrpc":"2.0","method":"echo.echo","meta":{"ttl":-5},"id":1}`, envelope.CodeInvalidRequest},
+		{"huge number as ttl", `{"jsonrpc":"2.0","method":"echo.echo","meta":{"ttl":1e400},"id":1}`, envelope.CodeInvalidRequest},
+		{"huge integer as retryCount", `{"jsonrpc":"2.0","method":"echo.echo","meta":{"retryCount":123456789012345678901234567890},"id":1}`, envelope.CodeInvalidRequest},
+		{"10,000-deep array", `{"jsonrpc":"2.0","method":"echo.echo","params":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"id":1}`, envelope.CodeInvalidRequest},
 		{"echo.sleep with a string", `{"jsonrpc":"2.0","method":"echo.sleep","params":{"ms":"soon"},"id":1}`, envelope.CodeInvalidParams},
 	}
 }
@@ -135,6 +138,35 @@ func TestBadInputOverHTTP(t *testing.T) {
 			t.Errorf("HTTP status %d; want 413", status)
 		}
 		checkCoded(t, out, envelope.CodeInvalidRequest)
+	})
+	t.Run("100 MB body", func(t *testing.T) {
+		// Streamed, never held: the hub answers 413 from the declared
+		// length without reading it.
+		pr, pw := io.Pipe()
+		go func() {
+			chunk := bytes.Repeat([]byte("x"), 1<<20)
+			for range 100 {
+				if _, err := pw.Write(chunk); err != nil {
+					return
+				}
+			}
+			pw.Close()
+		}()
+		req, _ := http.NewRequest(http.MethodPost, m.HTTP+"/rpc", pr)
+		req.ContentLength = 100 << 20
+		start := time.Now()
+		res, err := http.DefaultClient.Do(req)
+		pr.CloseWithError(io.ErrClosedPipe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("HTTP status %d; want 413", res.StatusCode)
+		}
+		checkCoded(t, out, envelope.CodeInvalidRequest)
+		t.Logf("100 MB body refused in %v", time.Since(start).Round(time.Millisecond))
 	})
 	t.Run("GET", func(t *testing.T) {
 		res, err := http.Get(m.HTTP + "/rpc")

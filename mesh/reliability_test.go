@@ -41,13 +41,16 @@ func executions(t *testing.T, c *mesh.Client, agent string) (map[string]int, int
 // threshold and is probed again after the recovery timeout.
 func TestFailingInstanceRoutedAround(t *testing.T) {
 	rc := relConfig(reliability.Policy{Timeout: 5 * time.Second, Retries: 2, Idempotent: true}, func(rc *reliability.Config) {
-		rc.CircuitBreaker = reliability.BreakerConfig{FailureThreshold: 5, RecoveryTimeout: 500 * time.Millisecond, SuccessThreshold: 3}
+		// The recovery timeout must outlast the burst of calls below even
+		// on a loaded machine, or a half-open probe adds a 6th execution.
+		rc.CircuitBreaker = reliability.BreakerConfig{FailureThreshold: 5, RecoveryTimeout: 2 * time.Second, SuccessThreshold: 3}
 	})
 	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
 	m.RunAgent(t, agents.NewChaos(agents.ChaosConfig{}, agents.WithID("good")))
 	m.RunAgent(t, agents.NewChaos(agents.ChaosConfig{FailRate: 1, FailCode: envelope.CodeUnavailable}, agents.WithID("bad")))
 	c := m.Client(t, mesh.WithoutReliability())
-	for i := range 1000 {
+	start := time.Now()
+	for i := range 300 {
 		var got int
 		if err := c.Call(t.Context(), "chaos.echo", i, &got); err != nil || got != i {
 			t.Fatalf("call %d = %d, %v; want every call to succeed", i, got, err)
@@ -65,7 +68,10 @@ func TestFailingInstanceRoutedAround(t *testing.T) {
 	if i < 0 || brk[i].State != "open" {
 		t.Fatalf("mesh.breakers = %+v; want bad's breaker open", brk)
 	}
-	time.Sleep(600 * time.Millisecond) // past the recovery timeout
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("300 calls took %v, longer than the recovery timeout: the counts below would not mean anything", d)
+	}
+	time.Sleep(time.Until(start.Add(2100 * time.Millisecond))) // past the recovery timeout
 	for i := range 20 {
 		if err := c.Call(t.Context(), "chaos.echo", i, nil); err != nil {
 			t.Fatalf("call after recovery: %v", err)

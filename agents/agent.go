@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
@@ -70,6 +68,8 @@ type Agent struct {
 	patterns []pattern
 
 	inflight atomic.Int64
+	links    sync.Map       // *mesh.Link -> struct{}: open links (current, and draining after a goaway)
+	drains   sync.WaitGroup // links draining after a goaway
 	regMu    sync.Mutex
 	regCh    chan struct{} // closed while registered; replaced on loss
 }
@@ -188,14 +188,11 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	if len(a.Methods()) == 0 {
 		return errors.New("agents: no handlers registered")
 	}
-	bo := &backoff.ExponentialBackOff{
-		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 5 * time.Second,
-	}
-	bo.Reset()
+	var bo mesh.Redial
 	t := time.NewTimer(0)
 	<-t.C
 	defer t.Stop()
+	defer a.drains.Wait()
 	for i := 0; ; i++ {
 		hub := hubs[i%len(hubs)]
 		registered, err := a.session(ctx, hub)
@@ -205,7 +202,12 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 		if registered {
 			bo.Reset()
 		}
-		d := bo.NextBackOff()
+		if errors.Is(err, errGoAway) {
+			// The hub is draining: register on the next hub at once.
+			a.log.Info("hub is draining (goaway); moving to the next hub", "hub", hub)
+			continue
+		}
+		d := bo.Next()
 		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
 		t.Reset(d)
 		select {
@@ -216,15 +218,27 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	}
 }
 
-// session runs one link's life: dial, register, heartbeat, serve.
+var errGoAway = errors.New("agents: the hub sent goaway")
+
+// session runs one link's life: dial, register, heartbeat, serve. On a
+// goaway it deregisters from that hub and returns errGoAway, leaving the
+// link open until the requests it serves are answered.
 func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
+	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
 	cancel()
 	if err != nil {
 		return false, err
 	}
-	defer l.Close()
+	a.links.Store(l, struct{}{})
+	keep := false
+	defer func() {
+		if !keep {
+			l.Close()
+			a.links.Delete(l)
+		}
+	}()
 	defer a.setRegistered(false)
 	interval, err := a.register(ctx, l)
 	if err != nil {
@@ -241,6 +255,18 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 		case <-ctx.Done():
 			a.shutdown(l)
 			return true, nil
+		case <-l.GoAway():
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil {
+				a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
+			}
+			cancel()
+			keep = true
+			a.drains.Go(func() {
+				mesh.DrainLink(ctx, l, func() int { return l.Serving() + l.Pending() })
+				a.links.Delete(l)
+			})
+			return true, errGoAway
 		case <-tick.C:
 			if err := a.heartbeat(ctx, l, interval); err != nil {
 				if errors.Is(err, envelope.ErrAgentNotFound) {
@@ -256,6 +282,18 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 			}
 		}
 	}
+}
+
+// Pending returns the agent's pending-map sizes summed over its links:
+// requests it is serving and calls it awaits answers to.
+func (a *Agent) Pending() int {
+	n := 0
+	a.links.Range(func(k, _ any) bool {
+		l := k.(*mesh.Link)
+		n += l.Serving() + l.Pending()
+		return true
+	})
+	return n
 }
 
 func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {

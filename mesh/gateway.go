@@ -138,6 +138,10 @@ func (h *Hub) startLink(ws *websocket.Conn) {
 	)
 	if !h.track(l) {
 		go l.Close()
+		return
+	}
+	if h.draining.Load() {
+		l.SendGoAway() // upgraded while BeginDrain was collecting the links
 	}
 }
 

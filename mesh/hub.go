@@ -340,10 +340,29 @@ func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// BeginDrain starts draining without waiting: /readyz turns 503 and new
+// BeginDrain starts draining without waiting: /readyz turns 503, new
 // calls and WebSockets are refused (agents may still heartbeat and
-// deregister). Shutdown, or Serve when its context ends, finishes it.
-func (h *Hub) BeginDrain() { h.draining.Store(true) }
+// deregister), and every native link is sent a goaway frame, so that
+// agents re-register on another hub and clients move their new calls
+// there at once, while the calls already admitted here finish. Shutdown,
+// or Serve when its context ends, finishes the drain.
+func (h *Hub) BeginDrain() {
+	if h.draining.Swap(true) {
+		return
+	}
+	h.mu.Lock()
+	links := make([]*Link, 0, len(h.conns))
+	for c := range h.conns {
+		if l, ok := c.(*Link); ok {
+			links = append(links, l)
+		}
+	}
+	h.mu.Unlock()
+	for _, l := range links {
+		l.SendGoAway()
+	}
+	h.log.Info("draining: goaway sent", "links", len(links))
+}
 
 // Shutdown drains the hub: /readyz turns 503, new calls are refused with
 // UNAVAILABLE, calls in flight get until ctx ends to finish; then every
@@ -352,7 +371,7 @@ func (h *Hub) BeginDrain() { h.draining.Store(true) }
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var err error
 	h.shutOnce.Do(func() {
-		h.draining.Store(true)
+		h.BeginDrain()
 		t := time.NewTicker(5 * time.Millisecond)
 		for h.inflight.Load() > 0 {
 			select {

@@ -36,6 +36,10 @@ type Link struct {
 	wg     sync.WaitGroup // workers serving incoming requests
 	work   chan task      // hands a request to an idle worker
 
+	goaway     chan struct{} // closed when the peer sent a goaway frame
+	goawayOnce sync.Once
+	sentGoAway atomic.Bool
+
 	maxServing int
 	nserving   atomic.Int64
 	onClose    func(*Link, error)
@@ -77,6 +81,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		backend:    "WebSocket",
 		maxServing: 10000,
 		work:       make(chan task),
+		goaway:     make(chan struct{}),
 		Remote:     ws.RemoteAddr().String(),
 	}
 	for _, o := range opts {
@@ -92,6 +97,28 @@ func (l *Link) Pending() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.pending)
+}
+
+// Serving returns how many requests from the peer this side is serving.
+func (l *Link) Serving() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.serving)
+}
+
+// GoAway is closed once the peer sent a goaway frame: it takes no new
+// requests on this link. The link stays open for the answers still due.
+func (l *Link) GoAway() <-chan struct{} { return l.goaway }
+
+// SendGoAway tells the peer, once, that this side takes no new requests
+// on the link (a draining hub). It does not close the link.
+func (l *Link) SendGoAway() {
+	if l.sentGoAway.Swap(true) {
+		return
+	}
+	b := getBuf()
+	*b = envelope.AppendGoAwayFrame(*b)
+	l.c.send(b)
 }
 
 // Done is closed when the link has closed.
@@ -213,6 +240,8 @@ func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
 		if cancel != nil {
 			cancel()
 		}
+	case envelope.FrameGoAway:
+		l.goawayOnce.Do(func() { close(l.goaway) })
 	}
 }
 

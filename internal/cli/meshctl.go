@@ -13,6 +13,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -320,6 +321,7 @@ func (g *ctlFlags) agentCmd() *cobra.Command {
 		chaos                     agents.ChaosConfig
 		failCode                  string
 		drain                     time.Duration
+		instances                 int
 	)
 	run := &cobra.Command{
 		Use:   "run echo|kv|chaos",
@@ -358,34 +360,74 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				}
 				defer stop()
 			}
-			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id),
-				agents.WithTelemetry(telemetry.New(tp, metrics))}
-			var a *agents.Agent
-			switch args[0] {
-			case "echo":
-				a = agents.NewEcho(opts...)
-			case "kv":
-				a = agents.NewKV(opts...)
-			case "chaos":
+			if instances < 1 || instances > 10000 {
+				return usageErr("--instances must be within 1..10000")
+			}
+			var failCodeV envelope.Code
+			if args[0] == "chaos" {
 				if failCode != "" {
 					c, ok := envelope.ParseCode(failCode)
 					if !ok || c == envelope.CodeOK {
 						return usageErr("--fail-code %q is not an error code", failCode)
 					}
-					chaos.FailCode = c
+					failCodeV = c
 				}
 				if chaos.FailRate < 0 || chaos.FailRate > 1 || chaos.HangRate < 0 || chaos.HangRate > 1 {
 					return usageErr("--fail-rate and --hang-rate must be within 0..1")
 				}
-				chaos.Crash = func() {
-					log.Error("chaos: crashing on purpose (--crash-after)")
-					os.Exit(ExitError)
-				}
-				a = agents.NewChaos(chaos, opts...)
-			default:
-				return usageErr("unknown agent %q: want echo, kv or chaos", args[0])
 			}
-			return a.Run(cmd.Context(), g.hubs...)
+			newAgent := func(id string) (*agents.Agent, error) {
+				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id),
+					agents.WithTelemetry(telemetry.New(tp, metrics))}
+				switch args[0] {
+				case "echo":
+					return agents.NewEcho(opts...), nil
+				case "kv":
+					return agents.NewKV(opts...), nil
+				case "chaos":
+					cfg := chaos
+					if failCodeV != envelope.CodeOK {
+						cfg.FailCode = failCodeV
+					}
+					cfg.Crash = func() {
+						log.Error("chaos: crashing on purpose (--crash-after)")
+						os.Exit(ExitError)
+					}
+					return agents.NewChaos(cfg, opts...), nil
+				}
+				return nil, usageErr("unknown agent %q: want echo, kv or chaos", args[0])
+			}
+			// --instances N runs N agents in this process, each with its
+			// own link and registration: "<id>-0" … "<id>-N-1".
+			list := make([]*agents.Agent, 0, instances)
+			for k := range instances {
+				aid := id
+				if instances > 1 {
+					aid = fmt.Sprintf("%s-%d", id, k)
+				}
+				a, err := newAgent(aid)
+				if err != nil {
+					return err
+				}
+				list = append(list, a)
+			}
+			metrics.RegisterPending("agent", func() int {
+				n := 0
+				for _, a := range list {
+					n += a.Pending()
+				}
+				return n
+			})
+			if len(list) == 1 {
+				return list[0].Run(cmd.Context(), g.hubs...)
+			}
+			errs := make([]error, len(list))
+			var wg sync.WaitGroup
+			for k, a := range list {
+				wg.Go(func() { errs[k] = a.Run(cmd.Context(), g.hubs...) })
+			}
+			wg.Wait()
+			return errors.Join(errs...)
 		},
 	}
 	f := run.Flags()
@@ -398,6 +440,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.DurationVar(&chaos.Latency, "latency", 0, "chaos: latency added to every call")
 	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
 	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
+	f.IntVar(&instances, "instances", 1, "run this many agent instances in this process, each with its own link (ids <id>-0 … <id>-N-1)")
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
 	agent.AddCommand(run)
 	return agent

@@ -178,8 +178,11 @@ func (a *Agent) setRegistered(on bool) {
 }
 
 // Run connects to the hubs (tried in turn), registers, heartbeats and
-// serves until ctx ends; after a lost link it reconnects with exponential
-// backoff and jitter and registers again. When ctx ends it deregisters,
+// serves until ctx ends; after a lost link it reconnects after a jittered
+// delay (mesh.Redial) and registers again. A hub's goaway (it is draining)
+// moves the agent to the next hub at once: it registers there, then
+// deregisters from the draining hub and closes that link once the requests
+// it serves there are answered. When ctx ends it deregisters,
 // waits for handlers in flight (at most the drain timeout) and returns nil.
 func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	if len(hubs) == 0 {
@@ -193,18 +196,30 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	<-t.C
 	defer t.Stop()
 	defer a.drains.Wait()
+	var prev *mesh.Link // the link of a draining hub, until registered elsewhere
+	defer func() {
+		if prev != nil {
+			a.retire(ctx, prev, "")
+		}
+	}()
 	for i := 0; ; i++ {
 		hub := hubs[i%len(hubs)]
-		registered, err := a.session(ctx, hub)
+		registered, next, err := a.session(ctx, hub, prev)
+		if registered {
+			prev = nil // session retired it
+			bo.Reset()
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		if registered {
-			bo.Reset()
-		}
-		if errors.Is(err, errGoAway) {
-			// The hub is draining: register on the next hub at once.
+		if next != nil {
+			// The hub is draining (goaway): register on the next hub at
+			// once; the old link is retired once that succeeded.
 			a.log.Info("hub is draining (goaway); moving to the next hub", "hub", hub)
+			if prev != nil {
+				a.retire(ctx, prev, hub)
+			}
+			prev = next
 			continue
 		}
 		d := bo.Next()
@@ -218,23 +233,37 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	}
 }
 
-var errGoAway = errors.New("agents: the hub sent goaway")
+// retire leaves the link of a draining hub: it deregisters there (the
+// registration already moved to another hub, so this only drops the
+// draining hub's binding) and closes the link once the requests it
+// serves are answered.
+func (a *Agent) retire(ctx context.Context, l *mesh.Link, hub string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil && l.Err() == nil {
+		a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
+	}
+	cancel()
+	a.drains.Go(func() {
+		mesh.DrainLink(ctx, l, func() int { return l.Serving() + l.Pending() })
+		a.links.Delete(l)
+	})
+}
 
-// session runs one link's life: dial, register, heartbeat, serve. On a
-// goaway it deregisters from that hub and returns errGoAway, leaving the
-// link open until the requests it serves are answered.
-func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
+// session runs one link's life: dial, register, heartbeat, serve. Once
+// registered it retires prev, the link of a hub that sent goaway
+// (make before break: the agent is never registered nowhere). On a goaway
+// it returns the link as next, still open for the requests it serves.
+func (a *Agent) session(ctx context.Context, hub string, prev *mesh.Link) (registered bool, next *mesh.Link, err error) {
 	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
 	cancel()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	a.links.Store(l, struct{}{})
-	keep := false
 	defer func() {
-		if !keep {
+		if next == nil {
 			l.Close()
 			a.links.Delete(l)
 		}
@@ -242,38 +271,31 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 	defer a.setRegistered(false)
 	interval, err := a.register(ctx, l)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	a.setRegistered(true)
+	if prev != nil {
+		a.retire(ctx, prev, "")
+	}
 	a.log.Info("registered", "hub", hub, "agent", a.ID(), "methods", a.Methods(), "heartbeat", interval.String())
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-l.Done():
-			return true, l.Err()
+			return true, nil, l.Err()
 		case <-ctx.Done():
 			a.shutdown(l)
-			return true, nil
+			return true, nil, nil
 		case <-l.GoAway():
-			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil {
-				a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
-			}
-			cancel()
-			keep = true
-			a.drains.Go(func() {
-				mesh.DrainLink(ctx, l, func() int { return l.Serving() + l.Pending() })
-				a.links.Delete(l)
-			})
-			return true, errGoAway
+			return true, l, nil
 		case <-tick.C:
 			if err := a.heartbeat(ctx, l, interval); err != nil {
 				if errors.Is(err, envelope.ErrAgentNotFound) {
 					// The hub expired us (a pause longer than the TTL):
 					// register again on the same link.
 					if interval, err = a.register(ctx, l); err != nil {
-						return true, err
+						return true, nil, err
 					}
 					tick.Reset(interval)
 					continue

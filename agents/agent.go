@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"runtime/debug"
 	"sort"
@@ -196,7 +197,7 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	<-t.C
 	defer t.Stop()
 	defer a.drains.Wait()
-	var prev *mesh.Link // the link of a draining hub, until registered elsewhere
+	var prev *oldLink // the link of a draining hub, until registered elsewhere
 	defer func() {
 		if prev != nil {
 			a.retire(ctx, prev, "")
@@ -223,6 +224,13 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 			continue
 		}
 		d := bo.Next()
+		if registered && len(hubs) > 1 {
+			// Lost a hub while others are listed: try the next one soon,
+			// jittered so that the agents of the lost hub do not all
+			// arrive at once. With a single hub the full Redial delay
+			// spreads the storm on the restarting hub (S04).
+			d = mesh.RedialMin/2 + rand.N(mesh.RedialMin)
+		}
 		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
 		t.Reset(d)
 		select {
@@ -233,11 +241,46 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	}
 }
 
-// retire leaves the link of a draining hub: it deregisters there (the
-// registration already moved to another hub, so this only drops the
-// draining hub's binding) and closes the link once the requests it
-// serves are answered.
-func (a *Agent) retire(ctx context.Context, l *mesh.Link, hub string) {
+// oldLink is the link of a hub that sent goaway, kept while the agent
+// registers elsewhere: a keeper goroutine goes on heartbeating over it, so
+// that the draining hub does not expire the agent (and fail the requests
+// it still serves there) before the move is done.
+type oldLink struct {
+	l    *mesh.Link
+	stop chan struct{}
+	done chan struct{}
+}
+
+func (a *Agent) keep(ctx context.Context, l *mesh.Link, interval time.Duration) *oldLink {
+	o := &oldLink{l: l, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-o.stop:
+				return
+			case <-l.Done():
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = a.heartbeat(ctx, l, interval)
+			}
+		}
+	}()
+	return o
+}
+
+// retire leaves the link of a draining hub: it stops heartbeating there,
+// deregisters there (the registration already moved to another hub, so
+// this only drops the draining hub's binding) and closes the link once
+// the requests it serves are answered.
+func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
+	close(o.stop)
+	<-o.done
+	l := o.l
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil && l.Err() == nil {
 		a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
@@ -252,8 +295,9 @@ func (a *Agent) retire(ctx context.Context, l *mesh.Link, hub string) {
 // session runs one link's life: dial, register, heartbeat, serve. Once
 // registered it retires prev, the link of a hub that sent goaway
 // (make before break: the agent is never registered nowhere). On a goaway
-// it returns the link as next, still open for the requests it serves.
-func (a *Agent) session(ctx context.Context, hub string, prev *mesh.Link) (registered bool, next *mesh.Link, err error) {
+// it returns the link as next, still open (and heartbeated) for the
+// requests it serves.
+func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registered bool, next *oldLink, err error) {
 	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	l, err := mesh.DialLink(dctx, hub, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
@@ -288,7 +332,7 @@ func (a *Agent) session(ctx context.Context, hub string, prev *mesh.Link) (regis
 			a.shutdown(l)
 			return true, nil, nil
 		case <-l.GoAway():
-			return true, l, nil
+			return true, a.keep(ctx, l, interval), nil
 		case <-tick.C:
 			if err := a.heartbeat(ctx, l, interval); err != nil {
 				if errors.Is(err, envelope.ErrAgentNotFound) {

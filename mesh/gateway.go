@@ -153,6 +153,9 @@ func (h *Hub) linkClosed(l *Link, err error) {
 		b := v.(*binding)
 		if b.link == l && h.bindings.CompareAndDelete(k, v) {
 			h.breakers.Forget(b.id)
+			if h.movedAway(b.id) {
+				return true // registered on another hub since: not ours to remove
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = h.reg.Deregister(ctx, b.id)
 			cancel()

@@ -40,7 +40,8 @@ func gcHeap(admin string) (float64, bool) {
 // calls and one echo agent that is SIGKILLed and restarted every 10 s and
 // gets 1 % of the calls — under 300 calls/s, 5 % of which the client
 // cancels at a random moment. After the load and 2× the 2 s call timeout:
-// agentmesh_pending_requests = 0 on the client, the hub and every agent;
+// agentmesh_pending_requests = 0 on the client, the hub and every agent,
+// the late answers of cancelled calls counted and dropped;
 // goroutines <= baseline + 20 on the hub, the surviving agents and the
 // client; the hub's heap after forced GCs <= +10 % of its value 10 s in
 // (1 min in the full run, which also checks a slope < 1 %/min).
@@ -79,7 +80,7 @@ func TestS16LeakSoak(t *testing.T) {
 	rc.Policies["chaos.*"] = reliability.Policy{Timeout: timeout}
 	rc.Policies["echo.*"] = reliability.Policy{Timeout: timeout}
 	cm := telemetry.NewMetrics(nil)
-	c, err := mesh.NewClient([]string{ws}, mesh.WithReliability(rc))
+	c, err := mesh.NewClient([]string{ws}, mesh.WithReliability(rc), mesh.WithConnConfig(mesh.ConnConfig{Late: cm.LateResponse}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +204,9 @@ func TestS16LeakSoak(t *testing.T) {
 	for i, b := range baseAgents {
 		base[fmt.Sprintf("agent%d", i)] = b
 	}
+	late := map[string]float64{}
+	late["client"], _ = scrape(clientMetrics.URL, "agentmesh_link_late_responses_total")
+	late["hub"], _ = scrape(metricsURL(admin), "agentmesh_link_late_responses_total")
 	finalHeap, _ := gcHeap(admin)
 	if os.Getenv("S16_HEAP_PROFILE") != "" {
 		if res, err := http.Get("http://" + admin + "/debug/pprof/heap?gc=1"); err == nil {
@@ -232,13 +236,13 @@ func TestS16LeakSoak(t *testing.T) {
 	}
 	leak, _ := json.Marshal(map[string]any{
 		"scenario": "S16-leaks", "victimKills": kills, "cancelledByClient": cancelled, "toVictim": toVictim,
-		"pending": pending, "goroutines": gor, "goroutinesBaseline": base,
+		"pending": pending, "lateResponsesDropped": late, "goroutines": gor, "goroutinesBaseline": base,
 		"hubHeapRefBytes": refHeap, "hubHeapFinalBytes": finalHeap, "hubHeapSlopePctPerMin": slope, "hubHeapSamples": heaps,
 	})
 	fmt.Printf("%s\n", leak)
 	t.Logf("S16: %d calls (%d cancelled by the client, %d to the agent killed %d times), %d ok, failed %v, lost %d; "+
-		"pending %v; goroutines %v (baseline %v); hub heap %.1f MB at %v, %.1f MB at the end, slope %.2f %%/min",
-		sent, cancelled, toVictim, kills, s.Succeeded, s.Failed, s.Lost, pending, gor, base, refHeap/1e6, ref, finalHeap/1e6, slope)
+		"pending %v; late responses counted and dropped %v; goroutines %v (baseline %v); hub heap %.1f MB at %v, %.1f MB at the end, slope %.2f %%/min",
+		sent, cancelled, toVictim, kills, s.Succeeded, s.Failed, s.Lost, pending, late, gor, base, refHeap/1e6, ref, finalHeap/1e6, slope)
 
 	if s.Lost != 0 || s.Misdelivered != 0 {
 		t.Errorf("lost %d, misdelivered %d; want 0", s.Lost, s.Misdelivered)
@@ -250,6 +254,11 @@ func TestS16LeakSoak(t *testing.T) {
 		if v != 0 {
 			t.Errorf("%s: %v requests still pending after the drain; want 0", side, v)
 		}
+	}
+	// A cancelled call's answer still comes (the agent's handler ends
+	// with CANCELLED): the hub and the client must count it and drop it.
+	if late["hub"] == 0 || late["client"] == 0 {
+		t.Errorf("late responses counted: %v; want some on the hub and the client (%d calls were cancelled)", late, cancelled)
 	}
 	for k, v := range gor {
 		if v > base[k]+20 {

@@ -32,6 +32,10 @@ type ConnConfig struct {
 	// Bytes, if set, is told the size of every message read (in) and
 	// written (out), for metrics. It must not block.
 	Bytes func(in, out int)
+	// Late, if set, is told of every response that arrived for a call no
+	// longer waiting for it (cancelled, timed out): it is counted, then
+	// dropped. It must not block.
+	Late func()
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {

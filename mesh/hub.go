@@ -243,6 +243,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.bulkheads.OnReject = m.BulkheadRejected
 		onRetry = m.Retry
 		h.cfg.Conn.Bytes = m.Bytes
+		h.cfg.Conn.Late = m.LateResponse
 		m.RegisterHubState(h.state)
 	}
 	h.routed = envelope.Chain(

@@ -254,6 +254,8 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 	l.mu.Unlock()
 	if ok {
 		ch <- r // buffered 1, and only one deliverer removes the entry
+	} else if l.c.cfg.Late != nil {
+		l.c.cfg.Late() // its caller gave up: counted and dropped
 	}
 }
 

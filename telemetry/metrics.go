@@ -32,6 +32,7 @@ type Metrics struct {
 	expirations          prometheus.Counter
 	reconnects           *prometheus.CounterVec
 	bytes                *prometheus.CounterVec
+	late                 prometheus.Counter
 
 	labels *Labeler
 }
@@ -81,11 +82,14 @@ func NewMetrics(labels *Labeler) *Metrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
 		}, []string{"direction"}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_link_late_responses_total", Help: "Responses that arrived after their caller gave up (cancelled, timed out); dropped.",
+		}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.late,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -162,6 +166,14 @@ func (m *Metrics) Bytes(in, out int) {
 	}
 }
 
+// LateResponse counts a response that came after its caller gave up.
+func (m *Metrics) LateResponse() {
+	if m == nil {
+		return
+	}
+	m.late.Inc()
+}
+
 // Names lists the metric names the mesh's own collectors export (a
 // vector with no series yet is absent from a scrape, so dashboards are
 // checked against this).
@@ -169,7 +181,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, stateCollector{}} {
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.late, stateCollector{}} {
 			c.Describe(ch)
 		}
 		close(ch)

@@ -50,6 +50,10 @@ func TestS16LeakSoak(t *testing.T) {
 	if testing.Short() {
 		load, killEvery, ref = 45*time.Second, 10*time.Second, 10*time.Second
 	}
+	if !testing.Short() {
+		procLimit = load + 2*time.Minute
+		t.Cleanup(func() { procLimit = 2 * time.Minute })
+	}
 	const timeout = 2 * time.Second
 	cfgFile := filepath.Join(t.TempDir(), "mesh.yaml")
 	if err := os.WriteFile(cfgFile, []byte(`policies:

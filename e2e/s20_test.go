@@ -106,6 +106,10 @@ func TestS20DrainAndRollingRestart(t *testing.T) {
 	if testing.Short() {
 		rate, drainLoad, drainAt, apart = 200, 7*time.Second, 2*time.Second, 5*time.Second
 	}
+	if !testing.Short() {
+		procLimit = 4 * time.Minute // 40 s + a rolling restart of 47 s, plus setup
+		t.Cleanup(func() { procLimit = 2 * time.Minute })
+	}
 	srv := etcdtest.Start(t)
 	cfgFile := filepath.Join(t.TempDir(), "mesh.yaml")
 	if err := os.WriteFile(cfgFile, []byte(`policies:

@@ -287,7 +287,11 @@ func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
 	}
 	cancel()
 	a.drains.Go(func() {
-		mesh.DrainLink(ctx, l, func() int { return l.Serving() + l.Pending() })
+		// Bounded by the drain timeout, not by ctx: an agent stopping
+		// still finishes the requests it serves there (as shutdown does).
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.drain)
+		defer cancel()
+		mesh.DrainLink(dctx, l, func() int { return l.Serving() + l.Pending() })
 		a.links.Delete(l)
 	})
 }

@@ -440,12 +440,18 @@ func (c *Client) maintain(ctx context.Context) {
 	}
 }
 
-// drainLink closes l once busy() reports nothing left on it, the link
-// closed, or ctx ended.
+// drainLink closes l once busy() reports nothing left on it and nothing
+// is left to write (twice in a row, 10 ms apart), the link closed, or ctx
+// ended.
 func drainLink(ctx context.Context, l *Link, busy func() int) {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	for busy() > 0 {
+	for quiet := 0; quiet < 2; {
+		if busy() > 0 || l.c.unwritten() > 0 {
+			quiet = 0
+		} else {
+			quiet++
+		}
 		select {
 		case <-t.C:
 		case <-l.Done():

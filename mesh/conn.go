@@ -5,6 +5,7 @@ import (
 	"io"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -75,6 +76,17 @@ type wsConn struct {
 	err       error // why it closed; read after closing is closed
 	onClose   func(error)
 	wg        sync.WaitGroup
+	writing   atomic.Bool // the writer holds frames taken from out
+}
+
+// unwritten reports frames queued or being written (a frame the writer
+// just took may be missed for an instant: callers poll).
+func (c *wsConn) unwritten() int {
+	n := len(c.out)
+	if c.writing.Load() {
+		n++
+	}
+	return n
 }
 
 func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
@@ -153,6 +165,7 @@ func (c *wsConn) writeLoop() {
 	for {
 		select {
 		case b := <-c.out:
+			c.writing.Store(true)
 			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 			var n int
 			var err error
@@ -170,6 +183,7 @@ func (c *wsConn) writeLoop() {
 			if c.cfg.Bytes != nil {
 				c.cfg.Bytes(0, n)
 			}
+			c.writing.Store(false)
 			if err != nil {
 				c.shutdown(err)
 				return

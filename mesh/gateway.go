@@ -135,6 +135,7 @@ func (h *Hub) startLink(ws *websocket.Conn) {
 		WithLinkHandler(h.ingress),
 		WithLinkLogger(h.log),
 		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
+		func(l *Link) { l.accepted = true },
 	)
 	if !h.track(l) {
 		go l.Close()

@@ -36,6 +36,7 @@ type Link struct {
 	wg     sync.WaitGroup // workers serving incoming requests
 	work   chan task      // hands a request to an idle worker
 
+	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
 	goaway     chan struct{} // closed when the peer sent a goaway frame
 	goawayOnce sync.Once
 	sentGoAway atomic.Bool
@@ -105,6 +106,9 @@ func (l *Link) Serving() int {
 	defer l.mu.Unlock()
 	return len(l.serving)
 }
+
+// quiet reports that the link serves nothing and has nothing left to write.
+func (l *Link) quiet() bool { return l.Serving() == 0 && l.c.unwritten() == 0 }
 
 // GoAway is closed once the peer sent a goaway frame: it takes no new
 // requests on this link. The link stays open for the answers still due.
@@ -334,20 +338,22 @@ func (l *Link) worker(t task) {
 func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
 	start := time.Now()
 	res, err := l.serve(ctx, r)
+	// Answer first, then leave the serving map: Serving() == 0 means every
+	// answer is queued (a draining hub waits for that before closing).
+	if err != nil {
+		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
+			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+	} else {
+		if res.ID == "" {
+			res.ID = r.ID
+		}
+		l.reply(seq, res, nil)
+	}
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
 	cancel()
 	l.nserving.Add(-1)
-	if err != nil {
-		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
-			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
-		return
-	}
-	if res.ID == "" {
-		res.ID = r.ID
-	}
-	l.reply(seq, res, nil)
 }
 
 // connClosed runs once when the connection closes: it fails every pending

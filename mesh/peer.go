@@ -22,7 +22,7 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 	p.mu.Lock()
 	l := p.links[addr]
 	p.mu.Unlock()
-	if l != nil && l.Err() == nil {
+	if l != nil && l.Err() == nil && !goneAway(l) {
 		return l, nil
 	}
 	nl, err := DialLink(ctx, "ws://"+addr+"/ws", p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, _ error) {
@@ -38,7 +38,7 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cur := p.links[addr]; cur != nil && cur.Err() == nil {
+	if cur := p.links[addr]; cur != nil && cur.Err() == nil && !goneAway(cur) {
 		go nl.Close() // another call dialled first
 		return cur, nil
 	}
@@ -47,7 +47,25 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 		go nl.Close()
 		return nil, unavailableNotSent("hub is shutting down")
 	}
+	go p.follow(addr, nl)
 	return nl, nil
+}
+
+// follow retires a peer link whose hub sent goaway: new forwards dial
+// afresh (and a draining hub refuses the dial, so the router tries
+// another instance), and the link closes once its calls are answered.
+func (p *peers) follow(addr string, l *Link) {
+	select {
+	case <-l.Done():
+		return
+	case <-l.GoAway():
+	}
+	p.mu.Lock()
+	if p.links[addr] == l {
+		delete(p.links, addr)
+	}
+	p.mu.Unlock()
+	drainLink(context.Background(), l, l.Pending)
 }
 
 // forward sends a call for an instance attached to another hub over the
@@ -68,4 +86,13 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	r.Destination = in.InstanceID
 	r.Headers.Hops++
 	return l.Call(ctx, &r)
+}
+
+func goneAway(l *Link) bool {
+	select {
+	case <-l.GoAway():
+		return true
+	default:
+		return false
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"runtime/debug"
 	"sort"
@@ -13,8 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cenkalti/backoff/v5"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -75,6 +74,8 @@ type Agent struct {
 	patterns []pattern
 
 	inflight atomic.Int64
+	links    sync.Map       // *mesh.Link -> struct{}: open links (current, and draining after a goaway)
+	drains   sync.WaitGroup // links draining after a goaway
 	regMu    sync.Mutex
 	regCh    chan struct{} // closed while registered; replaced on loss
 }
@@ -183,8 +184,11 @@ func (a *Agent) setRegistered(on bool) {
 }
 
 // Run connects to the hubs (tried in turn), registers, heartbeats and
-// serves until ctx ends; after a lost link it reconnects with exponential
-// backoff and jitter and registers again. When ctx ends it deregisters,
+// serves until ctx ends; after a lost link it reconnects after a jittered
+// delay (mesh.Redial) and registers again. A hub's goaway (it is draining)
+// moves the agent to the next hub at once: it registers there, then
+// deregisters from the draining hub and closes that link once the requests
+// it serves there are answered. When ctx ends it deregisters,
 // waits for handlers in flight (at most the drain timeout) and returns nil.
 func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	if len(hubs) == 0 {
@@ -193,29 +197,50 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	if len(a.Methods()) == 0 {
 		return errors.New("agents: no handlers registered")
 	}
-	bo := &backoff.ExponentialBackOff{
-		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 5 * time.Second,
-	}
-	bo.Reset()
+	var bo mesh.Redial
 	t := time.NewTimer(0)
 	<-t.C
 	defer t.Stop()
+	defer a.drains.Wait()
+	var prev *oldLink // the link of a draining hub, until registered elsewhere
+	defer func() {
+		if prev != nil {
+			a.retire(ctx, prev, "")
+		}
+	}()
 	for i := 0; ; i++ {
 		hub := hubs[i%len(hubs)]
-		registered, err := a.session(ctx, hub)
+		registered, next, err := a.session(ctx, hub, prev)
+		if registered {
+			prev = nil // session retired it
+			bo.Reset()
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		if registered {
-			bo.Reset()
+		if next != nil {
+			// The hub is draining (goaway): register on the next hub at
+			// once; the old link is retired once that succeeded.
+			a.log.Info("hub is draining (goaway); moving to the next hub", "hub", hub)
+			if prev != nil {
+				a.retire(ctx, prev, hub)
+			}
+			prev = next
+			continue
 		}
 		if c := envelope.CodeOf(err); c == envelope.CodeUnauthenticated || c == envelope.CodePermissionDenied {
 			// Trying again with the same token cannot succeed.
 			a.log.Error("the hub refused this agent's credentials", "hub", hub, "error", err)
 			return err
 		}
-		d := bo.NextBackOff()
+		d := bo.Next()
+		if registered && len(hubs) > 1 {
+			// Lost a hub while others are listed: try the next one soon,
+			// jittered so that the agents of the lost hub do not all
+			// arrive at once. With a single hub the full Redial delay
+			// spreads the storm on the restarting hub (S04).
+			d = mesh.RedialMin/2 + rand.N(mesh.RedialMin)
+		}
 		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
 		t.Reset(d)
 		select {
@@ -226,38 +251,109 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	}
 }
 
-// session runs one link's life: dial, register, heartbeat, serve.
-func (a *Agent) session(ctx context.Context, hub string) (registered bool, err error) {
+// oldLink is the link of a hub that sent goaway, kept while the agent
+// registers elsewhere: a keeper goroutine goes on heartbeating over it, so
+// that the draining hub does not expire the agent (and fail the requests
+// it still serves there) before the move is done.
+type oldLink struct {
+	l    *mesh.Link
+	stop chan struct{}
+	done chan struct{}
+}
+
+func (a *Agent) keep(ctx context.Context, l *mesh.Link, interval time.Duration) *oldLink {
+	o := &oldLink{l: l, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-o.stop:
+				return
+			case <-l.Done():
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = a.heartbeat(ctx, l, interval)
+			}
+		}
+	}()
+	return o
+}
+
+// retire leaves the link of a draining hub: it stops heartbeating there,
+// deregisters there (the registration already moved to another hub, so
+// this only drops the draining hub's binding) and closes the link once
+// the requests it serves are answered.
+func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
+	close(o.stop)
+	<-o.done
+	l := o.l
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil && l.Err() == nil {
+		a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
+	}
+	cancel()
+	a.drains.Go(func() {
+		// Bounded by the drain timeout, not by ctx: an agent stopping
+		// still finishes the requests it serves there (as shutdown does).
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.drain)
+		defer cancel()
+		mesh.DrainLink(dctx, l, func() int { return l.Serving() + l.Pending() })
+		a.links.Delete(l)
+	})
+}
+
+// session runs one link's life: dial, register, heartbeat, serve. Once
+// registered it retires prev, the link of a hub that sent goaway
+// (make before break: the agent is never registered nowhere). On a goaway
+// it returns the link as next, still open (and heartbeated) for the
+// requests it serves.
+func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registered bool, next *oldLink, err error) {
+	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	l, err := mesh.DialLinkToken(dctx, hub, a.token, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
 	cancel()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
-	defer l.Close()
+	a.links.Store(l, struct{}{})
+	defer func() {
+		if next == nil {
+			l.Close()
+			a.links.Delete(l)
+		}
+	}()
 	defer a.setRegistered(false)
 	interval, err := a.register(ctx, l)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	a.setRegistered(true)
+	if prev != nil {
+		a.retire(ctx, prev, "")
+	}
 	a.log.Info("registered", "hub", hub, "agent", a.ID(), "methods", a.Methods(), "heartbeat", interval.String())
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-l.Done():
-			return true, l.Err()
+			return true, nil, l.Err()
 		case <-ctx.Done():
 			a.shutdown(l)
-			return true, nil
+			return true, nil, nil
+		case <-l.GoAway():
+			return true, a.keep(ctx, l, interval), nil
 		case <-tick.C:
 			if err := a.heartbeat(ctx, l, interval); err != nil {
 				if errors.Is(err, envelope.ErrAgentNotFound) {
 					// The hub expired us (a pause longer than the TTL):
 					// register again on the same link.
 					if interval, err = a.register(ctx, l); err != nil {
-						return true, err
+						return true, nil, err
 					}
 					tick.Reset(interval)
 					continue
@@ -266,6 +362,18 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 			}
 		}
 	}
+}
+
+// Pending returns the agent's pending-map sizes summed over its links:
+// requests it is serving and calls it awaits answers to.
+func (a *Agent) Pending() int {
+	n := 0
+	a.links.Range(func(k, _ any) bool {
+		l := k.(*mesh.Link)
+		n += l.Serving() + l.Pending()
+		return true
+	})
+	return n
 }
 
 func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {

@@ -97,6 +97,10 @@ type proc struct {
 	exited         time.Time     // once done is closed
 }
 
+// procLimit is the safety net on every process's life (see startWithEnv);
+// the long full variants of the scenarios raise it for their duration.
+var procLimit = 2 * time.Minute
+
 // start runs a binary of binDir in the background. When the test ends it is
 // stopped: SIGTERM, then SIGKILL if it has not exited within 5 s.
 func start(t *testing.T, name string, args ...string) *proc {
@@ -110,7 +114,7 @@ func startWithEnv(t *testing.T, extraEnv []string, name string, args ...string) 
 	p := &proc{name: name, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
 	// A safety net far beyond any test's length: no process outlives a
 	// hung test run by long.
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), procLimit)
 	p.cmd = exec.CommandContext(ctx, filepath.Join(binDir, name), args...)
 	p.cmd.Env = env(extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr

@@ -56,7 +56,7 @@ func firstAfter(ts []time.Time, t time.Time) time.Time {
 // scrape returns the value of one series of a hub's /metrics (the sum over
 // the series whose line starts with name, labels included), or -1 when the
 // hub does not answer.
-func scrape(base, name string) float64 {
+func scrapeMetric(base, name string) float64 {
 	c := &http.Client{Timeout: 2 * time.Second}
 	res, err := c.Get(base + "/metrics")
 	if err != nil {
@@ -306,8 +306,8 @@ func TestS02FrozenAgent(t *testing.T) {
 		removed[id] = firstAfter(hubLogTimes(hubLog, "instance left the registry; closing its link", id), ft.stopped)
 		rejoined[id] = firstAfter(hubLogTimes(hubLog, "agent registered", id), ft.continued)
 	}
-	late := scrape(h.base, "agentmesh_late_responses_total")
-	pending := scrape(h.base, "agentmesh_pending_requests")
+	late := scrapeMetric(h.base, "agentmesh_late_responses_total")
+	pending := scrapeMetric(h.base, "agentmesh_pending_requests")
 
 	// Sort the calls out.
 	lastRemoval := removed["kv-0"]

@@ -277,7 +277,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	expired := firstAfter(hubLogTimes(hubLog, "instance left the registry; closing its link", "echo-0"), ft.holed)
 	back := firstAfter(hubLogTimes(hubLog, "agent registered", "echo-0"), ft.healed)
 	agentLost := firstAfter(agentLogTimes(agents[0].stderr.String(), "hub link lost; reconnecting"), ft.holed)
-	abuse := scrape(h.base, "agentmesh_link_ping_abuse_total")
+	abuse := scrapeMetric(h.base, "agentmesh_link_ping_abuse_total")
 	var registeredInAbuse int
 	for i := range 4 {
 		for _, at := range hubLogTimes(hubLog, "agent registered", fmt.Sprintf("echo-%d", i)) {

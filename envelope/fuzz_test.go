@@ -114,6 +114,8 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(envelope.AppendResponseFrame(nil, 2, &envelope.Response{ID: "i", Result: json.RawMessage(`"r"`)}, nil))
 	f.Add(envelope.AppendResponseFrame(nil, 3, nil, envelope.NewError(envelope.CodeTimeout, "t").MarkNotSent()))
 	f.Add(envelope.AppendCancelFrame(nil, 4))
+	f.Add(envelope.AppendGoAwayFrame(nil))
+	f.Add([]byte(`[{"type":"res","seq":5,"result":1},{"type":"goaway","seq":9}]`))
 	f.Add([]byte(`{"type":"req","seq":-1,"method":"m"}`))
 	f.Add([]byte(`{"type":"res","seq":1,"error":{"code":-32601,"message":"x"}}`))
 	f.Add([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":"m"}]`))
@@ -132,6 +134,8 @@ func FuzzDecodeFrame(f *testing.F) {
 			out = envelope.AppendResponseFrame(nil, fr.Seq, &fr.Response, fr.Err)
 		case envelope.FrameCancel:
 			out = envelope.AppendCancelFrame(nil, fr.Seq)
+		case envelope.FrameGoAway:
+			out = envelope.AppendGoAwayFrame(nil)
 		}
 		if !json.Valid(out) {
 			t.Fatalf("re-encoded frame is not JSON: %s", out)

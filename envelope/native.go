@@ -18,6 +18,12 @@ const (
 	FrameRequest  FrameType = iota + 1 // {"type":"req", ...RequestEnvelope}
 	FrameResponse                      // {"type":"res", ...ResponseEnvelope, "error"?}
 	FrameCancel                        // {"type":"cancel","seq":N}: the caller gave up
+	// FrameGoAway is {"type":"goaway"}: the sender (a draining hub) takes no
+	// new requests on this link. Calls already sent still get their
+	// answers; the receiver should move new calls, and an agent its
+	// registration, to another hub now, then close the link once nothing
+	// is pending on it.
+	FrameGoAway
 )
 
 // Frame is one decoded native frame.
@@ -110,6 +116,12 @@ func AppendCancelFrame(b []byte, seq uint64) []byte {
 	return append(b, '}')
 }
 
+// AppendGoAwayFrame appends the frame telling the peer that this side takes
+// no new requests on the link (see FrameGoAway).
+func AppendGoAwayFrame(b []byte) []byte {
+	return append(b, `{"type":"goaway"}`...)
+}
+
 func orVersion(v string) string {
 	if v == "" {
 		return Version
@@ -197,6 +209,8 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		f.Type = FrameResponse
 	case "cancel":
 		f.Type = FrameCancel
+	case "goaway":
+		f.Type = FrameGoAway
 	}
 	if err != nil {
 		return f, err
@@ -239,6 +253,8 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 			r.Result = result
 		}
 	case FrameCancel:
+	case FrameGoAway:
+		f.Seq = 0 // a goaway is about the whole link
 	default:
 		return f, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
 	}

@@ -48,6 +48,17 @@ func TestNativeFrameRoundTrip(t *testing.T) {
 	if err != nil || f.Type != envelope.FrameCancel || f.Seq != 45 {
 		t.Errorf("cancel round trip = %+v, %v", f, err)
 	}
+	f, err = envelope.DecodeFrame(envelope.AppendGoAwayFrame(nil), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameGoAway || f.Seq != 0 {
+		t.Errorf("goaway round trip = %+v, %v", f, err)
+	}
+	if got := string(envelope.AppendGoAwayFrame(nil)); got != `{"type":"goaway"}` {
+		t.Errorf("goaway frame = %s; want {\"type\":\"goaway\"}", got)
+	}
+	f, err = envelope.DecodeFrame([]byte(`{"type":"goaway","seq":7}`), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameGoAway || f.Seq != 0 {
+		t.Errorf("goaway with a seq = %+v, %v; want a goaway for the whole link (seq 0)", f, err)
+	}
 }
 
 func TestNativeStringsEncodeAsJSON(t *testing.T) {

@@ -266,11 +266,24 @@ func (h *Hub) agentDeregister(ctx context.Context, l *Link, raw json.RawMessage)
 		return nil, err
 	}
 	h.bindings.Delete(p.AgentID)
+	if h.movedAway(p.AgentID) {
+		// The agent left a draining hub after registering on another:
+		// only the binding here goes; the registration is the other hub's.
+		h.log.Info("agent moved to another hub", "agent", p.AgentID, "reason", p.Reason)
+		return map[string]any{"acknowledged": true, "gracePeriod": h.cfg.DrainTimeout.Seconds()}, nil
+	}
 	if err := h.reg.Deregister(ctx, p.AgentID); err != nil && !errors.Is(err, registry.ErrNotFound) {
 		return nil, envelope.WrapError(envelope.CodeUnavailable, "registry unavailable", err)
 	}
 	h.log.Info("agent deregistered", "agent", p.AgentID, "reason", p.Reason)
 	return map[string]any{"acknowledged": true, "gracePeriod": h.cfg.DrainTimeout.Seconds()}, nil
+}
+
+// movedAway reports whether the registry holds instance id as attached to
+// another hub (it re-registered there, e.g. after this hub's goaway).
+func (h *Hub) movedAway(id string) bool {
+	in := h.reg.Snapshot().Instance(id)
+	return in != nil && in.Hub != "" && in.Hub != h.cfg.ID
 }
 
 func (h *Hub) meshPing(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {

@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/envelope"
@@ -124,10 +123,11 @@ type Client struct {
 	policies *reliability.PolicySet // nil without reliability
 	breakers *reliability.Breakers
 
-	mu      sync.Mutex
-	link    *Link
-	lastErr error
-	changed chan struct{} // closed and replaced on every state change
+	mu       sync.Mutex
+	link     *Link
+	lastErr  error
+	changed  chan struct{}      // closed and replaced on every state change
+	draining map[*Link]struct{} // links whose hub sent a goaway, until their calls end
 
 	httpSeq atomic.Uint64
 	stop    context.CancelFunc
@@ -145,8 +145,9 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 			httpClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}},
 			reliability: ptr(reliability.DefaultConfig()),
 		},
-		changed: make(chan struct{}),
-		done:    make(chan struct{}),
+		changed:  make(chan struct{}),
+		done:     make(chan struct{}),
+		draining: map[*Link]struct{}{},
 	}
 	defHTTP := c.cfg.httpClient
 	for _, o := range opts {
@@ -381,20 +382,23 @@ func (c *Client) setState(l *Link, err error) {
 	c.mu.Unlock()
 }
 
-// maintain keeps one link up, trying the hubs in turn with exponential
-// backoff and jitter between failed dials.
+// maintain keeps one link up. It tries the hubs in turn; after every hub
+// failed once it waits a Redial delay (jittered, at least 100 ms). A lost
+// link is redialled at once, the same hub first. A hub's goaway (it is
+// draining) moves new calls to the next hub at once, while the old link
+// stays open until the calls pending on it are answered.
 func (c *Client) maintain(ctx context.Context) {
 	defer close(c.done)
-	bo := &backoff.ExponentialBackOff{
-		InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 5 * time.Second,
-	}
-	bo.Reset()
+	var drains sync.WaitGroup
+	defer drains.Wait()
+	var bo Redial
 	t := time.NewTimer(0)
 	defer t.Stop()
 	<-t.C
+	fails := 0
 	for i := 0; ; i++ {
 		hub := c.hubs[i%len(c.hubs)]
+		c.cfg.log.Debug("dialing hub", "hub", hub)
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		l, err := DialLinkToken(dctx, hub, c.cfg.token, c.cfg.conn, WithLinkLogger(c.cfg.log))
 		cancel()
@@ -405,7 +409,10 @@ func (c *Client) maintain(ctx context.Context) {
 			}
 			c.cfg.log.Debug("hub dial failed", "hub", hub, "error", err)
 			c.setState(nil, err)
-			t.Reset(bo.NextBackOff())
+			if fails++; fails%len(c.hubs) != 0 {
+				continue // another hub has not been tried in this round
+			}
+			t.Reset(bo.Next())
 			select {
 			case <-t.C:
 				continue
@@ -414,6 +421,7 @@ func (c *Client) maintain(ctx context.Context) {
 				return
 			}
 		}
+		fails = 0
 		bo.Reset()
 		c.setState(l, nil)
 		select {
@@ -425,12 +433,68 @@ func (c *Client) maintain(ctx context.Context) {
 			c.setState(nil, nil)
 			l.Close()
 			i-- // redial the same hub first
+		case <-l.GoAway():
+			c.cfg.log.Debug("hub is draining (goaway); moving to the next hub", "hub", hub)
+			c.setState(nil, nil)
+			c.mu.Lock()
+			c.draining[l] = struct{}{}
+			c.mu.Unlock()
+			drains.Go(func() {
+				drainLink(ctx, l, l.Pending)
+				c.mu.Lock()
+				delete(c.draining, l)
+				c.mu.Unlock()
+			})
 		case <-ctx.Done():
 			c.setState(nil, envelope.NewError(envelope.CodeUnavailable, "client closed").MarkNotSent())
 			l.Close()
 			return
 		}
 	}
+}
+
+// drainLink closes l once busy() reports nothing left on it and nothing
+// is left to write (twice in a row, 10 ms apart), the link closed, or ctx
+// ended.
+func drainLink(ctx context.Context, l *Link, busy func() int) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for quiet := 0; quiet < 2; {
+		if busy() > 0 || l.c.unwritten() > 0 {
+			quiet = 0
+		} else {
+			quiet++
+		}
+		select {
+		case <-t.C:
+		case <-l.Done():
+		case <-ctx.Done():
+		}
+		if l.Err() != nil || ctx.Err() != nil {
+			break
+		}
+	}
+	l.Close()
+}
+
+// DrainLink closes l once busy() reports nothing left on it (calls it
+// awaits, requests it serves), the link closed, or ctx ended: what a
+// party does with a link whose hub sent a goaway.
+func DrainLink(ctx context.Context, l *Link, busy func() int) { drainLink(ctx, l, busy) }
+
+// Pending returns how many calls the client awaits answers to on its
+// links (the current one and those draining after a goaway).
+func (c *Client) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	if c.link != nil {
+		n += c.link.Pending()
+	}
+	for l := range c.draining {
+		n += l.Pending()
+	}
+	return n
 }
 
 // httpInvoke sends the request as JSON-RPC 2.0 over HTTP POST.

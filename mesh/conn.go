@@ -6,6 +6,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -131,7 +132,18 @@ type wsConn struct {
 	err       error // why it closed; read after closing is closed
 	onClose   func(error)
 	wg        sync.WaitGroup
-	pings     pingPolicy // the peer's pings; reader goroutine only
+	pings     pingPolicy  // the peer's pings; reader goroutine only
+	writing   atomic.Bool // the writer holds frames taken from out
+}
+
+// unwritten reports frames queued or being written (a frame the writer
+// just took may be missed for an instant: callers poll).
+func (c *wsConn) unwritten() int {
+	n := len(c.out)
+	if c.writing.Load() {
+		n++
+	}
+	return n
 }
 
 func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
@@ -219,6 +231,7 @@ func (c *wsConn) writeLoop() {
 	for {
 		select {
 		case b := <-c.out:
+			c.writing.Store(true)
 			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 			var n int
 			var err error
@@ -236,6 +249,7 @@ func (c *wsConn) writeLoop() {
 			if c.cfg.Bytes != nil {
 				c.cfg.Bytes(0, n)
 			}
+			c.writing.Store(false)
 			if err != nil {
 				c.shutdown(err)
 				return

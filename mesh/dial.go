@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -103,3 +104,36 @@ func netErrText(err error) string {
 	}
 	return err.Error()
 }
+
+// Redial is the delay schedule of a link's redials after a failed dial (and
+// of an agent's first redial after losing its link): "full jitter", each
+// delay uniform between 100 ms and a ceiling that stays at 1 s for the
+// first four tries, then grows ×1.5 up to 5 s. The 100 ms floor keeps a
+// link from hammering a hub that refuses it; the wide jitter spreads the
+// redials of many links that lost the same hub at the same instant over
+// the whole second instead of a synchronised wave (S04), and keeping the
+// ceiling flat while the hub is likely restarting keeps the attempt rate
+// even rather than front-loaded. The zero value is ready; not safe for
+// concurrent use.
+type Redial struct{ n int }
+
+// Redial bounds.
+const (
+	RedialMin     = 100 * time.Millisecond
+	RedialInitial = time.Second
+	RedialMax     = 5 * time.Second
+)
+
+// Next returns the next delay.
+func (r *Redial) Next() time.Duration {
+	ceil := float64(RedialInitial)
+	for i := 4; i <= r.n && ceil < float64(RedialMax); i++ {
+		ceil *= 1.5
+	}
+	ceil = min(ceil, float64(RedialMax))
+	r.n++
+	return RedialMin + time.Duration(rand.Float64()*(ceil-float64(RedialMin)))
+}
+
+// Reset starts the schedule again (after a link was established).
+func (r *Redial) Reset() { r.n = 0 }

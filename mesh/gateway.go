@@ -183,10 +183,14 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		WithLinkLogger(h.log),
 		WithLinkPrincipal(who),
 		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
+		func(l *Link) { l.accepted = true },
 	)
 	if !h.track(l) {
 		go l.Close()
 		return
+	}
+	if h.draining.Load() {
+		l.SendGoAway() // upgraded while BeginDrain was collecting the links
 	}
 	expireLink(l, who)
 }
@@ -199,6 +203,9 @@ func (h *Hub) linkClosed(l *Link, err error) {
 		b := v.(*binding)
 		if b.link == l && h.bindings.CompareAndDelete(k, v) {
 			h.breakers.Forget(b.id)
+			if h.movedAway(b.id) {
+				return true // registered on another hub since: not ours to remove
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = h.reg.Deregister(ctx, b.id)
 			cancel()

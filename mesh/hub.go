@@ -428,10 +428,29 @@ func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// BeginDrain starts draining without waiting: /readyz turns 503 and new
+// BeginDrain starts draining without waiting: /readyz turns 503, new
 // calls and WebSockets are refused (agents may still heartbeat and
-// deregister). Shutdown, or Serve when its context ends, finishes it.
-func (h *Hub) BeginDrain() { h.draining.Store(true) }
+// deregister), and every native link is sent a goaway frame, so that
+// agents re-register on another hub and clients move their new calls
+// there at once, while the calls already admitted here finish. Shutdown,
+// or Serve when its context ends, finishes the drain.
+func (h *Hub) BeginDrain() {
+	if h.draining.Swap(true) {
+		return
+	}
+	h.mu.Lock()
+	links := make([]*Link, 0, len(h.conns))
+	for c := range h.conns {
+		if l, ok := c.(*Link); ok && l.accepted {
+			links = append(links, l)
+		}
+	}
+	h.mu.Unlock()
+	for _, l := range links {
+		l.SendGoAway()
+	}
+	h.log.Info("draining: goaway sent", "links", len(links))
+}
 
 // Shutdown drains the hub: /readyz turns 503, new calls are refused with
 // UNAVAILABLE, calls in flight get until ctx ends to finish; then every
@@ -440,7 +459,7 @@ func (h *Hub) BeginDrain() { h.draining.Store(true) }
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var err error
 	h.shutOnce.Do(func() {
-		h.draining.Store(true)
+		h.BeginDrain()
 		t := time.NewTicker(5 * time.Millisecond)
 		for h.inflight.Load() > 0 {
 			select {
@@ -453,6 +472,9 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 			break
 		}
 		t.Stop()
+		if err == nil {
+			h.lameDuck(ctx)
+		}
 		h.mu.Lock()
 		srv := h.srv
 		h.connsClosed = true
@@ -480,6 +502,49 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 	})
 	<-h.done
 	return err
+}
+
+// lameDuckCap bounds how long a drained hub waits for its peers to close
+// the links it sent goaway on.
+const lameDuckCap = time.Second
+
+// lameDuck runs once the calls in flight are done: it gives the parties
+// told goaway time to close their links themselves, which they do once
+// nothing is pending on them. Closing first would drop a request still in
+// transit towards this hub (its caller would see the link lost instead of
+// the "draining" refusal that it may safely retry) and answers still
+// queued. It returns when no such link is left; after lameDuckCap, as soon
+// as the remaining ones are quiet (nothing served, nothing to write); or
+// when ctx ends.
+func (h *Hub) lameDuck(ctx context.Context) {
+	start := time.Now()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	quiet := 0
+	for {
+		h.mu.Lock()
+		left, busy := 0, false
+		for c := range h.conns {
+			if l, ok := c.(*Link); ok && l.accepted {
+				left++
+				busy = busy || !l.quiet()
+			}
+		}
+		h.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		if busy {
+			quiet = 0
+		} else if quiet++; quiet >= 3 && time.Since(start) >= lameDuckCap {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // track records a connection for Shutdown to close; false once Shutdown

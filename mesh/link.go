@@ -36,6 +36,11 @@ type Link struct {
 	wg     sync.WaitGroup // workers serving incoming requests
 	work   chan task      // hands a request to an idle worker
 
+	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
+	goaway     chan struct{} // closed when the peer sent a goaway frame
+	goawayOnce sync.Once
+	sentGoAway atomic.Bool
+
 	maxServing int
 	nserving   atomic.Int64
 	late       atomic.Int64 // responses for calls no longer waiting
@@ -84,6 +89,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		backend:    "WebSocket",
 		maxServing: 10000,
 		work:       make(chan task),
+		goaway:     make(chan struct{}),
 		Remote:     ws.RemoteAddr().String(),
 	}
 	for _, o := range opts {
@@ -99,6 +105,31 @@ func (l *Link) Pending() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.pending)
+}
+
+// Serving returns how many requests from the peer this side is serving.
+func (l *Link) Serving() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.serving)
+}
+
+// quiet reports that the link serves nothing and has nothing left to write.
+func (l *Link) quiet() bool { return l.Serving() == 0 && l.c.unwritten() == 0 }
+
+// GoAway is closed once the peer sent a goaway frame: it takes no new
+// requests on this link. The link stays open for the answers still due.
+func (l *Link) GoAway() <-chan struct{} { return l.goaway }
+
+// SendGoAway tells the peer, once, that this side takes no new requests
+// on the link (a draining hub). It does not close the link.
+func (l *Link) SendGoAway() {
+	if l.sentGoAway.Swap(true) {
+		return
+	}
+	b := getBuf()
+	*b = envelope.AppendGoAwayFrame(*b)
+	l.c.send(b)
 }
 
 // Done is closed when the link has closed.
@@ -228,6 +259,8 @@ func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
 		if cancel != nil {
 			cancel()
 		}
+	case envelope.FrameGoAway:
+		l.goawayOnce.Do(func() { close(l.goaway) })
 	}
 }
 
@@ -333,20 +366,22 @@ func (l *Link) worker(t task) {
 func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
 	start := time.Now()
 	res, err := l.serve(ctx, r)
+	// Answer first, then leave the serving map: Serving() == 0 means every
+	// answer is queued (a draining hub waits for that before closing).
+	if err != nil {
+		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
+			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+	} else {
+		if res.ID == "" {
+			res.ID = r.ID
+		}
+		l.reply(seq, res, nil)
+	}
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
 	cancel()
 	l.nserving.Add(-1)
-	if err != nil {
-		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
-			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
-		return
-	}
-	if res.ID == "" {
-		res.ID = r.ID
-	}
-	l.reply(seq, res, nil)
 }
 
 // connClosed runs once when the connection closes: it fails every pending

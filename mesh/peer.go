@@ -73,7 +73,7 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 		}
 		if st.link != nil {
 			err := st.link.Err()
-			if err == nil {
+			if err == nil && !goneAway(st.link) {
 				p.mu.Unlock()
 				return st.link, nil
 			}
@@ -164,6 +164,8 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 		p.h.log.Info("peer link back", "peer", st.addr)
 	}
 	st.link, st.down, st.err, st.backoff, st.next = l, false, nil, 0, time.Time{}
+	p.wg.Add(1)
+	go p.follow(st, l)
 }
 
 // markDownLocked records a lost link or failed dial, and starts the
@@ -257,6 +259,27 @@ func (p *peers) links() map[*Link]bool {
 	return out
 }
 
+// follow retires a peer link whose hub sent goaway: new forwards dial
+// afresh (a draining hub refuses the dial, so the peer is down and the
+// router tries another instance), and the link closes once its calls are
+// answered.
+func (p *peers) follow(st *peerState, l *Link) {
+	defer p.wg.Done()
+	select {
+	case <-l.Done():
+		return
+	case <-p.ctx.Done():
+		return
+	case <-l.GoAway():
+	}
+	p.mu.Lock()
+	if st.link == l {
+		st.link = nil
+	}
+	p.mu.Unlock()
+	drainLink(p.ctx, l, l.Pending)
+}
+
 // forward sends a call for an instance attached to another hub over the
 // peer link to that hub, which serves it locally (Hops stops it from
 // forwarding again). peerLost reports a failure of the peer link itself
@@ -277,4 +300,13 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	r.Headers.Hops++
 	res, err = l.Call(ctx, &r)
 	return res, err != nil && l.Err() != nil, err
+}
+
+func goneAway(l *Link) bool {
+	select {
+	case <-l.GoAway():
+		return true
+	default:
+		return false
+	}
 }

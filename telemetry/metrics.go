@@ -330,3 +330,27 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 func (m *Metrics) RegisterHubState(f func() HubState) {
 	m.Registry.MustRegister(stateCollector{m, f})
 }
+
+// pendingCollector reports one side's pending calls. It describes nothing
+// (an unchecked collector): the hub's state collector describes the same
+// series, and a process may hold both.
+type pendingCollector struct {
+	side string
+	f    func() int
+}
+
+func (pendingCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c pendingCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(c.f()), c.side)
+}
+
+// RegisterPending reports f's figure as agentmesh_pending_requests{side}
+// at every scrape ("client", "agent"; the hub reports side "hub" itself).
+// Register each side once per registry.
+func (m *Metrics) RegisterPending(side string, f func() int) {
+	if m == nil {
+		return
+	}
+	m.Registry.MustRegister(pendingCollector{side, f})
+}

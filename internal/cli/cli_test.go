@@ -133,6 +133,39 @@ func TestMeshctlAgentRun(t *testing.T) {
 	}
 }
 
+// TestMeshctlAgentRunInstances: --instances 3 runs three agents in one
+// process, each registered under its own id, all deregistered on exit.
+func TestMeshctlAgentRunInstances(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int, 1)
+	var errb bytes.Buffer
+	go func() {
+		done <- cli.Run(ctx, cli.NewMeshctl(strings.NewReader(""), &bytes.Buffer{}, &errb),
+			[]string{"agent", "run", "echo", "--hub", m.WS, "--id", "multi", "--instances", "3"}, &errb)
+	}()
+	ids := []string{"multi-0", "multi-1", "multi-2"}
+	meshtest.WaitFor(t, 5*time.Second, func() bool {
+		snap := m.Hub.Registry().Snapshot()
+		for _, id := range ids {
+			if snap.Instance(id) == nil {
+				return false
+			}
+		}
+		return len(snap.Instances()) == 3
+	})
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("agent run --instances 3 exited %d after cancel; want 0 (stderr %s)", code, errb.String())
+	}
+	if n := len(m.Hub.Registry().Snapshot().Instances()); n != 0 {
+		t.Errorf("%d instances still registered after shutdown; want 0", n)
+	}
+	if r := meshctl(t, "", "agent", "run", "echo", "--instances", "0"); r.code != cli.ExitUsage {
+		t.Errorf("--instances 0: exit %d; want %d", r.code, cli.ExitUsage)
+	}
+}
+
 func TestMeshdDemo(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -347,6 +348,7 @@ func (g *ctlFlags) agentCmd() *cobra.Command {
 		failCode                  string
 		drain, linkPing           time.Duration
 		chatFlags                 chatAgentFlags
+		instances                 int
 	)
 	run := &cobra.Command{
 		Use:   "run echo|kv|chaos|chat",
@@ -390,41 +392,91 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				}
 				defer stop()
 			}
-			opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
-				agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing, TLS: tlsCfg})}
-			var a *agents.Agent
-			switch args[0] {
-			case "echo":
-				a = agents.NewEcho(opts...)
-			case "kv":
-				a = agents.NewKV(opts...)
-			case "chaos":
+			if instances < 1 || instances > 10000 {
+				return usageErr("--instances must be within 1..10000")
+			}
+			if args[0] == "chat" && instances > 1 {
+				return usageErr("--instances: one chat runtime per process (it holds the whole pool)")
+			}
+			var failCodeV envelope.Code
+			if args[0] == "chaos" {
 				if failCode != "" {
 					c, ok := envelope.ParseCode(failCode)
 					if !ok || c == envelope.CodeOK {
 						return usageErr("--fail-code %q is not an error code", failCode)
 					}
-					chaos.FailCode = c
+					failCodeV = c
 				}
 				if chaos.FailRate < 0 || chaos.FailRate > 1 || chaos.HangRate < 0 || chaos.HangRate > 1 {
 					return usageErr("--fail-rate and --hang-rate must be within 0..1")
 				}
-				chaos.Crash = func() {
-					log.Error("chaos: crashing on purpose (--crash-after)")
-					os.Exit(ExitError)
+			}
+			var closers []func()
+			defer func() {
+				for _, c := range closers {
+					c()
 				}
-				a = agents.NewChaos(chaos, opts...)
-			case "chat":
-				chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, opts...)
+			}()
+			newAgent := func(id string) (*agents.Agent, error) {
+				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
+					agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing, TLS: tlsCfg})}
+				switch args[0] {
+				case "echo":
+					return agents.NewEcho(opts...), nil
+				case "kv":
+					return agents.NewKV(opts...), nil
+				case "chaos":
+					cfg := chaos
+					if failCodeV != envelope.CodeOK {
+						cfg.FailCode = failCodeV
+					}
+					cfg.Crash = func() {
+						log.Error("chaos: crashing on purpose (--crash-after)")
+						os.Exit(ExitError)
+					}
+					return agents.NewChaos(cfg, opts...), nil
+				case "chat":
+					chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, opts...)
+					if err != nil {
+						return nil, err
+					}
+					closers = append(closers, closeChat)
+					return chatAgent, nil
+				}
+				return nil, usageErr("unknown agent %q: want echo, kv, chaos or chat", args[0])
+			}
+
+			// --instances N runs N agents in this process, each with its
+			// own link and registration: "<id>-0" … "<id>-N-1".
+			list := make([]*agents.Agent, 0, instances)
+			for k := range instances {
+				aid := id
+				if instances > 1 {
+					aid = fmt.Sprintf("%s-%d", id, k)
+				}
+				a, err := newAgent(aid)
 				if err != nil {
 					return err
 				}
-				defer closeChat()
-				a = chatAgent
-			default:
-				return usageErr("unknown agent %q: want echo, kv, chaos or chat", args[0])
+				list = append(list, a)
 			}
-			return a.Run(cmd.Context(), g.hubs...)
+			metrics.RegisterPending("agent", func() int {
+				n := 0
+				for _, a := range list {
+					n += a.Pending()
+				}
+				return n
+			})
+			if len(list) == 1 {
+				return list[0].Run(cmd.Context(), g.hubs...)
+			}
+			errs := make([]error, len(list))
+			var wg sync.WaitGroup
+			for k, a := range list {
+				wg.Go(func() { errs[k] = a.Run(cmd.Context(), g.hubs...) })
+			}
+			wg.Wait()
+			return errors.Join(errs...)
 		},
 	}
 	f := run.Flags()
@@ -438,6 +490,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.DurationVar(&chaos.Latency, "latency", 0, "chaos: latency added to every call")
 	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
 	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
+	f.IntVar(&instances, "instances", 1, "run this many agent instances in this process, each with its own link (ids <id>-0 … <id>-N-1)")
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
 	chatFlags.register(run)
 	agent.AddCommand(run)

@@ -43,9 +43,10 @@ func report(t *testing.T, s scenario.Summary) {
 	}
 }
 
-// dur picks the short (CI) or the long duration of a scenario.
+// dur picks the short (CI, -short) or the long duration of a scenario,
+// as every scenario test of the repository does.
 func dur(short, long time.Duration) time.Duration {
-	if os.Getenv("SCENARIO_FULL") != "" {
+	if !testing.Short() {
 		return long
 	}
 	return short

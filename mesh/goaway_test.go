@@ -1,0 +1,123 @@
+package mesh_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
+)
+
+// TestGoAwayMovesClientAndAgent: hub A begins to drain while a call is in
+// flight on it. A sends goaway: the agent registers on hub B and leaves A,
+// the client sends new calls to B at once, and the call A admitted still
+// completes over the old links.
+func TestGoAwayMovesClientAndAgent(t *testing.T) {
+	a := meshtest.Start(t, mesh.HubConfig{DrainTimeout: 5 * time.Second})
+	b := meshtest.Start(t, mesh.HubConfig{})
+	ag := agents.NewEcho(agents.WithID("echo-1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = ag.Run(ctx, a.WS, b.WS) })
+	defer func() { cancel(); wg.Wait() }()
+	<-ag.Registered()
+	c, err := mesh.NewClient([]string{a.WS, b.WS}, mesh.WithoutReliability())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Call(t.Context(), "echo.echo", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	slow := make(chan error, 1)
+	go func() { slow <- c.Call(t.Context(), "echo.sleep", map[string]int{"ms": 400}, nil) }()
+	meshtest.WaitFor(t, 2*time.Second, func() bool { return c.Pending() == 1 })
+	a.Hub.BeginDrain()
+	began := time.Now()
+	// The agent moves to B and leaves A's registry.
+	meshtest.WaitFor(t, 2*time.Second, func() bool {
+		return b.Hub.Registry().Snapshot().Instance("echo-1") != nil && a.Hub.Registry().Snapshot().Instance("echo-1") == nil
+	})
+	moved := time.Since(began)
+	// New calls go to B, and succeed, while the slow call is still on A.
+	var res envelope.Response
+	if err := c.Call(t.Context(), "echo.echo", 2, nil, mesh.ResponseInto(&res)); err != nil {
+		t.Fatalf("new call after goaway = %v; want it served through hub B", err)
+	}
+	select {
+	case err := <-slow:
+		t.Fatalf("the call in flight on A ended (%v) before its 400 ms", err)
+	default:
+	}
+	if err := <-slow; err != nil {
+		t.Errorf("the call A admitted before the drain = %v; want it to complete", err)
+	}
+	t.Logf("agent on B and gone from A %v after BeginDrain", moved.Round(time.Millisecond))
+	if moved > time.Second {
+		t.Errorf("the agent moved after %v; want at once (well under 1 s)", moved)
+	}
+	meshtest.WaitFor(t, 2*time.Second, func() bool { return c.Pending() == 0 && ag.Pending() == 0 })
+}
+
+// TestLinkGoAway: SendGoAway closes the peer's GoAway channel and leaves
+// the link open for the answers still due.
+func TestLinkGoAway(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	select {
+	case <-l.GoAway():
+		t.Fatal("goaway before the hub drains")
+	default:
+	}
+	m.Hub.BeginDrain()
+	select {
+	case <-l.GoAway():
+	case <-time.After(2 * time.Second):
+		t.Fatal("no goaway within 2 s of BeginDrain")
+	}
+	if l.Err() != nil {
+		t.Fatalf("link closed on goaway: %v", l.Err())
+	}
+	// The draining hub refuses new calls on it, as not sent.
+	_, err = l.Call(t.Context(), &envelope.Request{ID: envelope.NewID(), Method: "mesh.ping"})
+	if e := envelope.AsError(err); e.Code != envelope.CodeUnavailable || !e.NotSent() {
+		t.Errorf("call on a draining hub = %v; want UNAVAILABLE, not sent", err)
+	}
+}
+
+// TestRedial: every delay is at least 100 ms; the ceiling is 1 s for the
+// first four and never above 5 s; the delays are spread, not equal.
+func TestRedial(t *testing.T) {
+	for range 200 {
+		var r mesh.Redial
+		for n := range 20 {
+			d := r.Next()
+			ceil := mesh.RedialMax
+			if n < 4 {
+				ceil = mesh.RedialInitial
+			}
+			if d < mesh.RedialMin || d > ceil {
+				t.Fatalf("delay %d = %v; want within [%v, %v]", n, d, mesh.RedialMin, ceil)
+			}
+		}
+	}
+	var r mesh.Redial
+	lo, hi := time.Hour, time.Duration(0)
+	for range 100 {
+		r.Reset()
+		d := r.Next()
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if hi-lo < 400*time.Millisecond {
+		t.Errorf("first delays span only %v..%v: not jittered", lo, hi)
+	}
+}

@@ -73,6 +73,7 @@ type Agent struct {
 	mu       sync.RWMutex
 	exact    map[string]HandlerFunc
 	patterns []pattern
+	schemas  map[string]mesh.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
 
 	inflight atomic.Int64
 	regMu    sync.Mutex
@@ -269,7 +270,7 @@ func (a *Agent) session(ctx context.Context, hub string) (registered bool, err e
 }
 
 func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {
-	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}}
+	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
 		md[k] = v

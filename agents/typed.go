@@ -56,6 +56,7 @@ func Roles(roles ...string) TypedOption {
 func Idempotent() TypedOption { return func(s *mesh.MethodSchema) { s.Idempotent = true } }
 
 // HandleTyped registers fn for an exact method: params are decoded into P
+// with encoding/json (unknown fields ignored)
 // (INVALID_PARAMS, naming the fault, when they do not fit; absent params
 // give P's zero value) and the result R is encoded with encoding/json.
 // The JSON Schemas of P and R are derived from the Go types (with

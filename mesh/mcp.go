@@ -35,7 +35,7 @@ func (h *Hub) mcpHandler() http.Handler {
 			case *mcp.ListToolsRequest:
 				return h.mcpTools(mcpPrincipal(r.Extra)), nil
 			case *mcp.CallToolRequest:
-				return h.mcpCall(ctx, mcpPrincipal(r.Extra), r.Params), nil
+				return h.mcpCall(ctx, mcpPrincipal(r.Extra), r.Params, r.Extra), nil
 			}
 			return next(ctx, method, req)
 		}
@@ -160,7 +160,10 @@ func (h *Hub) mcpTools(p *Principal) *mcp.ListToolsResult {
 // mcpCall runs a tool as a call through the hub's ingress. A failed call
 // is a tool result with isError set, its text "CODE: message" and its
 // structured content {code, jsonrpcCode, message, data}.
-func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolParamsRaw) *mcp.CallToolResult {
+//
+// The W3C trace context comes from the request's _meta (traceparent,
+// tracestate: the MCP convention) or else from its HTTP headers.
+func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) *mcp.CallToolResult {
 	if params == nil {
 		return mcpError(envelope.NewError(envelope.CodeInvalidParams, "tools/call needs params"))
 	}
@@ -173,6 +176,15 @@ func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolPar
 	}
 	req := &envelope.Request{ID: envelope.NewID(), Method: params.Name, Params: json.RawMessage(args),
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	for _, k := range []string{"traceparent", "tracestate"} {
+		v, _ := params.Meta[k].(string)
+		if v == "" && x != nil && x.Header != nil {
+			v = x.Header.Get(k)
+		}
+		if v != "" && len(v) <= 512 {
+			req.Headers.Set(k, v)
+		}
+	}
 	if p != nil {
 		ctx = context.WithValue(ctx, principalKey{}, p)
 	}

@@ -1,7 +1,9 @@
 package mesh_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -9,6 +11,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
@@ -205,5 +209,62 @@ func TestMCPRoles(t *testing.T) {
 	cw, err := writer.CallTool(t.Context(), &mcp.CallToolParams{Name: "memory.put", Arguments: map[string]any{"key": "k", "value": 1}})
 	if err != nil || cw.IsError {
 		t.Errorf("writer tools/call memory.put = %+v, %v; want success", cw, err)
+	}
+}
+
+// TestMCPTraceLikeNative: a tool call carrying a W3C traceparent in its
+// _meta makes the same spans in the hub (names, kinds, status) as a
+// native JSON-RPC call carrying one in meta, each under its caller's
+// trace and parent span.
+func TestMCPTraceLikeNative(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	m := meshtest.Start(t, mesh.HubConfig{}, mesh.WithTelemetry(telemetry.New(p, nil)))
+	m.RunAgent(t, agents.NewEcho())
+	const (
+		nativeTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+		mcpTrace    = "5bf92f3577b34da6a3ce929d0e0e4737"
+		parent      = "00f067aa0ba902b7"
+	)
+	body := `{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"x":1},"meta":{"traceparent":"00-` + nativeTrace + `-` + parent + `-01"}}`
+	res, err := http.Post(m.HTTP+"/rpc", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	s, err := mcpConnect(t, m, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo.echo", Arguments: map[string]any{"x": 1},
+		Meta: mcp.Meta{"traceparent": "00-" + mcpTrace + "-" + parent + "-01"}})
+	if err != nil || cr.IsError {
+		t.Fatalf("tools/call echo.echo = %+v, %v", cr, err)
+	}
+	if err := p.ForceFlush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	shape := func(trace string) []string {
+		var out []string
+		for _, sp := range exp.GetSpans() {
+			if sp.SpanContext.TraceID().String() != trace {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code))
+			if sp.SpanKind == oteltrace.SpanKindServer && sp.Parent.SpanID().String() != parent {
+				t.Errorf("trace %s: server span's parent %s; want the caller's %s", trace, sp.Parent.SpanID(), parent)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	native, viaMCP := shape(nativeTrace), shape(mcpTrace)
+	t.Logf("spans: native %v, MCP %v", native, viaMCP)
+	if len(native) == 0 || !slices.Contains(native, "echo.echo/server/Unset") || !slices.Equal(native, viaMCP) {
+		t.Errorf("spans of the native call %v, of the MCP call %v; want the same, with the echo.echo server span", native, viaMCP)
 	}
 }

@@ -277,7 +277,15 @@ func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, erro
 	}
 	p.Metadata, _ = json.Marshal(md)
 	var res mesh.RegisterResult
-	if err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second); err != nil {
+	err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
+	if p.Schemas != nil && envelope.CodeOf(err) == envelope.CodeInvalidParams && strings.Contains(err.Error(), "schemas") {
+		// Schemas only describe the methods: a hub that refuses them (too
+		// big, or a hub from before schemas) still gets the agent.
+		a.log.Warn("the hub refused this agent's schemas; registering without them", "error", err)
+		p.Schemas = nil
+		err = callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
+	}
+	if err != nil {
 		return 0, err
 	}
 	if !res.Accepted {

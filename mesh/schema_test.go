@@ -286,3 +286,23 @@ func TestSchemaOverEtcd(t *testing.T) {
 		t.Errorf("calc.add through B = %+v, %v", sum, err)
 	}
 }
+
+// TestAgentSchemasRefusedStillRegisters: an agent whose schemas the hub
+// refuses (over 64 KiB) registers without them and serves.
+func TestAgentSchemasRefusedStillRegisters(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	a := agents.NewEcho()
+	a.SetSchema("echo.echo", mesh.MethodSchema{Description: strings.Repeat("x", mesh.MaxSchemaBytes)})
+	m.RunAgent(t, a)
+	var got string
+	if err := m.Client(t).Call(t.Context(), "echo.echo", "still here", &got); err != nil || got != "still here" {
+		t.Fatalf("echo.echo = %q, %v", got, err)
+	}
+	var s mesh.SchemaPayload
+	if err := m.Client(t).Call(t.Context(), "schema", nil, &s); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := s.Methods["echo.echo"]; !ok || e.Description != "" || e.Params != nil {
+		t.Errorf("schema: echo.echo = %+v, %v; want listed without the refused schema", e, ok)
+	}
+}

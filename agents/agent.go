@@ -72,6 +72,7 @@ type Agent struct {
 	mu       sync.RWMutex
 	exact    map[string]HandlerFunc
 	patterns []pattern
+	schemas  map[string]mesh.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
 
 	inflight atomic.Int64
 	links    sync.Map       // *mesh.Link -> struct{}: open links (current, and draining after a goaway)
@@ -377,14 +378,22 @@ func (a *Agent) Pending() int {
 }
 
 func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {
-	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}}
+	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
 		md[k] = v
 	}
 	p.Metadata, _ = json.Marshal(md)
 	var res mesh.RegisterResult
-	if err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second); err != nil {
+	err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
+	if p.Schemas != nil && envelope.CodeOf(err) == envelope.CodeInvalidParams && strings.Contains(err.Error(), "schemas") {
+		// Schemas only describe the methods: a hub that refuses them (too
+		// big, or a hub from before schemas) still gets the agent.
+		a.log.Warn("the hub refused this agent's schemas; registering without them", "error", err)
+		p.Schemas = nil
+		err = callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
+	}
+	if err != nil {
 		return 0, err
 	}
 	if !res.Accepted {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/mesh"
 )
 
 // decode unmarshals params into v, answering INVALID_PARAMS on failure.
@@ -49,22 +50,31 @@ func NewEcho(opts ...Option) *Agent {
 		}
 		return p, nil
 	})
-	a.Handle("echo.sleep", func(ctx context.Context, p json.RawMessage) (any, error) {
-		var in struct {
-			MS int64 `json:"ms"`
-		}
-		if err := decode("echo.sleep", p, &in); err != nil {
-			return nil, err
-		}
-		if in.MS < 0 || in.MS > int64(time.Hour/time.Millisecond) {
-			return nil, envelope.NewError(envelope.CodeInvalidParams, "echo.sleep: ms must be within 0..3600000")
-		}
-		if err := sleep(ctx, time.Duration(in.MS)*time.Millisecond); err != nil {
-			return nil, err
-		}
-		return map[string]int64{"slept": in.MS}, nil
+	a.SetSchema("echo.echo", mesh.MethodSchema{
+		Description: "Answer the params as they came (any JSON value)",
+		Params:      json.RawMessage(`{}`), Result: json.RawMessage(`{}`), Idempotent: true,
 	})
+	HandleTyped(a, "echo.sleep", "Sleep ms milliseconds (or until the deadline), then answer how long",
+		func(ctx context.Context, in SleepParams) (SleepResult, error) {
+			if in.MS < 0 || in.MS > int64(time.Hour/time.Millisecond) {
+				return SleepResult{}, envelope.NewError(envelope.CodeInvalidParams, "echo.sleep: ms must be within 0..3600000")
+			}
+			if err := sleep(ctx, time.Duration(in.MS)*time.Millisecond); err != nil {
+				return SleepResult{}, err
+			}
+			return SleepResult{Slept: in.MS}, nil
+		}, Errors(envelope.CodeInvalidParams, envelope.CodeTimeout), Idempotent())
 	return a
+}
+
+// SleepParams are the params of echo.sleep.
+type SleepParams struct {
+	MS int64 `json:"ms,omitempty" jsonschema:"milliseconds to sleep, 0..3600000"`
+}
+
+// SleepResult is the answer of echo.sleep.
+type SleepResult struct {
+	Slept int64 `json:"slept" jsonschema:"milliseconds slept"`
 }
 
 // KV is the store behind the kv agent.
@@ -163,7 +173,58 @@ func NewKV(opts ...Option) *Agent {
 		}
 		return map[string]any{"items": items, "count": len(items)}, nil
 	})
+	kvSchemas(a)
 	return a
+}
+
+// The shapes of the kv agent's methods, for its declared schemas.
+type (
+	kvKey struct {
+		Key string `json:"key" jsonschema:"the key"`
+	}
+	kvPut struct {
+		Key   string          `json:"key" jsonschema:"the key"`
+		Value json.RawMessage `json:"value" jsonschema:"any JSON value"`
+	}
+	kvPutResult struct {
+		OK  bool   `json:"ok"`
+		Key string `json:"key"`
+	}
+	kvGetResult struct {
+		Key   string          `json:"key"`
+		Value json.RawMessage `json:"value" jsonschema:"the value, null when not found"`
+		Found bool            `json:"found"`
+	}
+	kvDeleteResult struct {
+		Deleted bool `json:"deleted" jsonschema:"whether the key was there"`
+	}
+	kvQuery struct {
+		Prefix string `json:"prefix,omitempty" jsonschema:"keys starting with this"`
+		Q      string `json:"q,omitempty" jsonschema:"substring of the key or of the value's JSON"`
+		Limit  int    `json:"limit,omitempty" jsonschema:"at most this many items (1..1000, default 1000)"`
+	}
+	kvQueryResult struct {
+		Items []KVItem `json:"items"`
+		Count int      `json:"count"`
+	}
+)
+
+func kvSchemas(a *Agent) {
+	must := func(s json.RawMessage, err error) json.RawMessage {
+		if err != nil {
+			panic(err)
+		}
+		return s
+	}
+	inv := []string{envelope.CodeInvalidParams.String()}
+	a.SetSchema("memory.put", mesh.MethodSchema{Description: "Store value under key", Errors: inv, Idempotent: true,
+		Params: must(mesh.SchemaFor[kvPut]()), Result: must(mesh.SchemaFor[kvPutResult]())})
+	a.SetSchema("memory.get", mesh.MethodSchema{Description: "Read the value under key", Errors: inv, Idempotent: true,
+		Params: must(mesh.SchemaFor[kvKey]()), Result: must(mesh.SchemaFor[kvGetResult]())})
+	a.SetSchema("memory.delete", mesh.MethodSchema{Description: "Delete key", Errors: inv, Idempotent: true,
+		Params: must(mesh.SchemaFor[kvKey]()), Result: must(mesh.SchemaFor[kvDeleteResult]())})
+	a.SetSchema("memory.query", mesh.MethodSchema{Description: "List the entries whose key has prefix and whose key or value contains q, sorted by key", Errors: inv, Idempotent: true,
+		Params: must(mesh.SchemaFor[kvQuery]()), Result: must(mesh.SchemaFor[kvQueryResult]())})
 }
 
 // ChaosConfig sets the faults of the chaos agent.

@@ -34,6 +34,9 @@ func (h *Hub) builtinMethods() map[string]builtin {
 		"mesh.agents":      h.meshAgents,
 		"mesh.methods":     h.meshMethods,
 		"mesh.breakers":    h.meshBreakers,
+		"mesh.schema":      h.meshSchema,
+		"schema":           h.meshSchema, // the agentick seed's name
+		"rpc.discover":     h.rpcDiscover,
 	}
 }
 
@@ -103,6 +106,10 @@ type RegisterParams struct {
 	Intents      []string        `json:"intents,omitempty"`
 	Metadata     json.RawMessage `json:"metadata,omitempty"`
 	ContractHash string          `json:"contractHash,omitempty"`
+	// Schemas describes the agent's methods (exact names it serves):
+	// description, params and result JSON Schema, error codes, roles. At
+	// most MaxSchemaBytes encoded.
+	Schemas map[string]MethodSchema `json:"schemas,omitempty"`
 }
 
 // RegisterResult is the answer to agent.register. HeartbeatInterval is in
@@ -177,6 +184,10 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	if len(p.AgentID) > 128 || len(p.Name) > 128 {
 		return nil, envelope.NewError(envelope.CodeInvalidParams, "agent.register: agentId and name are at most 128 bytes")
 	}
+	schemas, err := encodeSchemas(p.Capabilities, p.Schemas)
+	if err != nil {
+		return nil, err
+	}
 	id := p.AgentID
 	if id == "" {
 		id = envelope.NewID()
@@ -199,9 +210,9 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	}
 	b := &binding{link: l, id: id}
 	h.bindings.Store(id, b)
-	_, err := h.reg.Register(ctx, registry.Registration{
+	_, err = h.reg.Register(ctx, registry.Registration{
 		InstanceID: id, Name: name, Hub: h.cfg.ID, HubAddr: h.cfg.Advertise, Capabilities: p.Capabilities,
-		Intents: p.Intents, Metadata: p.Metadata, ContractHash: p.ContractHash,
+		Intents: p.Intents, Metadata: p.Metadata, ContractHash: p.ContractHash, Schemas: schemas,
 		HeartbeatInterval: h.cfg.HeartbeatInterval,
 	})
 	if err != nil {

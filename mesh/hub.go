@@ -350,11 +350,12 @@ func (h *Hub) ID() string { return h.cfg.ID }
 // Registry returns the hub's registry.
 func (h *Hub) Registry() registry.Registry { return h.reg }
 
-// Handler returns the hub's HTTP handler: /rpc, /ws, /healthz, /livez, /readyz.
+// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, /healthz, /livez, /readyz.
 func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
+	mux.Handle("/mcp", h.mcpHandler())
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

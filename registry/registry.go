@@ -47,6 +47,10 @@ type Registration struct {
 	Intents      []string        `json:"intents,omitempty"`
 	Metadata     json.RawMessage `json:"metadata,omitempty"`
 	ContractHash string          `json:"contractHash,omitempty"`
+	// Schemas is what the instance declared about its methods (a JSON
+	// object: method name -> description, params and result JSON Schema,
+	// error codes, roles; see mesh.MethodSchema). The hub bounds its size.
+	Schemas json.RawMessage `json:"schemas,omitempty"`
 	// HeartbeatInterval is how often the instance heartbeats; it expires
 	// after three intervals without one.
 	HeartbeatInterval time.Duration `json:"-"`

@@ -26,6 +26,7 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -797,7 +798,8 @@ func (r *Registry) upsertLocked(v []byte) *registry.Instance {
 }
 
 func sameRegistration(a, b registry.Registration) bool {
-	if a.InstanceID != b.InstanceID || a.Hub != b.Hub || a.Name != b.Name || len(a.Capabilities) != len(b.Capabilities) {
+	if a.InstanceID != b.InstanceID || a.Hub != b.Hub || a.Name != b.Name || len(a.Capabilities) != len(b.Capabilities) ||
+		!bytes.Equal(a.Schemas, b.Schemas) {
 		return false
 	}
 	for i := range a.Capabilities {

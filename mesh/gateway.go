@@ -67,6 +67,10 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 			calls[0].Request.Headers.IdempotencyKey = k
 		}
 	}
+	if h.isNexus3Global(calls, batch) {
+		h.serveNexus3RPC(w, ctx, &calls[0], r.Header) // NEXUS3's /rpc alias of / (nexus3.go)
+		return
+	}
 	out := h.answerAll(ctx, calls, batch, nil)
 	if out == nil {
 		w.WriteHeader(http.StatusNoContent)

@@ -360,7 +360,9 @@ func TestNexus3MetricsLikeNative(t *testing.T) {
 			}, 200},
 		{"list_agents", "chat.list_agents", "",
 			func() error { return c.Call(t.Context(), "chat.list_agents", nil, nil) },
-			func() curlReply { return curl(t, m.HTTP, "/", false, `{"jsonrpc":"2.0","method":"list_agents","id":3}`) }, 200},
+			func() curlReply {
+				return curl(t, m.HTTP, "/", false, `{"jsonrpc":"2.0","method":"list_agents","id":3}`)
+			}, 200},
 		{"unknown agent", "chat.send", "-32001",
 			func() error {
 				if err := c.Call(t.Context(), "chat.send", map[string]any{"agentId": "nonexistent", "content": "Hi"}, nil); err == nil {

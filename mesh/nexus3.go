@@ -195,6 +195,9 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 			}
 		}
 	}
+	if k := hdr.Get("Idempotency-Key"); k != "" && len(k) <= 255 && req.Headers.IdempotencyKey == "" {
+		req.Headers.IdempotencyKey = k // as on /rpc
+	}
 	res, err := h.ingress(ctx, req)
 	if err != nil {
 		if agent != "" && envelope.CodeOf(err) == envelope.CodeAgentNotFound {

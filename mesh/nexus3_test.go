@@ -3,12 +3,17 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -387,5 +392,65 @@ func TestNexus3MetricsLikeNative(t *testing.T) {
 		if afterNative-before != 1 || afterNexus3-afterNative != 1 {
 			t.Errorf("%s: %s status %q counted %d natively and %d via NEXUS3; want 1 and 1", tc.name, tc.method, tc.status, afterNative-before, afterNexus3-afterNative)
 		}
+	}
+}
+
+// TestNexus3TraceLikeNative: a NEXUS3 call carrying a W3C traceparent
+// HTTP header makes the same spans in the hub (names, kinds, status) as
+// the native call of the chat method carrying one in meta, each under its
+// caller's trace and parent span.
+func TestNexus3TraceLikeNative(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	m := startNexus3(t, nil, mesh.WithTelemetry(telemetry.New(p, nil)))
+	same(t, "create_agent", curl(t, m.HTTP, "/", true, `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"worker-1"},"id":1}`),
+		200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"worker-1","url":"/agent/worker-1"}}`)
+	const (
+		nativeTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+		nexusTrace  = "5bf92f3577b34da6a3ce929d0e0e4737"
+		parent      = "00f067aa0ba902b7"
+	)
+	body := `{"jsonrpc":"2.0","id":1,"method":"chat.send","params":{"agentId":"worker-1","content":"Hello"},"meta":{"traceparent":"00-` + nativeTrace + `-` + parent + `-01"}}`
+	res, err := http.Post(m.HTTP+"/rpc", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+"/agent/worker-1",
+		strings.NewReader(`{"jsonrpc":"2.0","method":"send","params":{"content":"Hello"},"id":2}`))
+	req.Header.Set("traceparent", "00-"+nexusTrace+"-"+parent+"-01")
+	res, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("send via NEXUS3: HTTP %d", res.StatusCode)
+	}
+	if err := p.ForceFlush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	shape := func(trace string) []string {
+		var out []string
+		for _, sp := range exp.GetSpans() {
+			if sp.SpanContext.TraceID().String() != trace {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code))
+			if sp.SpanKind == oteltrace.SpanKindServer && sp.Parent.SpanID().String() != parent {
+				t.Errorf("trace %s: server span's parent %s; want the caller's %s", trace, sp.Parent.SpanID(), parent)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	native, viaNexus3 := shape(nativeTrace), shape(nexusTrace)
+	t.Logf("spans: native %v, NEXUS3 %v", native, viaNexus3)
+	if len(native) == 0 || !slices.Contains(native, "chat.send/server/Unset") || !slices.Equal(native, viaNexus3) {
+		t.Errorf("spans of the native call %v, of the NEXUS3 call %v; want the same, with the chat.send server span", native, viaNexus3)
 	}
 }

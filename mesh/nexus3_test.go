@@ -15,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -453,4 +455,46 @@ func TestNexus3TraceLikeNative(t *testing.T) {
 	if len(native) == 0 || !slices.Contains(native, "chat.send/server/Unset") || !slices.Equal(native, viaNexus3) {
 		t.Errorf("spans of the native call %v, of the NEXUS3 call %v; want the same, with the chat.send server span", native, viaNexus3)
 	}
+}
+
+// TestNexus3Auth: on a hub with a key the NEXUS3 surface authenticates and
+// authorises like /rpc: no token is 401; a role the method's pattern does
+// not allow is a PERMISSION_DENIED error, in NEXUS3's shape.
+func TestNexus3Auth(t *testing.T) {
+	m := securedHub(t, mesh.Security{Roles: map[string][]string{"chat.destroy": {"writer"}, "chat.destroy_agent": {"writer"}}})
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt, agents.WithToken(token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
+	post := func(path, tok, body string) curlReply {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+path, strings.NewReader(body))
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return curlReply{res.StatusCode, b}
+	}
+	create := `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"worker-1"},"id":1}`
+	destroy := `{"jsonrpc":"2.0","method":"destroy_agent","params":{"agent_id":"worker-1"},"id":4}`
+	for _, path := range []string{"/", "/rpc"} {
+		if r := post(path, "", create); r.status != http.StatusUnauthorized {
+			t.Errorf("create_agent on %s without a token: HTTP %d %s; want 401", path, r.status, r.body)
+		}
+	}
+	if r := post("/agent/worker-1", "", `{"jsonrpc":"2.0","method":"get_tokens","id":5}`); r.status != http.StatusUnauthorized {
+		t.Errorf("get_tokens without a token: HTTP %d %s; want 401", r.status, r.body)
+	}
+	reader := token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
+	writer := token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)
+	same(t, "reader's create_agent", post("/", reader, create), 200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"worker-1","url":"/agent/worker-1"}}`)
+	r := post("/", reader, destroy)
+	v, _ := jsonOf(t, r.body).(map[string]any)
+	if e, _ := v["error"].(map[string]any); r.status != 200 || e == nil || e["code"] != -32008.0 {
+		t.Errorf("reader's destroy_agent: HTTP %d %s; want error -32008 (PERMISSION_DENIED)", r.status, r.body)
+	}
+	same(t, "writer's destroy_agent", post("/", writer, destroy), 200, `{"jsonrpc":"2.0","id":4,"result":{"success":true,"agent_id":"worker-1"}}`)
 }

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"io"
+	"runtime"
 	"sync"
 )
 
@@ -28,8 +29,15 @@ func readExact(r io.Reader, limit int) ([]byte, error) {
 			copy(nb, buf)
 			buf = nb
 		}
+		before := len(buf)
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
+		if before>>16 != len(buf)>>16 {
+			// Every 64 KiB of one message, let other goroutines run: a
+			// flood of large messages must not hold a P for the
+			// scheduler's 10 ms quantum while small calls wait (S26).
+			runtime.Gosched()
+		}
 		if err == io.EOF {
 			out := make([]byte, len(buf))
 			copy(out, buf)

@@ -153,7 +153,7 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 	var sent, ok int
 	readyzDown := false
 	client := &http.Client{Timeout: 500 * time.Millisecond}
-	for time.Since(pausedAt) < 3*time.Second {
+	for time.Since(pausedAt) < 10*time.Second { // [M5]: stop etcd for 10 s under load
 		sent++
 		if cl.Call(t.Context(), "echo.echo", sent, nil) == nil {
 			ok++
@@ -164,7 +164,8 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	srv.Resume()
-	t.Logf("etcd frozen 3 s: %d of %d calls through B to A succeeded; /readyz turned 503: %v", ok, sent, readyzDown)
+	resumed := time.Now()
+	t.Logf("etcd frozen 10 s: %d of %d calls through B to A succeeded; /readyz turned 503: %v", ok, sent, readyzDown)
 	if ok != sent {
 		t.Errorf("%d of %d calls failed while etcd was away; known agents must keep being routed", sent-ok, sent)
 	}
@@ -174,6 +175,17 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 	if !readyzDown {
 		t.Error("/readyz stayed 200 while etcd was unreachable")
 	}
+	// The leases lapsed while etcd stood still (etcd expires them when it
+	// resumes); the hubs start new sessions and write their live agents
+	// again, and B's table converges on etcd's.
+	waitFor(t, "B's routing table to converge after etcd returns", 10*time.Second, func() bool {
+		var list []mesh.AgentInfo
+		if cl.Call(t.Context(), "mesh.agents", nil, &list) != nil || len(list) != 1 || list[0].AgentID != "echo-a" {
+			return false
+		}
+		return cl.Call(t.Context(), "echo.echo", 1, nil) == nil
+	})
+	t.Logf("B routes to echo-a again %v after etcd resumed", time.Since(resumed).Round(time.Millisecond))
 
 	// Freeze the agent (S18 a): it stops heartbeating; hub A expires it
 	// after three intervals and deletes its key, and both hubs drop it
@@ -214,7 +226,10 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 	waitFor(t, "the frozen agent to expire on both hubs", 15*time.Second, func() bool { return gone(a) && gone(b) })
 	took := time.Since(stopped)
 	t.Logf("frozen agent gone from both hubs %v after SIGSTOP (heartbeat 200 ms, TTL 600 ms)", took.Round(10*time.Millisecond))
-	if took > 600*time.Millisecond+time.Second {
-		t.Errorf("the frozen agent left the views %v after SIGSTOP; S18 asks ≤ TTL + 1 s = 1.6 s", took)
+	// [M5] asks within one TTL of the freeze: the hub expires an agent
+	// three intervals after its last heartbeat, which came before the
+	// freeze; 100 ms of slack covers this test's polling of two hubs.
+	if took > 600*time.Millisecond+100*time.Millisecond {
+		t.Errorf("the frozen agent left the views %v after SIGSTOP; want within one TTL (600 ms)", took)
 	}
 }

@@ -3,6 +3,7 @@ package agents
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -237,6 +238,10 @@ type ChaosConfig struct {
 	CrashAfter int           // exit after this many executions (0: never)
 	// Crash ends the process abruptly; required when CrashAfter > 0.
 	Crash func()
+	// Ledger, if set, receives one line per execution of chaos.echo, the
+	// request id, written before the handler runs: an execution record
+	// that survives the process (SIGKILL loses the in-memory counts).
+	Ledger io.Writer
 }
 
 // NewChaos returns the chaos agent: chaos.echo echoes its params after the
@@ -260,6 +265,9 @@ func NewChaos(cfg ChaosConfig, opts ...Option) *Agent {
 		execs[id]++
 		total++
 		n := total
+		if cfg.Ledger != nil {
+			_, _ = io.WriteString(cfg.Ledger, id+"\n")
+		}
 		mu.Unlock()
 		if cfg.CrashAfter > 0 && n >= cfg.CrashAfter && cfg.Crash != nil {
 			cfg.Crash()

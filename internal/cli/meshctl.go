@@ -349,6 +349,7 @@ func (g *ctlFlags) agentCmd() *cobra.Command {
 		drain, linkPing           time.Duration
 		chatFlags                 chatAgentFlags
 		instances                 int
+		chaosLedger               string
 	)
 	run := &cobra.Command{
 		Use:   "run echo|kv|chaos|chat",
@@ -434,6 +435,16 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 						log.Error("chaos: crashing on purpose (--crash-after)")
 						os.Exit(ExitError)
 					}
+					if chaosLedger != "" {
+						// One line per execution, appended by one write(2):
+						// it survives a SIGKILL of this process.
+						f, err := os.OpenFile(chaosLedger, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+						if err != nil {
+							return nil, usageErr("--ledger: %v", err)
+						}
+						closers = append(closers, func() { _ = f.Close() })
+						cfg.Ledger = f
+					}
 					return agents.NewChaos(cfg, opts...), nil
 				case "chat":
 					chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, opts...)
@@ -491,6 +502,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 	f.DurationVar(&chaos.Jitter, "jitter", 0, "chaos: up to this much more latency, at random")
 	f.Float64Var(&chaos.HangRate, "hang-rate", 0, "chaos: share of calls that never answer (0..1)")
 	f.IntVar(&instances, "instances", 1, "run this many agent instances in this process, each with its own link (ids <id>-0 … <id>-N-1)")
+	f.StringVar(&chaosLedger, "ledger", "", "chaos: append the request id of every execution of chaos.echo to this file (for duplicate checks across crashes)")
 	f.IntVar(&chaos.CrashAfter, "crash-after", 0, "chaos: exit abruptly after this many executions (0: never)")
 	chatFlags.register(run)
 	agent.AddCommand(run)

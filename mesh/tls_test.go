@@ -21,6 +21,8 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/registry/etcd"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 )
 
 // testPKI writes a CA, a certificate for 127.0.0.1 (server and client
@@ -140,4 +142,53 @@ func contextUntil(stop <-chan struct{}) (context.Context, context.CancelFunc) {
 		cancel()
 	}()
 	return ctx, cancel
+}
+
+// TestPeerLinksOverMutualTLS: two hubs serving mutual TLS on one etcd; a
+// call entering hub B for the agent on hub A crosses a wss peer link on
+// which B presents its own certificate (the hub certificate has both the
+// serverAuth and clientAuth usages).
+func TestPeerLinksOverMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	srvTLS, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerTLS, err := mesh.ClientTLS(pki.ca, pki.cert, pki.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdSrv := etcdtest.Start(t)
+	hub := func(name string) *meshtest.Mesh {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{etcdSrv.Endpoint}, Prefix: "/mtls/", Hub: "hub-" + name}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, TLS: srvTLS, PeerTLS: peerTLS}, reg)
+	}
+	a, b := hub("A"), hub("B")
+	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
+	clientTLS, _ := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	ag := agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS}))
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := contextUntil(stop)
+		defer cancel()
+		done <- ag.Run(ctx, wss(a))
+	}()
+	defer func() { close(stop); <-done }()
+	select {
+	case <-ag.Registered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not register on hub A over mutual TLS")
+	}
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance("echo-on-a") != nil })
+	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS))
+	for i := range 20 {
+		var got []int
+		if err := c.Call(t.Context(), "echo.echo", []int{i}, &got); err != nil || len(got) != 1 || got[0] != i {
+			t.Fatalf("call %d through B to A: %v, %v", i, got, err)
+		}
+	}
 }

@@ -34,9 +34,15 @@ func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
+	return serveCfg(tb, h, ln, cfg)
+}
+
+// serveCfg serves h, probing readiness in a way cfg's listener answers:
+// the plain readiness probe cannot pass a TLS (maybe mutual) listener, so
+// a TLS hub is ready when it accepts connections.
+func serveCfg(tb testing.TB, h *mesh.Hub, ln net.Listener, cfg mesh.HubConfig) *Mesh {
+	tb.Helper()
 	if cfg.TLS != nil {
-		// The plain readiness probe cannot pass a TLS (maybe mutual)
-		// listener: a TLS hub is ready when it accepts connections.
 		return serveWith(tb, h, ln, func(m *Mesh) bool {
 			c, err := net.Dial("tcp", m.Addr)
 			if err == nil {
@@ -156,5 +162,5 @@ func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln
 		tb.Fatalf("NewHub: %v", err)
 	}
 	tb.Cleanup(func() { _ = reg.Close() })
-	return serve(tb, h, ln)
+	return serveCfg(tb, h, ln, cfg)
 }

@@ -25,15 +25,9 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusMethodNotAllowed, envelope.NewError(envelope.CodeInvalidRequest, "use POST for JSON-RPC"))
 		return
 	}
-	who, aerr := h.guard.authenticate(r)
-	if aerr != nil {
-		h.metrics().Refused(refusal(aerr))
-		httpRefuse(w, aerr)
+	ctx, ok := h.authRequest(w, r)
+	if !ok {
 		return
-	}
-	ctx := r.Context()
-	if who != nil {
-		ctx = context.WithValue(ctx, principalKey{}, who)
 	}
 	limit := h.cfg.Conn.Limits.MaxBytes
 	if r.ContentLength > int64(limit) {

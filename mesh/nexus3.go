@@ -109,15 +109,9 @@ func writeNexus3HTTPError(w http.ResponseWriter, status int, msg string) {
 // serveNexus3 serves one NEXUS3 request: a global one when agent is "",
 // else one for that agent.
 func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) {
-	who, aerr := h.guard.authenticate(r)
-	if aerr != nil {
-		h.metrics().Refused(refusal(aerr))
-		httpRefuse(w, aerr)
+	ctx, ok := h.authRequest(w, r)
+	if !ok {
 		return
-	}
-	ctx := r.Context()
-	if who != nil {
-		ctx = context.WithValue(ctx, principalKey{}, who)
 	}
 	limit := h.cfg.Conn.Limits.MaxBytes
 	tooBig := "Request body too large (limit " + strconv.Itoa(limit) + " bytes)"

@@ -316,6 +316,23 @@ func refusal(err error) string {
 	}
 }
 
+// authRequest authenticates an HTTP request and returns its context
+// carrying the caller; when it refuses it has answered (401/429) and
+// counted the refusal, and ok is false.
+func (h *Hub) authRequest(w http.ResponseWriter, r *http.Request) (ctx context.Context, ok bool) {
+	who, aerr := h.guard.authenticate(r)
+	if aerr != nil {
+		h.metrics().Refused(refusal(aerr))
+		httpRefuse(w, aerr)
+		return nil, false
+	}
+	ctx = r.Context()
+	if who != nil {
+		ctx = context.WithValue(ctx, principalKey{}, who)
+	}
+	return ctx, true
+}
+
 // httpRefuse answers an HTTP request refused before any work.
 func httpRefuse(w http.ResponseWriter, e *envelope.Error) {
 	w.Header().Set("Content-Type", "application/json")

@@ -74,6 +74,13 @@ func splitOrigin(s string) (scheme, host, port string, ok bool) {
 		if s[i] <= ' ' || s[i] >= 0x7f {
 			return "", "", "", false // browsers send ASCII (punycode) origins
 		}
+		switch s[i] {
+		case '#', '?', '@', '\\':
+			// A serialized origin has no fragment, query or userinfo; an
+			// empty one ("https://host#") parses as none and must not pass
+			// (found by FuzzOrigins).
+			return "", "", "", false
+		}
 	}
 	u, err := url.Parse(s)
 	if err != nil || u.Opaque != "" || u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || u.OmitHost {

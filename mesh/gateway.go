@@ -3,7 +3,6 @@ package mesh
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -35,7 +34,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
 		return
 	}
-	data, err := readBody(http.MaxBytesReader(w, r.Body, int64(limit)), r.ContentLength, limit)
+	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -71,14 +70,6 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = w.Write(out)
-}
-
-// readBody reads a request body of at most limit bytes: into one buffer
-// of the declared length when there is one, else into a buffer doubled
-// up to limit+1 (room to see the excess), so that a body read to the
-// limit allocates about twice the limit, not four times (S26).
-func readBody(r io.Reader, _ int64, limit int) ([]byte, error) {
-	return readExact(r, limit)
 }
 
 func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {

@@ -3,7 +3,6 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
@@ -248,21 +246,7 @@ func TestMCPTraceLikeNative(t *testing.T) {
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	shape := func(trace string) []string {
-		var out []string
-		for _, sp := range exp.GetSpans() {
-			if sp.SpanContext.TraceID().String() != trace {
-				continue
-			}
-			out = append(out, fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code))
-			if sp.SpanKind == oteltrace.SpanKindServer && sp.Parent.SpanID().String() != parent {
-				t.Errorf("trace %s: server span's parent %s; want the caller's %s", trace, sp.Parent.SpanID(), parent)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
-	native, viaMCP := shape(nativeTrace), shape(mcpTrace)
+	native, viaMCP := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, mcpTrace, parent)
 	t.Logf("spans: native %v, MCP %v", native, viaMCP)
 	if len(native) == 0 || !slices.Contains(native, "echo.echo/server/Unset") || !slices.Equal(native, viaMCP) {
 		t.Errorf("spans of the native call %v, of the MCP call %v; want the same, with the echo.echo server span", native, viaMCP)

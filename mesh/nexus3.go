@@ -119,7 +119,7 @@ func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) 
 		writeNexus3HTTPError(w, http.StatusRequestEntityTooLarge, tooBig)
 		return
 	}
-	data, err := readBody(http.MaxBytesReader(w, r.Body, int64(limit)), r.ContentLength, limit)
+	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

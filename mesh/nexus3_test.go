@@ -3,7 +3,6 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"reflect"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
@@ -436,21 +434,7 @@ func TestNexus3TraceLikeNative(t *testing.T) {
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	shape := func(trace string) []string {
-		var out []string
-		for _, sp := range exp.GetSpans() {
-			if sp.SpanContext.TraceID().String() != trace {
-				continue
-			}
-			out = append(out, fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code))
-			if sp.SpanKind == oteltrace.SpanKindServer && sp.Parent.SpanID().String() != parent {
-				t.Errorf("trace %s: server span's parent %s; want the caller's %s", trace, sp.Parent.SpanID(), parent)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
-	native, viaNexus3 := shape(nativeTrace), shape(nexusTrace)
+	native, viaNexus3 := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, nexusTrace, parent)
 	t.Logf("spans: native %v, NEXUS3 %v", native, viaNexus3)
 	if len(native) == 0 || !slices.Contains(native, "chat.send/server/Unset") || !slices.Equal(native, viaNexus3) {
 		t.Errorf("spans of the native call %v, of the NEXUS3 call %v; want the same, with the chat.send server span", native, viaNexus3)

@@ -433,6 +433,10 @@ func (a *Agent) shutdown(l *mesh.Link) {
 		case <-t.C:
 		}
 	}
+	// The handlers have returned, but their answers may still wait in the
+	// link's queue: close the link only once they are written, or the
+	// hub fails those calls with UNAVAILABLE.
+	mesh.DrainLink(ctx, l, l.Serving)
 }
 
 func callLink(ctx context.Context, l *mesh.Link, method string, params, result any, timeout time.Duration) error {

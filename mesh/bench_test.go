@@ -33,6 +33,7 @@ func BenchmarkRoutedCall(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
+			reportCPU(b)
 			b.SetBytes(int64(len(payload128)))
 			b.ResetTimer()
 			for b.Loop() {
@@ -45,6 +46,7 @@ func BenchmarkRoutedCall(b *testing.B) {
 	parallel := func(c *mesh.Client) func(b *testing.B) {
 		return func(b *testing.B) {
 			b.ReportAllocs()
+			reportCPU(b)
 			b.SetBytes(int64(len(payload128)))
 			b.SetParallelism(8) // 8 × GOMAXPROCS callers share the one connection
 			b.RunParallel(func(pb *testing.PB) {

@@ -119,31 +119,47 @@ func (p *pingPolicy) allow(now time.Time) bool {
 	return true
 }
 
-// wsConn runs one WebSocket with exactly one reader and one writer
-// goroutine (gorilla allows no more). Frames to send go through a bounded
-// queue; onMessage runs on the reader goroutine and must not block.
+// wsConn runs one WebSocket with one reader goroutine and at most one
+// writer goroutine (gorilla allows no more). Frames to send go into a
+// bounded queue; the writer is started when a frame is queued and exits
+// after writerLinger with nothing to write, so an idle connection holds
+// one goroutine and no queue. Pings go out from a timer (gorilla's
+// WriteControl may run concurrently with the writer). onMessage runs on
+// the reader goroutine and must not block.
 type wsConn struct {
 	ws        *websocket.Conn
 	cfg       ConnConfig
 	batch     bool // frames queued together go out as one JSON-array message (native links only)
-	out       chan *[]byte
 	closing   chan struct{}
 	closeOnce sync.Once
 	err       error // why it closed; read after closing is closed
 	onClose   func(error)
 	wg        sync.WaitGroup
-	pings     pingPolicy  // the peer's pings; reader goroutine only
-	writing   atomic.Bool // the writer holds frames taken from out
+	pings     pingPolicy // the peer's pings; reader goroutine only
+	ping      *time.Timer
+
+	qmu      sync.Mutex
+	q        []*[]byte     // frames waiting for the writer
+	spare    []*[]byte     // the writer's emptied batch, reused as the next queue
+	writerOn bool          // a writer goroutine runs (or is about to)
+	idle     bool          // the writer waits for frames on wake
+	closed   bool          // no more frames are taken
+	room     chan struct{} // closed when the writer takes a batch, for senders waiting on a full queue
+	wake     chan struct{} // tells an idle writer that frames are queued
+	writing  atomic.Int32  // frames the writer took and has not written yet
 }
 
-// unwritten reports frames queued or being written (a frame the writer
-// just took may be missed for an instant: callers poll).
+// writerLinger is how long a writer goroutine waits for more frames
+// before it exits. Under load it never exits; an idle link loses its
+// writer (and the writer's stack) soon after its last frame.
+const writerLinger = time.Second
+
+// unwritten reports frames queued or being written.
 func (c *wsConn) unwritten() int {
-	n := len(c.out)
-	if c.writing.Load() {
-		n++
-	}
-	return n
+	c.qmu.Lock()
+	n := len(c.q)
+	c.qmu.Unlock()
+	return n + int(c.writing.Load())
 }
 
 func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
@@ -152,21 +168,36 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 	return &wsConn{
 		ws:      ws,
 		cfg:     cfg,
-		out:     make(chan *[]byte, cfg.QueueSize),
 		closing: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
 		pings:   newPingPolicy(cfg.PeerPingMin),
 	}
 }
 
-// start runs the reader and writer goroutines; onClose runs once, on the
-// goroutine that noticed the end, after the connection is closed.
+// start runs the reader goroutine and the ping timer; onClose runs once,
+// on the goroutine that noticed the end, after the connection is closed.
 func (c *wsConn) start(onMessage func([]byte), onClose func(error)) {
 	c.onClose = onClose
-	c.wg.Add(2)
+	// c.ping is set before the timer can fire or shutdown can run.
+	c.ping = time.AfterFunc(time.Hour, c.sendPing)
+	c.ping.Reset(c.cfg.PingInterval)
+	c.wg.Add(1)
 	go c.readLoop(onMessage)
-	go c.writeLoop()
 }
 
+// sendPing runs on the ping timer's goroutine.
+func (c *wsConn) sendPing() {
+	select {
+	case <-c.closing:
+		return
+	default:
+	}
+	if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.WriteTimeout)); err != nil {
+		c.shutdown(err)
+		return
+	}
+	c.ping.Reset(c.cfg.PingInterval)
+}
 func (c *wsConn) readLoop(onMessage func([]byte)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
@@ -224,106 +255,160 @@ func (c *wsConn) readMessage() (int, []byte, error) {
 	return typ, buf, err
 }
 
+// writeLoop writes what is queued, batch by batch, until the queue stays
+// empty for writerLinger or the connection closes.
 func (c *wsConn) writeLoop() {
 	defer c.wg.Done()
-	ping := time.NewTicker(c.cfg.PingInterval)
-	defer ping.Stop()
+	var linger *time.Timer
+	defer func() {
+		if linger != nil {
+			linger.Stop()
+		}
+	}()
 	for {
-		select {
-		case b := <-c.out:
-			c.writing.Store(true)
-			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
-			var n int
-			var err error
-			if c.batch && len(c.out) == 0 {
-				// Let the goroutines that are about to queue a frame do so,
-				// so that one write carries them all.
-				runtime.Gosched()
+		c.qmu.Lock()
+		for len(c.q) == 0 {
+			if c.closed {
+				c.writerOn = false
+				c.qmu.Unlock()
+				return
 			}
-			if c.batch && len(c.out) > 0 {
-				n, err = c.writeBatch(b)
+			c.idle = true
+			c.qmu.Unlock()
+			if linger == nil {
+				linger = time.NewTimer(writerLinger)
 			} else {
-				n, err = len(*b), c.ws.WriteMessage(websocket.TextMessage, *b)
-				putBuf(b)
+				linger.Reset(writerLinger)
 			}
-			if c.cfg.Bytes != nil {
-				c.cfg.Bytes(0, n)
+			select {
+			case <-c.wake:
+			case <-c.closing:
+			case <-linger.C:
 			}
-			c.writing.Store(false)
-			if err != nil {
-				c.shutdown(err)
-				return
-			}
-		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.WriteTimeout)); err != nil {
-				c.shutdown(err)
-				return
-			}
-		case <-c.closing:
-			for {
+			c.qmu.Lock()
+			c.idle = false
+			if len(c.q) == 0 && !c.closed {
 				select {
-				case b := <-c.out:
-					putBuf(b)
+				case <-c.wake:
+					continue // a frame came and went? look again
 				default:
-					return
 				}
+				c.writerOn = false
+				c.qmu.Unlock()
+				return
 			}
 		}
+		if c.batch && len(c.q) == 1 && !c.closed {
+			// Let the goroutines that are about to queue a frame do so,
+			// so that one write carries them all.
+			c.qmu.Unlock()
+			runtime.Gosched()
+			c.qmu.Lock()
+		}
+		frames := c.q
+		c.q = c.spare[:0]
+		c.spare = nil
+		c.writing.Store(int32(len(frames)))
+		if c.room != nil {
+			close(c.room)
+			c.room = nil
+		}
+		closed := c.closed
+		c.qmu.Unlock()
+
+		var err error
+		if closed {
+			for _, b := range frames {
+				putBuf(b)
+			}
+		} else {
+			err = c.writeFrames(frames)
+		}
+		clear(frames)
+		c.writing.Store(0)
+		c.qmu.Lock()
+		if c.spare == nil {
+			c.spare = frames[:0]
+		}
+		c.qmu.Unlock()
+		if err != nil {
+			c.shutdown(err)
+		}
 	}
+}
+
+// writeFrames writes frames in order: as JSON-array batches on a native
+// link, one message each otherwise. It returns every buffer to the pool.
+func (c *wsConn) writeFrames(frames []*[]byte) error {
+	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+	var err error
+	for len(frames) > 0 && err == nil {
+		var n, used int
+		if c.batch && len(frames) > 1 {
+			n, used, err = c.writeBatch(frames)
+		} else {
+			n, used = len(*frames[0]), 1
+			err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+			putBuf(frames[0])
+		}
+		if c.cfg.Bytes != nil {
+			c.cfg.Bytes(0, n)
+		}
+		frames = frames[used:]
+	}
+	for _, b := range frames {
+		putBuf(b) // not written: the connection is going
+	}
+	return err
 }
 
 // maxBatchFrames bounds the frames one batched message carries.
 const maxBatchFrames = 128
 
-// writeBatch sends first and the frames queued behind it as one message,
-// a JSON array: one write (and one syscall) for many frames under load.
-// The batch stays under half the peer's message limit.
-func (c *wsConn) writeBatch(first *[]byte) (int, error) {
+// writeBatch sends the first frames as one message, a JSON array: one
+// write (and one syscall) for many frames under load. A batch holds at
+// most maxBatchFrames and stays under half the peer's message limit; it
+// reports how many frames it used (at least one).
+func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
+	budget := c.cfg.Limits.MaxBytes / 2
+	used = 1
+	n = len(*frames[0]) + 2
+	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget {
+		n += len(*frames[used]) + 1
+		used++
+	}
+	if used == 1 {
+		err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+		putBuf(frames[0])
+		return len(*frames[0]), 1, err
+	}
 	w, err := c.ws.NextWriter(websocket.TextMessage)
 	if err != nil {
-		putBuf(first)
-		return 0, err
-	}
-	budget := c.cfg.Limits.MaxBytes / 2
-	n := len(*first) + 2
-	_, _ = w.Write([]byte{'['})
-	_, err = w.Write(*first)
-	putBuf(first)
-	for i := 1; i < maxBatchFrames && err == nil; i++ {
-		var b *[]byte
-		select {
-		case b = <-c.out:
-		default:
-		}
-		if b == nil {
-			break
-		}
-		if n+len(*b)+1 > budget {
-			// Too big to join: close this batch, send b on its own.
-			_, _ = w.Write([]byte{']'})
-			if err = w.Close(); err == nil {
-				err = c.ws.WriteMessage(websocket.TextMessage, *b)
-			}
-			n += len(*b)
+		for _, b := range frames[:used] {
 			putBuf(b)
-			return n, err
 		}
-		n += len(*b) + 1
-		_, _ = w.Write([]byte{','})
-		_, err = w.Write(*b)
+		return 0, used, err
+	}
+	sep := byte('[')
+	for _, b := range frames[:used] {
+		if err == nil {
+			_, _ = w.Write([]byte{sep})
+			_, err = w.Write(*b)
+		}
+		sep = ','
 		putBuf(b)
 	}
 	_, _ = w.Write([]byte{']'})
 	if cerr := w.Close(); err == nil {
 		err = cerr
 	}
-	return n, err
+	return n, used, err
 }
 
 // trySend queues a frame without waiting; false if the queue is full or
 // the connection closed. The buffer belongs to the connection afterwards.
 func (c *wsConn) trySend(b *[]byte) bool {
-	if c.enqueue(b) {
+	if ok, _ := c.enqueue(b, false); ok {
 		return true
 	}
 	putBuf(b)
@@ -333,44 +418,93 @@ func (c *wsConn) trySend(b *[]byte) bool {
 // send queues a frame, waiting up to WriteTimeout for room; a peer that
 // does not drain its queue for that long is cut off.
 func (c *wsConn) send(b *[]byte) bool {
-	if c.enqueue(b) {
+	ok, room := c.enqueue(b, true)
+	if ok {
 		return true
 	}
-	t := time.NewTimer(c.cfg.WriteTimeout)
-	defer t.Stop()
-	select {
-	case c.out <- b:
-		return true
-	case <-c.closing:
-	case <-t.C:
-		c.shutdown(errors.New("peer does not read: send queue full"))
+	var t *time.Timer
+	for room != nil {
+		if t == nil {
+			t = time.NewTimer(c.cfg.WriteTimeout)
+			defer t.Stop()
+		}
+		select {
+		case <-room:
+		case <-c.closing:
+			putBuf(b)
+			return false
+		case <-t.C:
+			c.shutdown(errors.New("peer does not read: send queue full"))
+			putBuf(b)
+			return false
+		}
+		if ok, room = c.enqueue(b, true); ok {
+			return true
+		}
 	}
 	putBuf(b)
 	return false
 }
 
-func (c *wsConn) enqueue(b *[]byte) bool {
-	select {
-	case <-c.closing:
-		return false
-	default:
+// enqueue queues b unless the connection is closed or the queue is full;
+// then, if wait, it returns a channel closed when the writer next takes
+// frames out. It starts a writer if none runs, or wakes the idle one.
+func (c *wsConn) enqueue(b *[]byte, wait bool) (ok bool, room <-chan struct{}) {
+	c.qmu.Lock()
+	if c.closed {
+		c.qmu.Unlock()
+		return false, nil
 	}
-	select {
-	case c.out <- b:
-		return true
-	default:
-		return false
+	if len(c.q) >= c.cfg.QueueSize {
+		if wait {
+			if c.room == nil {
+				c.room = make(chan struct{})
+			}
+			room = c.room
+		}
+		c.qmu.Unlock()
+		return false, room
 	}
+	c.q = append(c.q, b)
+	switch {
+	case !c.writerOn:
+		c.writerOn = true
+		c.wg.Add(1) // under qmu, before closed is set: Close's Wait sees it
+		go c.writeLoop()
+	case c.idle:
+		c.idle = false
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	c.qmu.Unlock()
+	return true, nil
 }
 
-// shutdown starts closing without waiting: safe from the reader or writer.
+// shutdown starts closing without waiting: safe from any goroutine.
 func (c *wsConn) shutdown(err error) {
 	c.closeOnce.Do(func() {
 		if err == nil {
 			err = errConnClosed
 		}
 		c.err = err
+		c.qmu.Lock()
+		c.closed = true
+		dropped := c.q
+		c.q = nil
+		if c.room != nil {
+			close(c.room)
+			c.room = nil
+		}
+		c.qmu.Unlock()
+		for _, b := range dropped {
+			putBuf(b)
+		}
 		close(c.closing)
+		if c.ping != nil {
+			c.ping.Stop()
+		}
 		code, text := websocket.CloseNormalClosure, ""
 		if errors.Is(err, errTooManyPings) {
 			code, text = websocket.ClosePolicyViolation, "too many pings"

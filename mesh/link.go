@@ -341,7 +341,7 @@ type task struct {
 // exits. Workers are kept because a new goroutine starts with a small
 // stack that the deep call chain of a request grows by copying (15 % of
 // the hub's CPU under load when every request had its own goroutine).
-const workerIdle = 2 * time.Second
+const workerIdle = 500 * time.Millisecond
 
 // worker serves t, then whatever requests come while it is idle for less
 // than workerIdle; it exits when the link closes.

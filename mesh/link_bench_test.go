@@ -46,6 +46,7 @@ func BenchmarkLinkCall(b *testing.B) {
 	req := envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: payload128}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
+		reportCPU(b)
 		for b.Loop() {
 			r := req
 			if _, err := l.Call(context.Background(), &r); err != nil {
@@ -55,6 +56,7 @@ func BenchmarkLinkCall(b *testing.B) {
 	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
+		reportCPU(b)
 		b.SetParallelism(32)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {

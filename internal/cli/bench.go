@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -24,7 +25,7 @@ func (g *ctlFlags) benchCmd() *cobra.Command {
 		cfg                          bench.Config
 		conns                        int
 		output, compare, failOn, hdr string
-		metricsAddr                  string
+		metricsAddr, cpuProfile      string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench METHOD [PARAMS_JSON|@FILE|-]",
@@ -118,6 +119,17 @@ report (ghz/vegeta field names); --compare OLD.json prints the deltas;
 						p.Elapsed.Seconds(), p.Sent, float64(p.Sent)/p.Elapsed.Seconds(), p.OK, p.Errors, p.P99.Round(time.Microsecond))
 				}
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return withCode(ExitError, err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					f.Close()
+					return withCode(ExitError, err)
+				}
+				defer func() { pprof.StopCPUProfile(); f.Close() }()
+			}
 			rep, err := bench.Run(cmd.Context(), cfg, conns, func(ctx context.Context, i int, req *envelope.Request) error {
 				_, err := clients[i].Invoke(ctx, req)
 				return err
@@ -177,5 +189,6 @@ report (ghz/vegeta field names); --compare OLD.json prints the deltas;
 	f.StringVar(&failOn, "fail-on", "", "bounds such as 'p99>20ms,errors>0.1%': exit 99 when one is broken")
 	f.StringVar(&hdr, "hdr-out", "", "write the latency percentiles in HdrHistogram's format to this file")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the client's Prometheus /metrics here during the run")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write the client's CPU profile (pprof) for the run to this file")
 	return cmd
 }

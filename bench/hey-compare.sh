@@ -1,17 +1,43 @@
 #!/usr/bin/env bash
 # Checks meshctl bench against an outside tool (hey, from Debian) on the
 # hub's HTTP endpoint: same method, same body, same concurrency, taking
-# turns. Requires: apt-get install -y hey.
+# turns for ROUNDS rounds (default 5). It prints every round and the
+# medians of requests/s, p50 and p99 with their ratios meshctl/hey: on a
+# shared 2-core machine one round can swing by ±20 %, so the medians are
+# what to compare. Requires: apt-get install -y hey.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rounds=${ROUNDS:-5}
+n=${N:-20000}
+c=${C:-16}
 bin=$(mktemp -d); trap 'kill $pid 2>/dev/null || true; rm -rf "$bin"' EXIT
 go build -o "$bin" ./cmd/meshd ./cmd/meshctl
 addr=127.0.0.1:$((20000 + RANDOM % 10000))
 "$bin/meshd" --demo --listen "$addr" --log-level warn & pid=$!
 for _ in $(seq 50); do curl -sf "http://$addr/readyz" >/dev/null && break; sleep 0.1; done
 body='{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"data":"hello"}}'
-for i in 1 2 3; do
-  h=$(hey -n 20000 -c 16 -m POST -T application/json -d "$body" "http://$addr/rpc" | awk '/Requests\/sec/ {print $2}')
-  m=$("$bin/meshctl" bench echo.echo '{"data":"hello"}' -n 20000 -c 16 --hub "http://$addr/rpc" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["rps"])')
-  python3 -c "h=$h; m=$m; print(f'run $i: hey {h:.0f}/s, meshctl bench {m:.0f}/s, meshctl/hey {m/h:.3f}')"
+# warm both paths up
+hey -n 2000 -c "$c" -m POST -T application/json -d "$body" "http://$addr/rpc" >/dev/null
+"$bin/meshctl" bench echo.echo '{"data":"hello"}' -n 2000 -c "$c" --hub "http://$addr/rpc" >/dev/null
+out=$(mktemp)
+for i in $(seq "$rounds"); do
+  hey -n "$n" -c "$c" -m POST -T application/json -d "$body" "http://$addr/rpc" |
+    awk -v r="$i" '/Requests\/sec/ {rps=$2} /  50% in/ {p50=$3*1000} /  99% in/ {p99=$3*1000}
+      END {printf "hey %s %f %f %f\n", r, rps, p50, p99}' >>"$out"
+  "$bin/meshctl" bench echo.echo '{"data":"hello"}' -n "$n" -c "$c" --hub "http://$addr/rpc" -o json |
+    python3 -c "import json,sys; d=json.load(sys.stdin); l=d['latencies']; print('meshctl $i', d['rps'], l['50th'], l['99th'])" >>"$out"
 done
+python3 - "$out" <<'PY'
+import sys, statistics as st
+rows = [l.split() for l in open(sys.argv[1])]
+by = {"hey": [], "meshctl": []}
+for tool, r, rps, p50, p99 in rows:
+    by[tool].append((float(rps), float(p50), float(p99)))
+for i, (h, m) in enumerate(zip(by["hey"], by["meshctl"]), 1):
+    print(f"round {i}: hey {h[0]:7.0f}/s p50 {h[1]:.3f} ms p99 {h[2]:.3f} ms | meshctl {m[0]:7.0f}/s p50 {m[1]:.3f} ms p99 {m[2]:.3f} ms | rps ratio {m[0]/h[0]:.3f}")
+med = {t: [st.median(x[k] for x in v) for k in range(3)] for t, v in by.items()}
+h, m = med["hey"], med["meshctl"]
+print(f"median: hey {h[0]:.0f}/s p50 {h[1]:.3f} ms p99 {h[2]:.3f} ms | meshctl {m[0]:.0f}/s p50 {m[1]:.3f} ms p99 {m[2]:.3f} ms")
+print(f"meshctl/hey (medians): rps {m[0]/h[0]:.3f}, p50 {m[1]/h[1]:.3f}, p99 {m[2]/h[2]:.3f}")
+PY
+rm -f "$out"

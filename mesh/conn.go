@@ -198,19 +198,28 @@ func (c *wsConn) sendPing() {
 	}
 	c.ping.Reset(c.cfg.PingInterval)
 }
+
 func (c *wsConn) readLoop(onMessage func([]byte)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
+	// The deadline moves with each message, but only when it has aged by
+	// an eighth of idle: moving it costs a runtime timer update, which at
+	// tens of thousands of messages a second showed in profiles. A link
+	// is thus closed after between 7/8 × idle and idle of silence.
+	last := time.Now()
 	for {
 		typ, data, err := c.readMessage()
 		if err != nil {
 			c.shutdown(err)
 			return
 		}
-		_ = c.ws.SetReadDeadline(time.Now().Add(idle))
+		if now := time.Now(); now.Sub(last) >= idle/8 {
+			_ = c.ws.SetReadDeadline(now.Add(idle))
+			last = now
+		}
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(len(data), 0)
 		}

@@ -73,6 +73,9 @@ func NewBreakers(cfg BreakerConfig, onChange func(k BreakerKey, from, to gobreak
 // never reached a handler are excluded: they neither trip nor heal a
 // breaker.
 func counted(err error) bool {
+	if err == nil {
+		return true // and no escape of e below for every success
+	}
 	var e *envelope.Error
 	if errors.As(err, &e) && e.NotSent() {
 		return false

@@ -13,8 +13,9 @@ import (
 // instance choice around it so that a retry prefers an instance not yet
 // tried. Safe for concurrent use (hedged attempts share it).
 type Tried struct {
-	mu  sync.Mutex
-	ids []string
+	mu    sync.Mutex
+	ids   []string
+	first [2]string // ids' room for the usual one or two attempts, with no allocation
 }
 
 type triedKey struct{}
@@ -41,6 +42,9 @@ func (t *Tried) Add(id string) {
 		return
 	}
 	t.mu.Lock()
+	if t.ids == nil {
+		t.ids = t.first[:0]
+	}
 	t.ids = append(t.ids, id)
 	t.mu.Unlock()
 }

@@ -61,7 +61,15 @@ type StreamPayload struct {
 type SeqEvent struct {
 	Seq uint64 `json:"seq"`
 	StreamPayload
+	size int // its JSON size, measured once when published
 }
+
+// MaxPageBytes bounds the JSON size of one chat.events page. Every
+// message_update carries the whole text so far, so a page of a long
+// answer's events could otherwise pass a link's 1 MiB message limit, and
+// the answer would cost the chat agent its link. A page always holds at
+// least one event.
+const MaxPageBytes = 256 << 10
 
 // eventLog is an agent's bounded ring of events. Seq numbers start at 1
 // and never repeat; a reader that falls behind by more than the ring's
@@ -88,8 +96,12 @@ func newEventLog(size int) *eventLog {
 // publish appends p and wakes the readers; in-process subscribers are
 // called synchronously, in order.
 func (l *eventLog) publish(p StreamPayload) {
+	size := 64
+	if b, err := json.Marshal(p); err == nil {
+		size += len(b)
+	}
 	l.mu.Lock()
-	ev := SeqEvent{Seq: l.next, StreamPayload: p}
+	ev := SeqEvent{Seq: l.next, StreamPayload: p, size: size}
 	l.next++
 	if l.n < len(l.ring) {
 		l.ring[(l.start+l.n)%len(l.ring)] = ev
@@ -161,9 +173,13 @@ func (l *eventLog) read(ctx context.Context, afterSeq uint64, max int, wait time
 		if afterSeq+1 < oldest {
 			page.Dropped = oldest - afterSeq - 1
 		}
+		bytes := 0
 		for i := 0; i < l.n && len(page.Events) < max; i++ {
 			ev := l.ring[(l.start+i)%len(l.ring)]
 			if ev.Seq > afterSeq {
+				if bytes += ev.size; bytes > MaxPageBytes && len(page.Events) > 0 {
+					break
+				}
 				page.Events = append(page.Events, ev)
 			}
 		}

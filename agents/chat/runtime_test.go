@@ -686,3 +686,41 @@ func TestDestroyDuringTurn(t *testing.T) {
 		t.Errorf("events of a destroyed agent are not marked closed")
 	}
 }
+
+// TestEventPagesBounded publishes the message_update events of a long
+// answer (each carries the whole text so far) and reads them back in
+// pages: each page stays under MaxPageBytes, and the pages together give
+// every event once, in order. Unbounded, the first page of 256 events
+// was 33 MB, far past a link's 1 MiB limit.
+func TestEventPagesBounded(t *testing.T) {
+	l := newEventLog(1024)
+	text := ""
+	for range 400 {
+		text += strings.Repeat("w", 320)
+		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventMessageUpdate,
+			Message: &StreamMessage{Role: "assistant", Content: Content{Text(text)}}}})
+	}
+	var after uint64
+	seen := 0
+	for pages := 0; seen < 400; pages++ {
+		if pages > 400 {
+			t.Fatal("no progress")
+		}
+		p := l.read(t.Context(), after, 256, 0)
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Well under a link's 1 MiB message limit, with the envelope around it.
+		if len(b) > 512<<10 && len(p.Events) > 1 {
+			t.Fatalf("page of %d events is %d bytes, over 512 KiB", len(p.Events), len(b))
+		}
+		for _, e := range p.Events {
+			if e.Seq != uint64(seen)+1 {
+				t.Fatalf("event seq %d, want %d", e.Seq, seen+1)
+			}
+			seen++
+		}
+		after = p.NextSeq
+	}
+}

@@ -358,8 +358,9 @@ func (h *Hub) Handler() http.Handler {
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
 	mux.Handle("/mcp", h.mcpHandler())
-	h.nexus3Routes(mux)   // POST / and POST /agent/{id} (nexus3.go)
-	h.agentickRoutes(mux) // GET /agentick/ws, GET /events, POST /invoke (agentick.go)
+	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
+	// GET /agentick/ws, GET /events, POST /invoke (agentick.go)
+	h.agentickRoutes(mux)
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

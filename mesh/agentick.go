@@ -52,7 +52,7 @@ import (
 //	close             chat.destroy
 //	apps              mesh.methods: app "chat" when an agent serves chat.send
 //	sessions          chat.list
-//	subscribe         chat.events (tail, then long polls: Hub.FollowChat)
+//	subscribe         chat.events (tail, then long polls of small pages)
 //	unsubscribe       the gateway's own subscription
 //	channel           chat.get_context, then the gateway's own channel fan-out
 //	channel-subscribe chat.get_context, then the gateway's own subscription
@@ -179,11 +179,17 @@ func agentickFromMesh(err error, tool bool) *agError {
 	if msg == "" {
 		msg = e.Code.String()
 	}
-	d := map[string]any{"meshCode": e.Code.String()}
-	if ra := e.RetryAfter(); ra > 0 {
-		d["retryAfterMs"] = ra.Milliseconds()
+	ae = &agError{Code: code, Message: msg, meshCode: e.Code, fromMesh: true}
+	switch e.Code {
+	case envelope.CodeAgentNotFound, envelope.CodeMethodNotFound, envelope.CodeInvalidParams, envelope.CodePermissionDenied, envelope.CodeRPCError:
+		// The seed's code says it all.
+	default:
+		ae.Details = map[string]any{"meshCode": e.Code.String()}
+		if ra := e.RetryAfter(); ra > 0 {
+			ae.Details["retryAfterMs"] = ra.Milliseconds()
+		}
 	}
-	return &agError{Code: code, Message: msg, Details: d, meshCode: e.Code, fromMesh: true}
+	return ae
 }
 
 // httpStatus is the status of an /invoke answer failing with e.
@@ -256,12 +262,18 @@ func decodeAgentickFrame(data []byte, lim envelope.Limits, invoke bool) (*agFram
 	if !json.Valid(data) {
 		return f, agErr(agValidationType, "frame is not valid JSON")
 	}
-	if d := jsonDepth(data); d > lim.MaxDepth && lim.MaxDepth > 0 {
-		return f, agErr(agValidationType, "frame nests %d levels deep; at most %d", d, lim.MaxDepth)
-	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(data, &m); err != nil || m == nil {
 		return f, agErr(agValidationType, "frame must be a JSON object")
+	}
+	if d := jsonDepth(data); d > lim.MaxDepth && lim.MaxDepth > 0 {
+		// Refused, but answered to its id when it has one.
+		_ = json.Unmarshal(m["type"], &f.Type)
+		if f.Type == "req" || (invoke && f.Type == "") {
+			f.Type = "req"
+			_ = json.Unmarshal(m["id"], &f.ID)
+		}
+		return f, agErr(agValidationType, "frame nests %d levels deep; at most %d", d, lim.MaxDepth)
 	}
 	str := func(k string, required bool, maxLen int) (string, *agError) {
 		raw, ok := m[k]
@@ -381,24 +393,24 @@ type agentickGW struct {
 	closed   bool
 	clients  map[string]*agClient
 	sessions map[string]*agSession
+	activity map[string]time.Time // session → its last send here
 }
 
 // agSession is what the gateway keeps about a session: its subscribers
 // here, and its turns started here (one at a time, so that each turn's
 // execution_start … result … execution_end bracket its events).
 type agSession struct {
-	subs     map[*agSub]struct{}
-	turn     chan struct{} // a token while a turn runs
-	running  string        // messageId of the running turn
-	pending  int           // turns started or waiting
-	activity time.Time
+	subs    map[*agSub]struct{}
+	turn    chan struct{} // a token while a turn runs
+	running string        // messageId of the running turn
+	pending int           // turns started or waiting
 }
 
 func (h *Hub) agentick() *agentickGW {
 	h.ag.once.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		gw := &agentickGW{h: h, id: "gw-" + h.cfg.ID, start: time.Now(), ctx: ctx, cancel: cancel,
-			clients: map[string]*agClient{}, sessions: map[string]*agSession{}}
+			clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
 		if !h.track(gw) {
 			gw.closed = true
 			cancel()
@@ -737,7 +749,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 	gw.mu.Unlock()
 	go func() {
 		defer c.wg.Done()
-		_, _ = gw.h.FollowChat(ctx, session, tail, s.onChat)
+		_ = gw.follow(ctx, session, tail, s.onChat)
 		s.end()
 		cancel()
 		gw.mu.Lock()
@@ -752,6 +764,43 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 		}
 		c.mu.Unlock()
 	}()
+	return nil
+}
+
+// agentickPage bounds the events of one chat.events poll: a message_update
+// event carries the whole text streamed so far, so a page of the default
+// 256 events of a long answer can pass the link's message limit (1 MiB),
+// and an answer that big costs the chat agent its link.
+const agentickPage = 16
+
+// follow is Hub.FollowChat with pages of at most agentickPage events: it
+// calls fn with every event of session after seq after, in order, until
+// ctx ends, fn returns false, the session closes or chat.events fails.
+func (gw *agentickGW) follow(ctx context.Context, session string, after uint64, fn func(ChatEvent) bool) error {
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, chatPollWait+5*time.Second)
+		var p chatEventsPage
+		err := gw.callInto(pctx, "chat.events", map[string]any{"agentId": session, "after_seq": after,
+			"wait_ms": chatPollWait.Milliseconds(), "max": agentickPage}, &p)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, e := range p.Events {
+			if !fn(e) {
+				return nil
+			}
+		}
+		if p.NextSeq > after {
+			after = p.NextSeq
+		}
+		if p.Closed && len(p.Events) == 0 {
+			return nil
+		}
+	}
 	return nil
 }
 
@@ -784,7 +833,12 @@ func (gw *agentickGW) emit(session, event string, data any, barrier uint64) {
 
 // ---- calls into the mesh ----
 
-// call runs method through the hub's ingress with ctx's caller.
+// agTraceKey carries the W3C trace context of an /invoke request (its
+// HTTP headers): agentick frames have no field for it.
+type agTraceKey struct{}
+
+// call runs method through the hub's ingress with ctx's caller (and the
+// trace context of /invoke's headers).
 func (gw *agentickGW) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
 	raw, isRaw := params.(json.RawMessage)
 	if params != nil && !isRaw {
@@ -794,8 +848,16 @@ func (gw *agentickGW) call(ctx context.Context, method string, params any) (json
 		}
 		raw = b
 	}
-	res, err := gw.h.ingress(ctx, &envelope.Request{ID: envelope.NewID(), Method: method, Params: raw,
-		Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: raw,
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	if tc, ok := ctx.Value(agTraceKey{}).(http.Header); ok {
+		for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+			if v := tc.Get(k); v != "" && len(v) <= 512 {
+				req.Headers.Set(k, v)
+			}
+		}
+	}
+	res, err := gw.h.ingress(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -888,8 +950,8 @@ func (gw *agentickGW) listSessions(ctx context.Context) ([]agListed, error) {
 func (gw *agentickGW) lastActivity(name, createdAt string) string {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
-	if s := gw.sessions[name]; s != nil && !s.activity.IsZero() {
-		return s.activity.UTC().Format(time.RFC3339Nano)
+	if t, ok := gw.activity[name]; ok {
+		return t.UTC().Format(time.RFC3339Nano)
 	}
 	return createdAt
 }
@@ -1077,7 +1139,7 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 	}
 	s := gw.session(name)
 	s.pending++
-	s.activity = time.Now()
+	gw.activity[name] = time.Now()
 	gw.wg.Add(1)
 	gw.mu.Unlock()
 	// The turn outlives the request: it runs with the gateway's context
@@ -1117,7 +1179,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	err := gw.callInto(ctx, "chat.send", map[string]string{"agentId": name, "content": msg, "request_id": id}, &out)
 	gw.mu.Lock()
 	s.running = ""
-	s.activity = time.Now()
+	gw.activity[name] = time.Now()
 	gw.mu.Unlock()
 	t1, terr := gw.h.ChatTail(ctx, name)
 	if terr != nil {
@@ -1280,6 +1342,9 @@ func (gw *agentickGW) closeSession(ctx context.Context, p *agParams) (any, *agEr
 		return nil, agentickFromMesh(err, false)
 	}
 	if out.Success {
+		gw.mu.Lock()
+		delete(gw.activity, name)
+		gw.mu.Unlock()
 		return map[string]bool{"ok": true}, nil
 	}
 	// Not in the pool: closed before, or never there.
@@ -1643,7 +1708,13 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 		f.ClientID = r.URL.Query().Get("clientId")
 	}
 	gw := h.agentick()
-	ctx := r.Context()
+	tc := http.Header{}
+	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+		if v := r.Header.Get(k); v != "" {
+			tc.Set(k, v)
+		}
+	}
+	ctx := context.WithValue(r.Context(), agTraceKey{}, tc)
 	if who != nil {
 		ctx = context.WithValue(ctx, principalKey{}, who)
 	}

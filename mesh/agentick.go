@@ -1631,8 +1631,13 @@ func (gw *agentickGW) connected(ctx context.Context) []byte {
 			sessions = append(sessions, a.AgentID)
 		}
 	}
-	b, _ := json.Marshal(map[string]any{"type": "connected", "gatewayId": gw.id, "protocolVersion": agentickVersion,
-		"apps": apps, "sessions": sessions})
+	b, _ := json.Marshal(struct {
+		Type            string   `json:"type"`
+		GatewayID       string   `json:"gatewayId"`
+		ProtocolVersion string   `json:"protocolVersion"`
+		Apps            []string `json:"apps"`
+		Sessions        []string `json:"sessions"`
+	}{"connected", gw.id, agentickVersion, apps, sessions})
 	return b
 }
 

@@ -906,3 +906,43 @@ func TestAgentickChannel(t *testing.T) {
 		t.Errorf("A got %s; want nothing", msg)
 	}
 }
+
+// TestAgentickLongTurn: a subscriber follows a long answer (1200 words,
+// each message_update event carrying the whole text so far) to its end,
+// deltas adding up to the text, and the chat agent keeps its link: the
+// surface polls chat.events in pages small enough for the link's limit.
+func TestAgentickLongTurn(t *testing.T) {
+	m := startNexus3(t, nil)
+	c, _, err := dialAgentick(t, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.write(`{"type":"connect","clientId":"long"}`)
+	c.read()
+	start := time.Now()
+	payload(t, "send", c.call("1", "send", map[string]any{"sessionId": "long", "message": "/long 1200"}))
+	var text strings.Builder
+	deltas := 0
+	var result string
+	for {
+		v := c.read()
+		d, _ := v["data"].(map[string]any)
+		switch v["event"] {
+		case "content_delta":
+			deltas++
+			text.WriteString(d["delta"].(string))
+		case "result":
+			result, _ = d["content"].(string)
+		}
+		if v["event"] == "execution_end" {
+			break
+		}
+	}
+	t.Logf("long turn: %d deltas, %d bytes, %v", deltas, text.Len(), time.Since(start))
+	if result == "" || text.String() != result || !strings.HasSuffix(result, "word1200") {
+		t.Errorf("deltas add up to %d bytes, result %d bytes; want the same 1200 words", text.Len(), len(result))
+	}
+	if err := m.Client(t).Call(t.Context(), "chat.list", nil, nil); err != nil {
+		t.Errorf("chat.list after the long turn: %v (the chat agent lost its link?)", err)
+	}
+}

@@ -1598,7 +1598,14 @@ func (gw *agentickGW) toolDispatch(ctx context.Context, p *agParams) (any, *agEr
 }
 
 // answer runs a decoded req and encodes its res.
-func (gw *agentickGW) answer(ctx context.Context, c *agClient, f *agFrame) ([]byte, *agError) {
+func (gw *agentickGW) answer(ctx context.Context, c *agClient, f *agFrame) (out []byte, ae *agError) {
+	defer func() {
+		if p := recover(); p != nil {
+			gw.h.log.Error("agentick: method panicked", "method", f.Method, "panic", fmt.Sprint(p))
+			ae = agErr(agInternalError, "unexpected failure in %s", f.Method)
+			out = agentickRes(f.ID, nil, ae)
+		}
+	}()
 	v, e := gw.invoke(ctx, c, f.Method, f.Params)
 	if e != nil {
 		return agentickRes(f.ID, nil, e), e

@@ -946,3 +946,46 @@ func TestAgentickLongTurn(t *testing.T) {
 		t.Errorf("chat.list after the long turn: %v (the chat agent lost its link?)", err)
 	}
 }
+
+// TestAgentickDrain: a hub with agentick clients following sessions
+// (long polls of chat.events in flight) drains promptly: the clients are
+// closed once the drain starts instead of holding it for a poll's 10 s.
+func TestAgentickDrain(t *testing.T) {
+	m := startNexus3(t, nil)
+	c, _, err := dialAgentick(t, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.write(`{"type":"connect","clientId":"d1"}`)
+	c.read()
+	payload(t, "subscribe", c.call("1", "subscribe", map[string]any{"sessionId": "d"}))
+	s, _ := openSSE(t, m, "d2", "")
+	s.next(nil)
+	if st, r := invoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"d"},"clientId":"d2"}`); st != 200 {
+		t.Fatalf("subscribe d2: %d %v", st, r)
+	}
+	time.Sleep(200 * time.Millisecond) // the long polls are waiting
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := m.Hub.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	took := time.Since(start)
+	t.Logf("drain with 2 agentick subscribers: %v", took)
+	if took > 5*time.Second {
+		t.Errorf("drain took %v; want well under a long poll's 10 s", took)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		t.Error("the SSE stream did not end with the hub")
+	}
+	_ = c.ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		if _, _, err := c.ws.ReadMessage(); err != nil {
+			break
+		}
+	}
+	waitAgentickGone(t)
+}

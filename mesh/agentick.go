@@ -76,6 +76,9 @@ const (
 	// agentickInFlight bounds the requests in flight per WebSocket client.
 	agentickInFlight = 64
 	agentickMaxID    = 256
+	// agentickMaxTurns bounds the sends of one session started here and
+	// not finished (running or waiting for the running one).
+	agentickMaxTurns = 16
 )
 
 // agentickKeepAlive is how often an idle SSE stream gets a comment line.
@@ -1138,6 +1141,10 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 		return nil, agErr(agInternalError, "hub is shutting down")
 	}
 	s := gw.session(name)
+	if s.pending >= agentickMaxTurns {
+		gw.mu.Unlock()
+		return nil, agentickFromMesh(envelope.Errorf(envelope.CodeOverloaded, "session %s has %d sends waiting already", name, s.pending), false)
+	}
 	s.pending++
 	gw.activity[name] = time.Now()
 	gw.wg.Add(1)

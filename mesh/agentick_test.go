@@ -989,3 +989,37 @@ func TestAgentickDrain(t *testing.T) {
 	}
 	waitAgentickGone(t)
 }
+
+// TestAgentickSendBound: the sends of one session waiting here are
+// bounded; past the bound a send is refused at once (INTERNAL_ERROR,
+// mesh code OVERLOADED, HTTP 429) and other sessions are served.
+func TestAgentickSendBound(t *testing.T) {
+	m := startNexus3(t, nil)
+	accepted, refused := 0, 0
+	for range 20 {
+		st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"busy","message":"Write a long essay"}}`)
+		switch {
+		case st == 200:
+			accepted++
+		case st == 429 && r["error"].(map[string]any)["code"] == "INTERNAL_ERROR" &&
+			r["error"].(map[string]any)["details"].(map[string]any)["meshCode"] == "OVERLOADED":
+			refused++
+		default:
+			t.Fatalf("send: HTTP %d %v", st, r)
+		}
+	}
+	t.Logf("20 sends to a stuck session: %d accepted, %d refused", accepted, refused)
+	if accepted != 16 || refused != 4 {
+		t.Errorf("accepted %d, refused %d; want 16 and 4", accepted, refused)
+	}
+	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"free","message":"hi"}}`); st != 200 {
+		t.Errorf("another session's send: HTTP %d %v", st, r)
+	}
+	if st, r := invoke(t, m, "", `{"method":"abort","params":{"sessionId":"busy"}}`); st != 200 {
+		t.Errorf("abort: HTTP %d %v", st, r)
+	}
+	if st, r := invoke(t, m, "", `{"method":"close","params":{"sessionId":"busy"}}`); st != 200 {
+		t.Errorf("close: HTTP %d %v", st, r)
+	}
+	waitAgentickGone(t)
+}

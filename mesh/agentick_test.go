@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorilla/websocket"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
@@ -769,6 +770,13 @@ func TestAgentickAuth(t *testing.T) {
 // surface behind once they disconnect.
 func TestAgentickNoGoroutineLeft(t *testing.T) {
 	m := startNexus3(t, nil)
+	// Everything running now (the hub, the chat agent) may stay; nothing
+	// the clients start may.
+	invoke(t, m, "", `{"method":"apps"}`) // the hub's agentick state (its drain watcher lives with the hub)
+	http.DefaultClient.CloseIdleConnections()
+	base := goleak.IgnoreCurrent()
+	// Idle workers of the links' worker pools (link.go) wind down on their own clock.
+	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/mesh.(*Link).worker")
 	for round := range 3 {
 		c, _, err := dialAgentick(t, m, nil)
 		if err != nil {
@@ -789,6 +797,10 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 		t.Logf("round %d: %d surface goroutines while connected, 0 %v after disconnect", round, n, time.Since(start))
 		if n == 0 {
 			t.Error("no surface goroutine seen while connected: the count checks nothing")
+		}
+		http.DefaultClient.CloseIdleConnections()
+		if err := goleak.Find(base, workers); err != nil {
+			t.Errorf("round %d: goroutines left after disconnect: %v", round, err)
 		}
 	}
 }

@@ -237,6 +237,8 @@ type Hub struct {
 	stop     context.CancelFunc
 	done     chan struct{}
 	shutOnce sync.Once
+
+	ag agentickHolder // the agentick surface's clients and turns (agentick.go)
 }
 
 type closer interface{ Close() }
@@ -361,6 +363,8 @@ func (h *Hub) Handler() http.Handler {
 	mux.HandleFunc("/ws", h.serveWS)
 	mux.Handle("/mcp", h.mcpHandler())
 	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
+	// GET /agentick/ws, GET /events, POST /invoke (agentick.go)
+	h.agentickRoutes(mux)
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

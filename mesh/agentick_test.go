@@ -775,8 +775,12 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 	invoke(t, m, "", `{"method":"apps"}`) // the hub's agentick state (its drain watcher lives with the hub)
 	http.DefaultClient.CloseIdleConnections()
 	base := goleak.IgnoreCurrent()
-	// Idle workers of the links' worker pools (link.go) wind down on their own clock.
+	// Idle workers of the links' worker pools (link.go) and the writers of
+	// links that stay (the chat agent's; conn.go starts a writer when a
+	// frame is queued and lets it linger a second) wind down on their own
+	// clock.
 	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/mesh.(*Link).worker")
+	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/mesh.(*wsConn).writeLoop")
 	for round := range 3 {
 		c, _, err := dialAgentick(t, m, nil)
 		if err != nil {
@@ -799,7 +803,7 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 			t.Error("no surface goroutine seen while connected: the count checks nothing")
 		}
 		http.DefaultClient.CloseIdleConnections()
-		if err := goleak.Find(base, workers); err != nil {
+		if err := goleak.Find(base, workers, writers); err != nil {
 			t.Errorf("round %d: goroutines left after disconnect: %v", round, err)
 		}
 	}

@@ -152,14 +152,14 @@ type multicaMsg struct {
 	Payload json.RawMessage
 }
 
-// multicaWire is a RoutedMessage as written.
+// multicaWire is a RoutedMessage to write (appendMultica).
 type multicaWire struct {
-	ID      string          `json:"id"`
-	UID     json.RawMessage `json:"uid"`
-	From    string          `json:"from"`
-	To      string          `json:"to"`
-	Action  string          `json:"action"`
-	Payload json.RawMessage `json:"payload"`
+	ID      string
+	UID     json.RawMessage // a JSON string, or empty for null
+	From    string
+	To      string
+	Action  string
+	Payload json.RawMessage // JSON, or empty for null
 }
 
 // validDeviceID: 1..multicaMaxID bytes, no control characters.
@@ -264,19 +264,8 @@ func (d *multicaDevice) fromHub(action string, uid, payload json.RawMessage) *mu
 // send queues m for the device without waiting; a device whose queue is
 // full is disconnected (errMulticaSlow). It reports whether m was queued.
 func (d *multicaDevice) send(m *multicaWire) bool {
-	if len(m.UID) == 0 {
-		m.UID = json.RawMessage("null")
-	}
-	if len(m.Payload) == 0 {
-		m.Payload = json.RawMessage("null")
-	}
 	b := getBuf()
-	enc, err := json.Marshal(m)
-	if err != nil {
-		putBuf(b)
-		return false
-	}
-	*b = append(*b, enc...)
+	*b = appendMultica(*b, m)
 	if d.c.trySend(b) {
 		return true
 	}
@@ -286,6 +275,33 @@ func (d *multicaDevice) send(m *multicaWire) bool {
 		d.c.shutdown(errMulticaSlow)
 	}
 	return false
+}
+
+// appendMultica appends m as JSON. UID and Payload are valid JSON already
+// (decoded or made by the hub): they are copied, not re-validated, which
+// would cost a pass over every routed payload.
+func appendMultica(b []byte, m *multicaWire) []byte {
+	b = append(b, `{"id":`...)
+	b = append(b, mustQuote(m.ID)...)
+	b = append(b, `,"uid":`...)
+	if len(m.UID) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, m.UID...)
+	}
+	b = append(b, `,"from":`...)
+	b = append(b, mustQuote(m.From)...)
+	b = append(b, `,"to":`...)
+	b = append(b, mustQuote(m.To)...)
+	b = append(b, `,"action":`...)
+	b = append(b, mustQuote(m.Action)...)
+	b = append(b, `,"payload":`...)
+	if len(m.Payload) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, m.Payload...)
+	}
+	return append(b, '}')
 }
 
 // multicaErr is the error of a response {code, message} in the seed's

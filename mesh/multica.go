@@ -547,15 +547,15 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	return res, err
 }
 
-// requestIDOf digs the requestId out of a request's payload, if any.
+// requestIDOf digs the requestId out of a request's payload, if any (its
+// key matched exactly, as decodeMulticaRequest does).
 func requestIDOf(payload json.RawMessage) string {
-	var p struct {
-		RequestID string `json:"requestId"`
-	}
-	if json.Unmarshal(payload, &p) != nil || len(p.RequestID) > multicaMaxID {
+	var p map[string]json.RawMessage
+	var id string
+	if json.Unmarshal(payload, &p) != nil || json.Unmarshal(p["requestId"], &id) != nil || len(id) > multicaMaxID {
 		return ""
 	}
-	return p.RequestID
+	return id
 }
 
 // decodeMultica decodes one RoutedMessage within lim. Keys are matched

@@ -582,15 +582,66 @@ func TestMulticaNoLeak(t *testing.T) {
 			return n == 2*(i+1) && page.Messages[n-1].StopReason == "aborted"
 		})
 	}
-	var now int
-	deadline := time.Now().Add(10 * time.Second)
-	for now = runtime.NumGoroutine(); now > base && time.Now().Before(deadline); now = runtime.NumGoroutine() {
+	settled(t, base, "three devices left mid-turn")
+
+	// A device whose message waits behind another caller's turn, which
+	// publishes nothing meanwhile: its follower ends with its connection.
+	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "busy"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Its essay runs until cancelled (no timeout within the test).
+	ectx, cancelEssay := context.WithTimeout(t.Context(), 60*time.Second)
+	essay := make(chan error, 1)
+	nc := m.Client(t, mesh.WithoutReliability())
+	go func() {
+		essay <- nc.Call(ectx, "chat.send", map[string]any{"agentId": "busy", "content": "Write a long essay"}, nil)
+	}()
+	meshtest.WaitFor(t, 10*time.Second, func() bool {
+		var page struct{ Total int }
+		_ = c.Call(t.Context(), "chat.getAgentMessages", map[string]any{"agentId": "busy"}, &page)
+		return page.Total == 1 // the essay's turn runs
+	})
+	time.Sleep(200 * time.Millisecond)
+	base = runtime.NumGoroutine()
+	d := connect(t, m, "queued")
+	d.write(`{"id":"q","uid":null,"to":"` + d.hub + `","action":"message","payload":{"agentId":"busy","content":"hi"}}`)
+	if v, err := d.read(500 * time.Millisecond); err == nil || !isTimeout(err) {
+		t.Fatalf("queued message: got %v, %v; want nothing while the essay runs", v, err)
+	}
+	_ = d.ws.Close()
+	settled(t, base, "a device left while its message waited")
+	cancelEssay()
+	if err := <-essay; envelope.CodeOf(err) != envelope.CodeCancelled {
+		t.Errorf("the essay: %v; want CANCELLED", err)
+	}
+}
+
+// settled waits up to 5 s for no goroutine of the Multica surface (a
+// device's, a turn's follower) to be left and for the goroutines to be
+// back to base.
+func settled(t *testing.T, base int, what string) {
+	t.Helper()
+	var now, ours int
+	var stacks string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		ours = 0
+		for g := range strings.SplitSeq(stacks, "\n\n") {
+			if strings.Contains(g, "(*multicaDevice)") || strings.Contains(g, "FollowChat") {
+				ours++
+			}
+		}
+		now = runtime.NumGoroutine()
+		if (ours == 0 && now <= base) || time.Now().After(deadline) {
+			break
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("goroutines: %d before, %d after three devices left mid-turn", base, now)
-	if now > base {
-		buf := make([]byte, 1<<20)
-		t.Errorf("goroutines: %d before, %d after; stacks:\n%s", base, now, buf[:runtime.Stack(buf, true)])
+	t.Logf("goroutines: %d before, %d after %s; %d of the Multica surface", base, now, what, ours)
+	if ours > 0 || now > base {
+		t.Errorf("goroutines: %d before, %d after %s, %d of the Multica surface; stacks:\n%s", base, now, what, ours, stacks)
 	}
 }
 

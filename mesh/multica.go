@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 
@@ -53,10 +54,13 @@ import (
 //     client can tell a retryable failure.
 //   - A request of chat.send, or a "message" to the hub with payload
 //     {agentId, content}, runs a turn of that chat agent and streams the
-//     agent's events to the sender while it runs, each as a "stream"
-//     message with the seed's StreamPayload {streamId, agentId, event}
-//     (Hub.FollowChat), before the request's response. A "message" gets no
-//     answer but the stream, or an "error" if it failed.
+//     agent's events to the sender from the moment it is sent until the
+//     turn's last, each as a "stream" message with the seed's
+//     StreamPayload {streamId, agentId, event} (Hub.FollowChat), before
+//     the request's response. (A turn queued behind another caller's turn
+//     of the same agent streams that one's events too, under their own
+//     streamId.) A "message" gets no answer but the stream, or an "error"
+//     if it failed.
 //   - A message the hub cannot take (not JSON, a field of the wrong type,
 //     an unknown destination, an action the hub does not serve) is answered
 //     with {action: "error", payload: {messageId, code, message[, meshCode]}},
@@ -572,6 +576,11 @@ func decodeMultica(data []byte, lim envelope.Limits) (*multicaMsg, *envelope.Err
 	}
 	if len(data) > lim.MaxBytes {
 		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), lim.MaxBytes)
+	}
+	if !utf8.Valid(data) {
+		// Routed on as it is, it would make a browser drop the receiver's
+		// connection (a text frame must be UTF-8).
+		return nil, envelope.NewError(envelope.CodeParseError, "a message must be valid UTF-8")
 	}
 	if jsonDepth(data) > lim.MaxDepth {
 		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message nests deeper than %d", lim.MaxDepth)

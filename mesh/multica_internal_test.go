@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/agentmesh/agentmesh/envelope"
 )
@@ -48,7 +49,7 @@ func FuzzMulticaDecode(f *testing.F) {
 		}
 		out := appendMultica(nil, &multicaWire{ID: m.ID, UID: m.UID, From: m.From, To: m.To, Action: m.Action, Payload: m.Payload})
 		var keys map[string]json.RawMessage
-		if e := json.Unmarshal(out, &keys); e != nil || len(keys) != 6 {
+		if e := json.Unmarshal(out, &keys); e != nil || len(keys) != 6 || !utf8.Valid(out) {
 			t.Fatalf("re-encoded %q as %q (%v): want one object of six fields", data, out, e)
 		}
 		again, err := decodeMultica(out, lim)

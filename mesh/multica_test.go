@@ -284,6 +284,7 @@ func TestMulticaErrorCodes(t *testing.T) {
 	// action the hub does not take, a forged sender.
 	for _, tc := range []struct{ name, msg, code string }{
 		{"not JSON", `{"id":`, "INVALID_PARAMS"},
+		{"invalid UTF-8", "{\"id\":\"m0\",\"to\":\"dev-1\",\"action\":\"chat\",\"payload\":\"\xff\xfe\"}", "INVALID_PARAMS"},
 		{"to not a string", `{"id":"m1","from":"dev-1","to":5,"action":"request","payload":{}}`, "INVALID_PARAMS"},
 		{"no requestId", `{"id":"m2","from":"dev-1","to":"` + d.hub + `","action":"request","payload":{"method":"getAgentMessages"}}`, "INVALID_PARAMS"},
 		{"unknown action", `{"id":"m3","from":"dev-1","to":"` + d.hub + `","action":"dance","payload":{}}`, "METHOD_NOT_FOUND"},

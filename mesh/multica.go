@@ -12,8 +12,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/gorilla/websocket"
-
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
@@ -226,31 +224,30 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 		_ = ws.Close()
 		return
 	}
+	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
+	d.send(d.fromHub("registered", nil, greeting))
+	d.c.start(d.onMessage, func(error) {
+		d.cancel()
+		h.multica.remove(d)
+		h.untrack(d)
+	})
+	// In the table once running, so that whoever closes it (a newer
+	// connection of the same device) runs its onClose.
 	old, ok := h.multica.add(d, replace)
 	if !ok {
 		// Another identity took the id between the check and now.
-		h.untrack(d)
-		d.cancel()
-		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.ClosePolicyViolation, "deviceId in use"), time.Now().Add(time.Second))
-		_ = ws.Close()
+		d.c.shutdown(errors.New("deviceId in use"))
 		return
 	}
 	if old != nil {
 		old.c.shutdown(errors.New("replaced by a new connection of the same device"))
 	}
-	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
-	d.send(d.fromHub("registered", nil, greeting))
 	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
 		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
 			d.c.shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
 		})
 		context.AfterFunc(d.ctx, func() { t.Stop() })
 	}
-	d.c.start(d.onMessage, func(error) {
-		d.cancel()
-		h.multica.remove(d)
-		h.untrack(d)
-	})
 }
 
 // Close disconnects the device and waits for its calls to end.

@@ -411,6 +411,10 @@ func TestMulticaRouting(t *testing.T) {
 	if !strings.Contains(why, "does not read its messages") {
 		t.Errorf("a's refusal %s; want the send-queue policy's (dev-c does not read)", why)
 	}
+	// Blocked behind dev-c, dev-b would have waited until it was cut off.
+	if worst := pctl(rtts, 100); worst > detect/2 {
+		t.Errorf("dev-b's slowest call took %v while dev-c was stuck for %v: blocked behind it", worst, detect)
+	}
 	if len(rtts) == 0 || p99 > time.Second {
 		t.Errorf("dev-b's calls while dev-c was stuck: %d, p99 %v; want them served (p99 under 1 s)", len(rtts), p99)
 	}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -547,6 +548,43 @@ func TestMulticaStream(t *testing.T) {
 	d.write(`{"id":"s3","uid":null,"from":"web-1","to":"` + d.hub + `","action":"message","payload":{"agentId":"nope","content":"hi"}}`)
 	if e := d.next("error"); e["payload"].(map[string]any)["code"] != "AGENT_NOT_FOUND" || e["payload"].(map[string]any)["messageId"] != "s3" {
 		t.Errorf("message to an unknown agent: %v", e)
+	}
+}
+
+// TestMulticaStreamCompaction: compaction events reach the device as the
+// streaming seed shows them: streamId "compaction:{agentId}", then
+// compaction_end with removed, kept and reason, the token figures absent
+// in count mode.
+func TestMulticaStreamCompaction(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir(), MaxMessages: 4, KeepMessages: 2}, &chat.Scripted{}, nil)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt))
+	const agent = "019def34-0000-7000-8000-0000000000c1"
+	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
+		t.Fatal(err)
+	}
+	d := connect(t, m, "compactor")
+	var got []map[string]any
+	for i := 0; i < 4 && len(got) == 0; i++ {
+		d.write(`{"id":"c` + fmt.Sprint(i) + `","uid":null,"from":"compactor","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + fmt.Sprint(i) + `"}}`)
+		for _, p := range streamEvents(t, d, agent) {
+			if ev := p["event"].(map[string]any); strings.HasPrefix(ev["type"].(string), "compaction_") {
+				got = append(got, p)
+			}
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("compaction events %v; want compaction_start and compaction_end", got)
+	}
+	t.Logf("compaction: %s", mustJSON(t, got))
+	// The third turn's user message makes 5 > 4; the cut falls before a
+	// user message, so only that one is kept.
+	var want []map[string]any
+	_ = json.Unmarshal([]byte(`[{"streamId":"compaction:`+agent+`","agentId":"`+agent+`","event":{"type":"compaction_start"}},
+		{"streamId":"compaction:`+agent+`","agentId":"`+agent+`","event":{"type":"compaction_end","removed":4,"kept":1,"reason":"count"}}]`), &want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("compaction events\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
 	}
 }
 

@@ -225,31 +225,6 @@ type agFrame struct {
 	Stamp    json.RawMessage // ping's timestamp
 }
 
-// jsonDepth returns the deepest nesting of arrays and objects in data
-// (which must be valid JSON).
-func jsonDepth(data []byte) int {
-	depth, deepest, inStr, esc := 0, 0, false, false
-	for _, c := range data {
-		switch {
-		case inStr && esc:
-			esc = false
-		case inStr && c == '\\':
-			esc = true
-		case inStr && c == '"':
-			inStr = false
-		case inStr:
-		case c == '"':
-			inStr = true
-		case c == '{' || c == '[':
-			depth++
-			deepest = max(deepest, depth)
-		case c == '}' || c == ']':
-			depth--
-		}
-	}
-	return deepest
-}
-
 // decodeAgentickFrame decodes one client frame within lim. invoke: an
 // /invoke body, whose type is "req" unless it says otherwise and whose id
 // is optional. On error the frame returned holds what could be read (its

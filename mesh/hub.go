@@ -226,6 +226,8 @@ type Hub struct {
 	bindings sync.Map // instance id -> *binding (agents attached here)
 	peers    peers    // links to the other hubs of a cluster
 
+	multica multicaDevices // Multica devices connected here (multica.go)
+
 	mu          sync.Mutex
 	conns       map[closer]struct{}
 	connsClosed bool
@@ -365,6 +367,7 @@ func (h *Hub) Handler() http.Handler {
 	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
 	// GET /agentick/ws, GET /events, POST /invoke (agentick.go)
 	h.agentickRoutes(mux)
+	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

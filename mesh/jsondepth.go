@@ -25,4 +25,3 @@ func jsonDepth(data []byte) int {
 	}
 	return deepest
 }
-

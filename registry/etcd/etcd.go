@@ -358,6 +358,10 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 	return nil
 }
 
+// expiryDeleteTimeout bounds one attempt to delete an expired or orphaned
+// key (see expire).
+const expiryDeleteTimeout = time.Second
+
 // expire removes local agents silent for three heartbeat intervals, here
 // and in etcd.
 func (r *Registry) expire() {
@@ -394,7 +398,13 @@ func (r *Registry) expire() {
 				continue // the keys go with the lost session
 			}
 			for _, id := range gone {
-				ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
+				// Each attempt is short and retried at the next tick: a
+				// delete sent while etcd elects a new leader waits for
+				// no answer, and a full OpTimeout per attempt would
+				// keep a dead agent's key that long after the election
+				// (S18 c). The delete only removes our own key, so
+				// repeating it is harmless.
+				ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.OpTimeout, expiryDeleteTimeout))
 				err := r.deleteIfOurs(ctx, id, lease)
 				cancel()
 				if err != nil {

@@ -94,7 +94,14 @@ func countLog(p *proc, s string) int {
 // labels as Prometheus prints them) on base's /metrics, or -1.
 func metric(base, series string) float64 {
 	c := &http.Client{Timeout: time.Second}
-	res, err := c.Get(base + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return -1
+	}
+	if adminToken != "" { // with --auth-key, /metrics needs an admin token
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+	}
+	res, err := c.Do(req)
 	if err != nil {
 		return -1
 	}

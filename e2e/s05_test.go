@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"slices"
@@ -212,6 +213,15 @@ func s05Verdict(t *testing.T, r s05Run) {
 	nPart := cs.where(func(c call) bool {
 		return c.Method == "chaos.echo" && c.Intended.After(lastDetect.Add(100*time.Millisecond)) && c.Intended.Before(healAt)
 	})
+	if p99(nPart) > 50*time.Millisecond { // where the slow ones are
+		slow := slices.Clone(nPart)
+		slices.SortFunc(slow, func(x, y call) int { return cmp.Compare(y.End.Sub(y.Intended), x.End.Sub(x.Intended)) })
+		for _, c := range slow[:min(len(slow), 12)] {
+			t.Logf("%s: slow n: intended %v after the blackhole, sent %v late, took %v, %s via %s",
+				r.name, c.Intended.Sub(blackholeAt).Round(time.Millisecond), c.Start.Sub(c.Intended).Round(time.Millisecond),
+				c.End.Sub(c.Start).Round(time.Millisecond), c.Code, c.Client)
+		}
+	}
 	nPartUnavailable := len(cs.where(func(c call) bool {
 		return c.Method == "chaos.echo" && c.Intended.After(lastDetect.Add(100*time.Millisecond)) && c.Intended.Before(healAt) &&
 			c.Code == envelope.CodeUnavailable

@@ -94,7 +94,14 @@ func countLog(p *proc, s string) int {
 // labels as Prometheus prints them) on base's /metrics, or -1.
 func metric(base, series string) float64 {
 	c := &http.Client{Timeout: time.Second}
-	res, err := c.Get(base + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return -1
+	}
+	if adminToken != "" { // with --auth-key, /metrics needs an admin token
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+	}
+	res, err := c.Do(req)
 	if err != nil {
 		return -1
 	}
@@ -132,9 +139,13 @@ func etcdInstances(ctx context.Context, endpoint, prefix string) ([]string, erro
 	return ids, nil
 }
 
+// adminToken is the bearer token hubInstances presents: empty, except in
+// the network lab's tests, whose hubs run with --auth-key.
+var adminToken string
+
 // hubInstances is what mesh.agents on the hub at ws lists, sorted.
 func hubInstances(ctx context.Context, ws string) ([]string, error) {
-	c, err := mesh.NewClient([]string{ws}, mesh.WithoutReliability())
+	c, err := mesh.NewClient([]string{ws}, mesh.WithoutReliability(), mesh.WithToken(adminToken))
 	if err != nil {
 		return nil, err
 	}

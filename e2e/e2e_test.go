@@ -783,3 +783,28 @@ func TestChaosAgentErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminMetricsWithoutToken: with --auth-key, the gateway port's
+// /metrics asks for an admin token, while --admin-addr (the scraper's
+// port, on loopback) serves them without one, as its help says.
+func TestAdminMetricsWithoutToken(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "mesh.key")
+	if r := meshctl(t, "token", "keygen", "--out", key); r.code != 0 {
+		t.Fatalf("keygen: %v", r)
+	}
+	admin := freeAddr(t)
+	h := startHub(t, "--auth-key", key, "--admin-addr", admin)
+	client := &http.Client{Timeout: 2 * time.Second}
+	if s := httpStatus(client, h.base+"/metrics"); s != http.StatusUnauthorized {
+		t.Errorf("gateway /metrics without a token: %d; want 401", s)
+	}
+	res, err := client.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "agentmesh_") {
+		t.Errorf("admin /metrics without a token: %d, %d bytes; want 200 with agentmesh_ metrics", res.StatusCode, len(body))
+	}
+}

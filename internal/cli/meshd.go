@@ -297,8 +297,13 @@ func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logg
 	}
 	mux := http.NewServeMux()
 	h := hub.Handler()
-	for _, p := range []string{"/metrics", "/livez", "/healthz", "/readyz"} {
+	for _, p := range []string{"/livez", "/healthz", "/readyz"} {
 		mux.Handle(p, h)
+	}
+	if m != nil {
+		// The scraper's port: metrics without a token even when the
+		// gateway port asks one (bind it to loopback or a private net).
+		mux.Handle("/metrics", m.Handler())
 	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -109,7 +109,7 @@ func DecodeOpenAIRequest(data []byte) (*OpenAIRequest, *envelope.Error) {
 	if err := json.Unmarshal(data, &req); err != nil {
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) {
-			return nil, envelope.Errorf(envelope.CodeInvalidParams, "field %s: want %s", ute.Field, ute.Type)
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "field %s: a JSON %s is not valid there", ute.Field, ute.Value)
 		}
 		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "the body is not a JSON object: %v", strings.TrimPrefix(err.Error(), "json: "))
 	}

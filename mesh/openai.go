@@ -219,6 +219,10 @@ func openAIErrorOf(e *envelope.Error) (int, openAIError) {
 // least 1 s on a 429), WWW-Authenticate on 401.
 func writeOpenAIError(w http.ResponseWriter, e *envelope.Error) {
 	status, oe := openAIErrorOf(e)
+	writeOpenAIErrorStatus(w, e, status, oe)
+}
+
+func writeOpenAIErrorStatus(w http.ResponseWriter, e *envelope.Error, status int, oe openAIError) {
 	ra := e.RetryAfter()
 	if status == http.StatusTooManyRequests || (status == http.StatusServiceUnavailable && ra > 0) {
 		secs := int64((ra + time.Second - 1) / time.Second)
@@ -369,15 +373,20 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit := h.cfg.Conn.Limits.MaxBytes
+	tooBig := func() {
+		e := envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit)
+		_, oe := openAIErrorOf(e)
+		writeOpenAIErrorStatus(w, e, http.StatusRequestEntityTooLarge, oe)
+	}
 	if r.ContentLength > int64(limit) {
-		writeOpenAIError(w, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+		tooBig() // refused before reading a byte of it
 		return
 	}
 	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeOpenAIError(w, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+			tooBig()
 			return
 		}
 		writeOpenAIError(w, envelope.NewError(envelope.CodeInvalidRequest, "cannot read the request body"))

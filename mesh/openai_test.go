@@ -391,6 +391,13 @@ func TestOpenAIErrors(t *testing.T) {
 	check("unknown agent", `{"model":"chat/nobody","messages":[{"role":"user","content":"hi"}]}`, 404, "invalid_request_error", "model_not_found")
 	check("unknown agent, streamed", `{"model":"chat/nobody","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 404, "invalid_request_error", "model_not_found")
 
+	huge := `{"model":"agentmesh-chat","messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<20) + `"}]}`
+	if status, _, b := oaiPost(t, m.HTTP, "", huge); status != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body over the limit: HTTP %d %.200s; want 413", status, b)
+	} else if _, typ, _ := oaiError(t, b); typ != "invalid_request_error" {
+		t.Errorf("a body over the limit: %s", b)
+	}
+
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "leaving"}, nil); err != nil {
 		t.Fatal(err)
@@ -543,6 +550,37 @@ func TestOpenAIDisconnectCancels(t *testing.T) {
 			t.Errorf("essayist's history %+v, %v; want the user's message and an aborted answer", page.Messages, err)
 		}
 	}
+	// Not streamed: the same, the client leaving while the turn runs.
+	cancelsBefore, cancelledBefore := count("chat.cancel", ""), count("chat.send", "-32006")
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, m.HTTP+"/v1/chat/completions",
+			strings.NewReader(`{"model":"chat/essayist","messages":[{"role":"user","content":"Write a long essay"}]}`))
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	busy := func() bool {
+		var ci struct {
+			Busy bool `json:"busy"`
+		}
+		_ = c.Call(t.Context(), "chat.get_context", map[string]any{"agentId": "essayist"}, &ci)
+		return ci.Busy
+	}
+	meshtest.WaitFor(t, 10*time.Second, busy)
+	start := time.Now()
+	cancel()
+	if err := <-errc; err == nil {
+		t.Error("the cancelled request got an answer")
+	}
+	meshtest.WaitFor(t, 10*time.Second, func() bool {
+		return count("chat.cancel", "") > cancelsBefore && count("chat.send", "-32006") > cancelledBefore && !busy() &&
+			gaugeValue(t, metrics, "agentmesh_rpc_inflight_requests", map[string]string{"side": "server"}) == 0
+	})
+	t.Logf("not streamed: disconnected; turn cancelled and nothing in flight after %v", time.Since(start))
 	if a := chatAgents(t, c); fmt.Sprint(a) != "[essayist]" {
 		t.Errorf("chat agents %v; want only essayist (the transient one destroyed)", a)
 	}

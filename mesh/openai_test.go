@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -267,6 +268,39 @@ func TestOpenAIStream(t *testing.T) {
 	}
 }
 
+// TestOpenAIStreamToolTurn: a turn that calls a tool streams both of its
+// assistant messages, separated by a blank line, and ends once, after the
+// last; the non-streamed answer of the same turn is the last message.
+func TestOpenAIStreamToolTurn(t *testing.T) {
+	m := startNexus3(t, nil)
+	body := `{"model":"agentmesh-chat","stream":true,"messages":[{"role":"user","content":"/tool nosuch {}"}]}`
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+"/v1/chat/completions", strings.NewReader(body))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var text strings.Builder
+	finishes := 0
+	done := readSSE(t, res.Body, func(c sseChunk) {
+		for _, ch := range c.Choices {
+			text.WriteString(ch.Delta.Content)
+			if ch.FinishReason != nil {
+				finishes++
+			}
+		}
+	})
+	last := `Tool nosuch returned: unknown tool "nosuch"`
+	t.Logf("streamed tool turn: %q", text.String())
+	if want := "Using nosuch.\n\n" + last; !done || text.String() != want || finishes != 1 {
+		t.Errorf("streamed tool turn: %q, %d finish chunks, done %v; want %q, one finish, [DONE]", text.String(), finishes, done, want)
+	}
+	status, _, b := oaiPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"/tool nosuch {}"}]}`)
+	if got := completion(t, "tool turn", status, b); got.Choices[0].Message.Content != last {
+		t.Errorf("non-streamed tool turn: %q; want %q", got.Choices[0].Message.Content, last)
+	}
+}
+
 // TestOpenAIProviderRoundTrip: the chat runtime's own OpenAI provider,
 // a real OpenAI-protocol client, pointed at the hub's /v1: its stream
 // (SSE, usage, [DONE]) is read as any OpenAI server's, and the answer is
@@ -408,12 +442,23 @@ func TestOpenAIErrors(t *testing.T) {
 	check("agent shutting down", `{"model":"chat/leaving","messages":[{"role":"user","content":"hi"}]}`, 503, "server_error", "unavailable")
 	check("agent shutting down, streamed", `{"model":"chat/leaving","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 503, "server_error", "unavailable")
 
-	// 504: a turn past the hub's deadline for calls without one.
+	// 504: a turn past the hub's deadline for calls without one, with a
+	// chat agent that answers late (the runtime's own answers CANCELLED
+	// when its deadline passes, which may come first).
 	slow := meshtest.Start(t, mesh.HubConfig{DefaultTimeout: 300 * time.Millisecond})
-	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &essayProvider{}, nil)
-	t.Cleanup(func() { rt.Close(context.Background()) })
-	slow.RunAgent(t, chat.NewService(rt))
+	late := agents.New("chat")
+	late.Handle("chat.create", func(ctx context.Context, p json.RawMessage) (any, error) {
+		return map[string]string{"agent_id": "late"}, nil
+	})
+	late.Handle("chat.destroy", func(ctx context.Context, p json.RawMessage) (any, error) { return map[string]bool{"success": true}, nil })
+	late.Handle("chat.send", func(ctx context.Context, p json.RawMessage) (any, error) {
+		<-ctx.Done()
+		time.Sleep(300 * time.Millisecond)
+		return map[string]string{"content": "too late"}, nil
+	})
+	slow.RunAgent(t, late)
 	status, _, b := oaiPost(t, slow.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"Write a long essay"}]}`)
+	t.Logf("turn past its deadline: HTTP %d %s", status, b)
 	if _, typ, code := oaiError(t, b); status != 504 || typ != "server_error" || code != "timeout" {
 		t.Errorf("turn past its deadline: HTTP %d %s; want 504 timeout", status, b)
 	}
@@ -491,7 +536,7 @@ func TestOpenAIDisconnectCancels(t *testing.T) {
 	m := startNexus3(t, &hub, mesh.WithTelemetry(telemetry.New(nil, metrics)))
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "essayist"}, nil); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (cause: %v)", err, errors.Unwrap(err))
 	}
 	count := func(method, status string) uint64 {
 		return histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})

@@ -450,7 +450,9 @@ func TestOpenAIErrors(t *testing.T) {
 	late.Handle("chat.create", func(ctx context.Context, p json.RawMessage) (any, error) {
 		return map[string]string{"agent_id": "late"}, nil
 	})
-	late.Handle("chat.destroy", func(ctx context.Context, p json.RawMessage) (any, error) { return map[string]bool{"success": true}, nil })
+	late.Handle("chat.destroy", func(ctx context.Context, p json.RawMessage) (any, error) {
+		return map[string]bool{"success": true}, nil
+	})
 	late.Handle("chat.send", func(ctx context.Context, p json.RawMessage) (any, error) {
 		<-ctx.Done()
 		time.Sleep(300 * time.Millisecond)

@@ -76,6 +76,13 @@ func (h *Hub) openAIRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/models", h.serveOpenAIModels)
 	mux.HandleFunc("GET /v1/models/{model...}", h.serveOpenAIModels)
 	mux.HandleFunc("POST /v1/chat/completions", h.serveOpenAICompletions)
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		// Any other path or method, as OpenAI answers it.
+		e := envelope.Errorf(envelope.CodeInvalidRequest, "Invalid URL (%s %s)", r.Method, r.URL.Path)
+		_, oe := openAIErrorOf(e)
+		oe.Code = "unknown_url"
+		writeOpenAIErrorStatus(w, e, http.StatusNotFound, oe)
+	})
 }
 
 // OpenAIRequest is the part of a chat-completions request the surface

@@ -390,6 +390,13 @@ func TestOpenAIModels(t *testing.T) {
 	if _, typ, code := oaiError(t, b); status != 404 || code != "model_not_found" || typ != "invalid_request_error" {
 		t.Errorf("/v1/models/gpt-4o: HTTP %d %s; want 404 model_not_found", status, b)
 	}
+	for _, u := range []string{"/v1/embeddings", "/v1/chat/completions"} {
+		if status, b := get(m.HTTP, u); status != 404 {
+			t.Errorf("GET %s: HTTP %d %s; want 404", u, status, b)
+		} else if _, typ, code := oaiError(t, b); typ != "invalid_request_error" || code != "unknown_url" {
+			t.Errorf("GET %s: %s; want an invalid_request_error unknown_url", u, b)
+		}
+	}
 	bare := meshtest.Start(t, mesh.HubConfig{})
 	if status, b := get(bare.HTTP, "/v1/models"); status != 200 || string(b) != `{"object":"list","data":[]}` {
 		t.Errorf("/v1/models without a chat agent: HTTP %d %s; want an empty list", status, b)

@@ -422,32 +422,8 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 		writeOpenAIError(w, envelope.AsError(err))
 		return
 	}
-	out := struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		Model   string `json:"model"`
-		Choices []struct {
-			Index   int `json:"index"`
-			Message struct {
-				Role    string `json:"role"`
-				Content string `json:"content"`
-			} `json:"message"`
-			FinishReason string `json:"finish_reason"`
-		} `json:"choices"`
-		Usage openAIUsage `json:"usage"`
-	}{ID: "chatcmpl-" + envelope.NewID(), Object: "chat.completion", Created: time.Now().Unix(), Model: req.Model}
-	out.Choices = make([]struct {
-		Index   int `json:"index"`
-		Message struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
-	}, 1)
-	out.Choices[0].Message.Role = "assistant"
-	out.Choices[0].Message.Content = res.Content
-	out.Choices[0].FinishReason = "stop"
+	out := openAICompletion{ID: "chatcmpl-" + envelope.NewID(), Object: "chat.completion", Created: time.Now().Unix(), Model: req.Model,
+		Choices: []openAIChoice{{Message: openAIAnswer{Role: "assistant", Content: res.Content}, FinishReason: "stop"}}}
 	out.Usage = t.usage(res.Content)
 	b, err := json.Marshal(out)
 	if err != nil {
@@ -456,6 +432,27 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
+}
+
+// openAICompletion is a chat.completion object.
+type openAICompletion struct {
+	ID      string         `json:"id"`
+	Object  string         `json:"object"`
+	Created int64          `json:"created"`
+	Model   string         `json:"model"`
+	Choices []openAIChoice `json:"choices"`
+	Usage   openAIUsage    `json:"usage"`
+}
+
+type openAIChoice struct {
+	Index        int          `json:"index"`
+	Message      openAIAnswer `json:"message"`
+	FinishReason string       `json:"finish_reason"`
+}
+
+type openAIAnswer struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
 }
 
 type openAIUsage struct {
@@ -504,7 +501,11 @@ func (t *openAITurn) open(ctx context.Context) error {
 		var created struct {
 			AgentID string `json:"agent_id"`
 		}
-		if err := t.c.call(ctx, "chat.create", map[string]string{"agent_id": "oai-" + hex.EncodeToString(b[:]), "system_prompt": prompt}, &created); err != nil {
+		// Not cancelled with the request: an agent created by a call
+		// whose caller left would stay in the pool.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openAIStepTimeout)
+		defer cancel()
+		if err := t.c.call(cctx, "chat.create", map[string]string{"agent_id": "oai-" + hex.EncodeToString(b[:]), "system_prompt": prompt}, &created); err != nil {
 			return err
 		}
 		if created.AgentID == "" {

@@ -49,6 +49,9 @@ import (
 // answer is the turn's last message (what chat.send answers). A client
 // that goes away cancels the turn (chat.cancel with the send's request
 // id) and the surface waits for the send to end before it returns.
+// Chat events carry no request id: a stream to a chat/ID agent that another
+// client keeps busy may relay the end of that client's turn (its own
+// answer then comes whole, from chat.send's result, in the last delta).
 // Usage figures are estimates (about 4 bytes a token, the chat runtime's
 // estimate) of the text the request carried and the answer: the provider's
 // own counts do not travel through chat.send.

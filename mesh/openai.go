@@ -550,7 +550,7 @@ func (t *openAITurn) send(ctx context.Context) (*openAISendResult, error) {
 	s := t.newSend(ctx)
 	select {
 	case o := <-s.done:
-		s.finish(o)
+		s.finish()
 		return o.res, o.err
 	case <-ctx.Done():
 		s.cancel()
@@ -582,8 +582,8 @@ func (t *openAITurn) newSend(ctx context.Context) *runningSend {
 	return s
 }
 
-// finish records that the send answered o.
-func (s *runningSend) finish(openAISendOutcome) {
+// finish records that the send has answered.
+func (s *runningSend) finish() {
 	s.finished = true
 	s.stop()
 }
@@ -606,7 +606,7 @@ func (s *runningSend) cancel() {
 		s.stop()
 		<-s.done
 	}
-	s.finish(openAISendOutcome{})
+	s.finish()
 }
 
 // openAIEvent is the part of a chat event the stream reads.
@@ -797,7 +797,7 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 			}
 			delta(e)
 		case o := <-s.done:
-			s.finish(o)
+			s.finish()
 			sendDone = true
 			if o.err != nil {
 				stopFollow()

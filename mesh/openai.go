@@ -1,0 +1,844 @@
+package mesh
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// The OpenAI surface: the chat-completions API of OpenAI, so that any
+// OpenAI client (SDKs, curl, the chat runtime's own openai provider) can
+// talk to the mesh's chat agents.
+//
+//	GET  /v1/models                 the models that can be addressed
+//	GET  /v1/models/{model}         one of them
+//	POST /v1/chat/completions       stream false: one chat.completion
+//	                                stream true:  chat.completion.chunk events (SSE), then [DONE]
+//
+// Models. "agentmesh-chat" is a conversation of its own per request: the
+// surface creates a transient chat agent (chat.create, its system prompt
+// the request's system and developer messages, followed by a transcript
+// of the earlier turns when the request carries some), sends it the last
+// user message (chat.send) and destroys it (chat.destroy). "chat/ID"
+// addresses the existing chat agent ID (one per row of chat.list): the
+// last user message is sent to it, and its own history and system prompt
+// stand for the rest of the request's messages. /v1/models lists
+// "agentmesh-chat" and a "chat/ID" per agent; it is empty when no chat
+// agent runs.
+//
+// It is a dialect at the edge, like NEXUS3's and MCP's: every step is a
+// call of the chat agent's methods through the hub's ingress, so the
+// caller is authenticated (Authorization: Bearer, as on /rpc) and
+// authorised per method, and each step is traced (the W3C traceparent of
+// the HTTP request) and counted as the native call of that method.
+//
+// Streaming follows the agent's events (Hub.FollowChat, chat.events long
+// polls) while chat.send runs: each message_update becomes a delta of its
+// text (content) and of its thinking (reasoning_content, as vLLM and
+// DeepSeek stream it); a turn that calls tools streams each assistant
+// message of the turn, separated by a blank line, whereas the non-streamed
+// answer is the turn's last message (what chat.send answers). A client
+// that goes away cancels the turn (chat.cancel with the send's request
+// id) and the surface waits for the send to end before it returns.
+// Chat events carry no request id: a stream to a chat/ID agent that another
+// client keeps busy may relay the end of that client's turn (its own
+// answer then comes whole, from chat.send's result, in the last delta).
+// Usage figures are estimates (about 4 bytes a token, the chat runtime's
+// estimate) of the text the request carried and the answer: the provider's
+// own counts do not travel through chat.send.
+
+// OpenAIModel is the model name of a transient conversation per request.
+const OpenAIModel = "agentmesh-chat"
+
+// openAIAgentPrefix prefixes the model name of an existing chat agent.
+const openAIAgentPrefix = "chat/"
+
+// openAIStepTimeout bounds the surface's bookkeeping calls (create,
+// destroy, cancel) made outside the caller's context.
+const openAIStepTimeout = 5 * time.Second
+
+// openAIEpoch is the created time of the agentmesh-chat model: when the
+// process started.
+var openAIEpoch = time.Now().Unix()
+
+// openAIKeepAlive is how often a stream with nothing to say sends an SSE
+// comment, so that clients with an idle timeout keep waiting.
+const openAIKeepAlive = 15 * time.Second
+
+// openAIRoutes mounts the OpenAI surface on mux.
+func (h *Hub) openAIRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/models", h.serveOpenAIModels)
+	mux.HandleFunc("GET /v1/models/{model...}", h.serveOpenAIModels)
+	mux.HandleFunc("POST /v1/chat/completions", h.serveOpenAICompletions)
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		// Any other path or method, as OpenAI answers it.
+		e := envelope.Errorf(envelope.CodeInvalidRequest, "Invalid URL (%s %s)", r.Method, r.URL.Path)
+		_, oe := openAIErrorOf(e)
+		oe.Code = "unknown_url"
+		writeOpenAIErrorStatus(w, e, http.StatusNotFound, oe)
+	})
+}
+
+// OpenAIRequest is the part of a chat-completions request the surface
+// reads. Fields it does not know (temperature, max_tokens, user…) are
+// ignored: the chat agent's provider settings apply.
+type OpenAIRequest struct {
+	Model         string          `json:"model"`
+	Messages      []OpenAIMessage `json:"messages"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N     *int            `json:"n"`
+	Tools json.RawMessage `json:"tools"`
+}
+
+// OpenAIMessage is one message of a request; Text is its content's text
+// (a string, or the text parts of an array), filled by DecodeOpenAIRequest.
+type OpenAIMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Text    string          `json:"-"`
+}
+
+// DecodeOpenAIRequest decodes and checks a chat-completions request body:
+// a model, at least one message, the last one the user's, only text
+// content, n 1 at most, no tools (the chat agent runs its own). Errors are
+// INVALID_REQUEST (not a JSON object) or INVALID_PARAMS.
+func DecodeOpenAIRequest(data []byte) (*OpenAIRequest, *envelope.Error) {
+	var req OpenAIRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "field %s: a JSON %s is not valid there", ute.Field, ute.Value)
+		}
+		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "the body is not a JSON object: %v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	switch {
+	case req.Model == "":
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "you must provide a model parameter")
+	case len(req.Messages) == 0:
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "messages must hold at least one message")
+	case req.N != nil && *req.N != 1:
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "n must be 1: a chat agent gives one answer")
+	}
+	if t := strings.TrimSpace(string(req.Tools)); t != "" && t != "null" && t != "[]" {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "tools are not supported: the chat agent runs its own tools")
+	}
+	for i := range req.Messages {
+		m := &req.Messages[i]
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].role: %q is not one of system, developer, user, assistant, tool", i, m.Role)
+		}
+		text, err := openAIText(m.Content)
+		if err != nil {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].content: %s", i, err.Message)
+		}
+		m.Text = text
+	}
+	if last := req.Messages[len(req.Messages)-1]; last.Role != "user" {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "the last message must be the user's, not %q", last.Role)
+	}
+	return &req, nil
+}
+
+// openAIText is the text of a message's content: a string, null, or an
+// array of {type:"text", text} parts.
+func openAIText(raw json.RawMessage) (string, *envelope.Error) {
+	c := strings.TrimSpace(string(raw))
+	switch {
+	case c == "" || c == "null":
+		return "", nil
+	case c[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", envelope.NewError(envelope.CodeInvalidParams, "not a string")
+		}
+		return s, nil
+	case c[0] == '[':
+		var parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", envelope.NewError(envelope.CodeInvalidParams, "not an array of content parts")
+		}
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type != "text" || p.Text == nil {
+				return "", envelope.Errorf(envelope.CodeInvalidParams, "content part of type %q: only text is supported", p.Type)
+			}
+			b.WriteString(*p.Text)
+		}
+		return b.String(), nil
+	}
+	return "", envelope.NewError(envelope.CodeInvalidParams, "want a string or an array of content parts")
+}
+
+// openAIError is OpenAI's error object.
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// openAIErrorOf maps a mesh error to its HTTP status and OpenAI's error
+// object: the status of the code table (AGENT_NOT_FOUND and
+// METHOD_NOT_FOUND, i.e. no such agent or no chat agent at all, are an
+// unknown model), the type OpenAI uses for that status, and the mesh code
+// in lower case as code.
+func openAIErrorOf(e *envelope.Error) (int, openAIError) {
+	status := e.Code.HTTPStatus()
+	code := strings.ToLower(e.Code.String())
+	typ := "server_error"
+	switch e.Code {
+	case envelope.CodeAgentNotFound, envelope.CodeMethodNotFound:
+		status, typ, code = http.StatusNotFound, "invalid_request_error", "model_not_found"
+	case envelope.CodeUnauthenticated:
+		typ = "authentication_error"
+	case envelope.CodePermissionDenied:
+		typ = "permission_error"
+	case envelope.CodeOverloaded:
+		status, typ = http.StatusTooManyRequests, "rate_limit_error"
+	default:
+		if status >= 400 && status < 500 {
+			typ = "invalid_request_error"
+		}
+	}
+	msg := e.Message
+	if msg == "" {
+		msg = e.Code.String()
+	}
+	return status, openAIError{Message: msg, Type: typ, Code: code}
+}
+
+// writeOpenAIError answers e as OpenAI does: its status, {"error": {...}},
+// Retry-After on 429 and 503 when the mesh said when to come back (at
+// least 1 s on a 429), WWW-Authenticate on 401.
+func writeOpenAIError(w http.ResponseWriter, e *envelope.Error) {
+	status, oe := openAIErrorOf(e)
+	writeOpenAIErrorStatus(w, e, status, oe)
+}
+
+func writeOpenAIErrorStatus(w http.ResponseWriter, e *envelope.Error, status int, oe openAIError) {
+	ra := e.RetryAfter()
+	if status == http.StatusTooManyRequests || (status == http.StatusServiceUnavailable && ra > 0) {
+		secs := int64((ra + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	}
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="agentmesh"`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(struct {
+		Error openAIError `json:"error"`
+	}{oe})
+	_, _ = w.Write(b)
+}
+
+// openAIAuth authenticates a request as authRequest does, answering a
+// refusal in OpenAI's shape.
+func (h *Hub) openAIAuth(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	who, aerr := h.guard.authenticate(r)
+	if aerr != nil {
+		h.metrics().Refused(refusal(aerr))
+		writeOpenAIError(w, aerr)
+		return nil, false
+	}
+	ctx := r.Context()
+	if who != nil {
+		ctx = context.WithValue(ctx, principalKey{}, who)
+	}
+	return ctx, true
+}
+
+// openAICall is one step of the surface: a call of a chat method through
+// the ingress, carrying the HTTP request's W3C trace context.
+type openAICall struct {
+	h     *Hub
+	trace envelope.Headers
+}
+
+func (h *Hub) newOpenAICall(r *http.Request) *openAICall {
+	c := &openAICall{h: h}
+	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+		if v := r.Header.Get(k); v != "" && len(v) <= 512 {
+			c.trace.Set(k, v)
+		}
+	}
+	return c
+}
+
+func (c *openAICall) call(ctx context.Context, method string, params any, out any) error {
+	p, err := json.Marshal(params)
+	if err != nil {
+		return envelope.WrapError(envelope.CodeInternal, "cannot encode the params", err)
+	}
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: p, Headers: c.trace,
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	res, err := c.h.ingress(ctx, req)
+	if err != nil {
+		return err
+	}
+	if out != nil {
+		if err := json.Unmarshal(res.Result, out); err != nil {
+			return envelope.Errorf(envelope.CodeInternal, "%s: unexpected answer: %v", method, err)
+		}
+	}
+	return nil
+}
+
+type openAIModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// openAIModels lists the models (chat.list through the ingress): none
+// when no chat agent runs.
+func (h *Hub) openAIModels(ctx context.Context, c *openAICall) ([]openAIModel, error) {
+	var list struct {
+		Agents []struct {
+			AgentID   string `json:"agent_id"`
+			CreatedAt string `json:"created_at"`
+		} `json:"agents"`
+	}
+	if err := c.call(ctx, "chat.list", struct{}{}, &list); err != nil {
+		if envelope.CodeOf(err) == envelope.CodeMethodNotFound {
+			return []openAIModel{}, nil
+		}
+		return nil, err
+	}
+	out := []openAIModel{{ID: OpenAIModel, Object: "model", Created: openAIEpoch, OwnedBy: "agentmesh"}}
+	for _, a := range list.Agents {
+		created := openAIEpoch
+		if t, err := time.Parse(time.RFC3339Nano, a.CreatedAt); err == nil {
+			created = t.Unix()
+		}
+		out = append(out, openAIModel{ID: openAIAgentPrefix + a.AgentID, Object: "model", Created: created, OwnedBy: "agentmesh"})
+	}
+	return out, nil
+}
+
+// serveOpenAIModels is GET /v1/models and GET /v1/models/{model}.
+func (h *Hub) serveOpenAIModels(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := h.openAIAuth(w, r)
+	if !ok {
+		return
+	}
+	models, err := h.openAIModels(ctx, h.newOpenAICall(r))
+	if err != nil {
+		writeOpenAIError(w, envelope.AsError(err))
+		return
+	}
+	var out any = struct {
+		Object string        `json:"object"`
+		Data   []openAIModel `json:"data"`
+	}{"list", models}
+	if want := r.PathValue("model"); want != "" {
+		out = nil
+		for _, m := range models {
+			if m.ID == want {
+				out = m
+			}
+		}
+		if out == nil {
+			writeOpenAIError(w, envelope.Errorf(envelope.CodeAgentNotFound, "The model '%s' does not exist", want))
+			return
+		}
+	}
+	b, _ := json.Marshal(out)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// openAITurn is one completion being served.
+type openAITurn struct {
+	c         *openAICall
+	req       *OpenAIRequest
+	agentID   string
+	transient bool
+	content   string // what chat.send sends
+	prompt    string // the text the request carried (for the usage estimate)
+}
+
+// serveOpenAICompletions is POST /v1/chat/completions.
+func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := h.openAIAuth(w, r)
+	if !ok {
+		return
+	}
+	limit := h.cfg.Conn.Limits.MaxBytes
+	tooBig := func() {
+		e := envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit)
+		_, oe := openAIErrorOf(e)
+		writeOpenAIErrorStatus(w, e, http.StatusRequestEntityTooLarge, oe)
+	}
+	if r.ContentLength > int64(limit) {
+		tooBig() // refused before reading a byte of it
+		return
+	}
+	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			tooBig()
+			return
+		}
+		writeOpenAIError(w, envelope.NewError(envelope.CodeInvalidRequest, "cannot read the request body"))
+		return
+	}
+	// The body is read: a turn may outlast the server's ReadTimeout, whose
+	// deadline would otherwise cancel the request's context under it.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	req, derr := DecodeOpenAIRequest(data)
+	if derr != nil {
+		writeOpenAIError(w, derr)
+		return
+	}
+	t := &openAITurn{c: h.newOpenAICall(r), req: req}
+	if err := t.open(ctx); err != nil {
+		writeOpenAIError(w, envelope.AsError(err))
+		return
+	}
+	defer t.close(ctx)
+	if req.Stream {
+		t.stream(ctx, w)
+		return
+	}
+	res, err := t.send(ctx)
+	if err != nil {
+		writeOpenAIError(w, envelope.AsError(err))
+		return
+	}
+	out := openAICompletion{ID: "chatcmpl-" + envelope.NewID(), Object: "chat.completion", Created: time.Now().Unix(), Model: req.Model,
+		Choices: []openAIChoice{{Message: openAIAnswer{Role: "assistant", Content: res.Content}, FinishReason: "stop"}}}
+	out.Usage = t.usage(res.Content)
+	b, err := json.Marshal(out)
+	if err != nil {
+		writeOpenAIError(w, envelope.WrapError(envelope.CodeInternal, "cannot encode the answer", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// openAICompletion is a chat.completion object.
+type openAICompletion struct {
+	ID      string         `json:"id"`
+	Object  string         `json:"object"`
+	Created int64          `json:"created"`
+	Model   string         `json:"model"`
+	Choices []openAIChoice `json:"choices"`
+	Usage   openAIUsage    `json:"usage"`
+}
+
+type openAIChoice struct {
+	Index        int          `json:"index"`
+	Message      openAIAnswer `json:"message"`
+	FinishReason string       `json:"finish_reason"`
+}
+
+type openAIAnswer struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type openAIUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func estimateTokens(s string) int { return (len(s) + 3) / 4 }
+
+func (t *openAITurn) usage(answer string) openAIUsage {
+	u := openAIUsage{PromptTokens: estimateTokens(t.prompt), CompletionTokens: estimateTokens(answer)}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+// open finds or creates the chat agent the model names and builds what
+// is sent to it.
+func (t *openAITurn) open(ctx context.Context) error {
+	msgs := t.req.Messages
+	last := msgs[len(msgs)-1]
+	t.content = last.Text
+	switch {
+	case t.req.Model == OpenAIModel:
+		var system []string
+		var transcript strings.Builder
+		for _, m := range msgs[:len(msgs)-1] {
+			if m.Role == "system" || m.Role == "developer" {
+				if m.Text != "" {
+					system = append(system, m.Text)
+				}
+				continue
+			}
+			transcript.WriteString(m.Role + ": " + m.Text + "\n")
+		}
+		prompt := strings.Join(system, "\n\n")
+		if transcript.Len() > 0 {
+			if prompt != "" {
+				prompt += "\n\n"
+			}
+			prompt += "The conversation so far:\n" + strings.TrimSuffix(transcript.String(), "\n")
+		}
+		t.prompt = prompt + "\n" + t.content
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		var created struct {
+			AgentID string `json:"agent_id"`
+		}
+		// Not cancelled with the request: an agent created by a call
+		// whose caller left would stay in the pool.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openAIStepTimeout)
+		defer cancel()
+		if err := t.c.call(cctx, "chat.create", map[string]string{"agent_id": "oai-" + hex.EncodeToString(b[:]), "system_prompt": prompt}, &created); err != nil {
+			return err
+		}
+		if created.AgentID == "" {
+			return envelope.NewError(envelope.CodeInternal, "chat.create answered no agent_id")
+		}
+		t.agentID, t.transient = created.AgentID, true
+		return nil
+	case strings.HasPrefix(t.req.Model, openAIAgentPrefix) && len(t.req.Model) > len(openAIAgentPrefix):
+		t.agentID = strings.TrimPrefix(t.req.Model, openAIAgentPrefix)
+		t.prompt = t.content
+		return nil
+	}
+	return envelope.Errorf(envelope.CodeAgentNotFound, "The model '%s' does not exist: use %s or chat/AGENT_ID (GET /v1/models)", t.req.Model, OpenAIModel)
+}
+
+// close destroys a transient agent, even when the caller has gone.
+func (t *openAITurn) close(ctx context.Context) {
+	if !t.transient {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openAIStepTimeout)
+	defer cancel()
+	_ = t.c.call(cctx, "chat.destroy", map[string]string{"agent_id": t.agentID}, nil)
+}
+
+type openAISendResult struct {
+	Content   string `json:"content"`
+	RequestID string `json:"request_id"`
+}
+
+type openAISendOutcome struct {
+	res *openAISendResult
+	err error
+}
+
+// send runs chat.send; when ctx ends first (the client went away) it
+// cancels the turn and waits for the send to end.
+func (t *openAITurn) send(ctx context.Context) (*openAISendResult, error) {
+	s := t.newSend(ctx)
+	select {
+	case o := <-s.done:
+		s.finish()
+		return o.res, o.err
+	case <-ctx.Done():
+		s.cancel()
+		return nil, envelope.NewError(envelope.CodeCancelled, "the client went away")
+	}
+}
+
+// runningSend is a chat.send in flight.
+type runningSend struct {
+	t        *openAITurn
+	ctx      context.Context
+	rid      string
+	done     chan openAISendOutcome
+	stop     context.CancelFunc
+	finished bool
+}
+
+// newSend starts chat.send in a goroutine whose context is detached from
+// ctx: a client that goes away cancels the turn by chat.cancel (cancel).
+func (t *openAITurn) newSend(ctx context.Context) *runningSend {
+	s := &runningSend{t: t, ctx: ctx, rid: "oai-" + envelope.NewID(), done: make(chan openAISendOutcome, 1)}
+	var sctx context.Context
+	sctx, s.stop = context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		var res openAISendResult
+		err := t.c.call(sctx, "chat.send", map[string]string{"agentId": t.agentID, "content": t.content, "request_id": s.rid}, &res)
+		s.done <- openAISendOutcome{&res, err}
+	}()
+	return s
+}
+
+// finish records that the send has answered.
+func (s *runningSend) finish() {
+	s.finished = true
+	s.stop()
+}
+
+// cancel cancels a send that has not answered: chat.cancel with its
+// request id, then it waits for the answer (at most openAIStepTimeout,
+// after which the call itself is cancelled, which the link relays).
+func (s *runningSend) cancel() {
+	if s.finished {
+		return
+	}
+	cctx, c := context.WithTimeout(context.WithoutCancel(s.ctx), openAIStepTimeout)
+	_ = s.t.c.call(cctx, "chat.cancel", map[string]string{"agentId": s.t.agentID, "request_id": s.rid}, nil)
+	c()
+	timer := time.NewTimer(openAIStepTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.done:
+	case <-timer.C:
+		s.stop()
+		<-s.done
+	}
+	s.finish()
+}
+
+// openAIEvent is the part of a chat event the stream reads.
+type openAIEvent struct {
+	Type    string `json:"type"`
+	Message *struct {
+		Content []struct {
+			Type     string `json:"type"`
+			Text     string `json:"text"`
+			Thinking string `json:"thinking"`
+		} `json:"content"`
+		StopReason string `json:"stopReason"`
+	} `json:"message"`
+}
+
+// openAIFinish maps a chat stop reason to OpenAI's finish_reason.
+func openAIFinish(stop string) string {
+	if stop == "max_tokens" {
+		return "length"
+	}
+	return "stop"
+}
+
+// sseWriter writes a stream's chunks, the headers with the first one.
+type sseWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+	failed  bool // a write failed: the client is gone
+	id      string
+	model   string
+	created int64
+}
+
+func (s *sseWriter) start() {
+	if s.started {
+		return
+	}
+	s.started = true
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	s.w.WriteHeader(http.StatusOK)
+}
+
+func (s *sseWriter) write(b []byte) {
+	s.start()
+	if s.failed {
+		return
+	}
+	if _, err := s.w.Write(b); err != nil {
+		s.failed = true
+		return
+	}
+	if err := s.rc.Flush(); err != nil {
+		s.failed = true
+	}
+}
+
+// chunk writes one chat.completion.chunk: delta (nil: {}), finish reason
+// ("" : null), usage (nil: none; with usage the choices are empty).
+func (s *sseWriter) chunk(delta map[string]string, finish string, usage *openAIUsage) {
+	type choice struct {
+		Index        int               `json:"index"`
+		Delta        map[string]string `json:"delta"`
+		FinishReason *string           `json:"finish_reason"`
+	}
+	c := struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []choice     `json:"choices"`
+		Usage   *openAIUsage `json:"usage,omitempty"`
+	}{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Usage: usage}
+	if usage == nil {
+		if delta == nil {
+			delta = map[string]string{}
+		}
+		ch := choice{Delta: delta}
+		if finish != "" {
+			ch.FinishReason = &finish
+		}
+		c.Choices = []choice{ch}
+	} else {
+		c.Choices = []choice{}
+	}
+	b, _ := json.Marshal(c)
+	s.write(append(append([]byte("data: "), b...), '\n', '\n'))
+}
+
+// stream serves a streamed completion: it follows the agent's events from
+// where they stand, runs chat.send, and turns message updates into deltas.
+func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
+	sw := &sseWriter{w: w, rc: http.NewResponseController(w), id: "chatcmpl-" + envelope.NewID(), model: t.req.Model, created: time.Now().Unix()}
+	tail, err := t.c.h.ChatTail(ctx, t.agentID)
+	if err != nil {
+		writeOpenAIError(w, envelope.AsError(err))
+		return
+	}
+	fctx, stopFollow := context.WithCancel(ctx)
+	events := make(chan ChatEvent, 64)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		defer close(events)
+		_, _ = t.c.h.FollowChat(fctx, t.agentID, tail, func(e ChatEvent) bool {
+			select {
+			case events <- e:
+			case <-fctx.Done():
+				return false
+			}
+			var ev openAIEvent
+			_ = json.Unmarshal(e.Event, &ev)
+			// A message that ends other than to call tools ends the turn.
+			return !(ev.Type == "message_end" && ev.Message != nil && ev.Message.StopReason != "tool_use")
+		})
+	}()
+	defer func() {
+		stopFollow()
+		<-followed
+	}()
+	s := t.newSend(ctx)
+	defer s.cancel()
+
+	var (
+		stream, text, thinking string // the current message's, as sent
+		anyText                bool   // some message of the turn had text
+		finish                 = "stop"
+		sendDone               bool
+		res                    *openAISendResult
+		grace                  <-chan time.Time
+	)
+	keep := time.NewTicker(openAIKeepAlive)
+	defer keep.Stop()
+	delta := func(e ChatEvent) {
+		var ev openAIEvent
+		if json.Unmarshal(e.Event, &ev) != nil || ev.Message == nil {
+			return
+		}
+		switch ev.Type {
+		case "message_start", "message_update", "message_end":
+		default:
+			return
+		}
+		var tx, th strings.Builder
+		for _, b := range ev.Message.Content {
+			switch b.Type {
+			case "text":
+				tx.WriteString(b.Text)
+			case "thinking":
+				th.WriteString(b.Thinking)
+			}
+		}
+		if e.StreamID != stream {
+			if !sw.started {
+				sw.chunk(map[string]string{"role": "assistant", "content": ""}, "", nil)
+			}
+			stream, text, thinking = e.StreamID, "", ""
+		}
+		d := map[string]string{}
+		if nt := th.String(); len(nt) > len(thinking) && strings.HasPrefix(nt, thinking) {
+			d["reasoning_content"] = nt[len(thinking):]
+			thinking = nt
+		}
+		if nt := tx.String(); len(nt) > len(text) && strings.HasPrefix(nt, text) {
+			add := nt[len(text):]
+			if text == "" && anyText {
+				add = "\n\n" + add // a new message of the same turn
+			}
+			d["content"] = add
+			text, anyText = nt, true
+		}
+		if len(d) > 0 {
+			sw.chunk(d, "", nil)
+		}
+		if ev.Type == "message_end" {
+			finish = openAIFinish(ev.Message.StopReason)
+		}
+	}
+	for events != nil || !sendDone {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			delta(e)
+		case o := <-s.done:
+			s.finish()
+			sendDone = true
+			if o.err != nil {
+				stopFollow()
+				e := envelope.AsError(o.err)
+				if !sw.started {
+					writeOpenAIError(w, e)
+					return
+				}
+				_, oe := openAIErrorOf(e)
+				b, _ := json.Marshal(map[string]openAIError{"error": oe})
+				sw.write(append(append([]byte("data: "), b...), '\n', '\n'))
+				return
+			}
+			res = o.res
+			// The turn's events were all published before the answer:
+			// the follower catches up at once, unless chat.events fails.
+			grace = time.After(openAIStepTimeout)
+		case <-grace:
+			stopFollow()
+			grace = nil
+		case <-keep.C:
+			sw.write([]byte(": keep-alive\n\n"))
+		case <-ctx.Done():
+			return // the deferred cancel ends the turn
+		}
+		if sw.failed {
+			return
+		}
+	}
+	if !sw.started {
+		sw.chunk(map[string]string{"role": "assistant", "content": ""}, "", nil)
+	}
+	// What the events did not bring (a follower that fell behind) comes
+	// from the answer: the rest of its last message.
+	if rest, ok := strings.CutPrefix(res.Content, text); ok && rest != "" && utf8.ValidString(rest) {
+		sw.chunk(map[string]string{"content": rest}, "", nil)
+	}
+	sw.chunk(nil, finish, nil)
+	if t.req.StreamOptions != nil && t.req.StreamOptions.IncludeUsage {
+		u := t.usage(res.Content)
+		sw.chunk(nil, "", &u)
+	}
+	sw.write([]byte("data: [DONE]\n\n"))
+}

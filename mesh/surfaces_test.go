@@ -40,12 +40,14 @@ import (
 // The calls (surfaceOps) are the native call of a method with its params,
 // an expected outcome and the mesh code. Each surface (surfaceRows) says
 // which of them it can carry: the generic ones (native, /rpc, JSON-RPC
-// over /ws, MCP) carry them all; NEXUS3 and OpenAI carry the chat calls
-// their dialect has.
+// over /ws, MCP) carry them all, and so do Multica (a device's request,
+// the trace in its payload's meta) and agentick (POST /invoke, the trace
+// in its traceparent header; its WebSocket carries none); NEXUS3 and
+// OpenAI carry the chat calls their dialect has.
 //
-// Adding a surface (Multica, agentick, …) is one entry of surfaceRows:
+// Adding a surface is one entry of surfaceRows:
 //
-//	{name: "agentick", ops: []string{"echo", "echo-fail"},
+//	{name: "mine", ops: []string{"echo", "echo-fail"},
 //	    open: func(t *testing.T, k *surfaceKit) surfaceCall {
 //	        // connect once here (what connecting costs is not measured)
 //	        return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
@@ -115,6 +117,17 @@ func TestSurfaces(t *testing.T) {
 				t.Errorf("%s %s: %v", row.name, op.name, err)
 				continue
 			}
+			if row.followsChat && op.method == "chat.send" {
+				var follow []string
+				for k := range got.counts {
+					if strings.HasPrefix(k, "server chat.events ") || strings.HasPrefix(k, "client chat.events ") {
+						follow = append(follow, fmt.Sprint(k, ":", got.counts[k]))
+						delete(got.counts, k)
+					}
+				}
+				slices.Sort(follow)
+				t.Logf("%-8s %-12s following the turn: %v (left out)", row.name, op.name, follow)
+			}
 			t.Logf("%-8s %-12s code %-15s spans %v counts %v", row.name, op.name, got.code, got.spans, got.counts)
 			if got.code != op.want {
 				t.Errorf("%s %s: answered %s; want %s", row.name, op.name, got.code, op.want)
@@ -156,6 +169,11 @@ func surfaceOps(k *surfaceKit) []surfaceOp {
 		{"list-agents", "chat.list_agents", map[string]any{}, envelope.CodeOK},
 		{"send", "chat.send", map[string]any{"agentId": k.chatAgent, "content": "Hello"}, envelope.CodeOK},
 		{"send-nobody", "chat.send", map[string]any{"agentId": "nobody", "content": "Hello"}, envelope.CodeAgentNotFound},
+		// Calls the Multica and agentick seeds have methods of their own
+		// for (getAgentMessages; sessions and history).
+		{"sessions", "chat.list", map[string]any{}, envelope.CodeOK},
+		{"history", "chat.getAgentMessages", map[string]any{"agentId": k.chatAgent, "offset": 0, "limit": 1}, envelope.CodeOK},
+		{"history-nobody", "chat.getAgentMessages", map[string]any{"agentId": "nobody", "offset": 0, "limit": 1}, envelope.CodeAgentNotFound},
 	}
 }
 
@@ -170,14 +188,24 @@ type surfaceKit struct {
 // result); an error is a reply the surface's dialect should not give.
 type surfaceCall func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error)
 
+// allOps are the names of every surfaceOp, for the surfaces that carry
+// any method of the mesh with its params.
+var allOps = []string{"echo", "echo-fail", "list-agents", "send", "send-nobody", "sessions", "history", "history-nobody"}
+
 // surfaceRows are the hub's surfaces; the first is the native client,
 // the reference the others are compared with.
 var surfaceRows = []struct {
 	name string
 	ops  []string
 	open func(t *testing.T, k *surfaceKit) surfaceCall
+	// followsChat: the surface streams a chat.send's events by long polls
+	// of chat.events through the hub's ingress (Hub.ChatTail, FollowChat),
+	// which the call-duration histograms count like any call; for chat.send
+	// those chat.events counts are left out of the comparison (the spans,
+	// which are not under the caller's trace, are still compared).
+	followsChat bool
 }{
-	{"native", []string{"echo", "echo-fail", "list-agents", "send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "native", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		c := k.m.Client(t, mesh.WithoutReliability())
 		if err := c.Call(t.Context(), "echo.echo", nil, nil); err != nil { // connects
 			t.Fatal(err)
@@ -187,7 +215,7 @@ var surfaceRows = []struct {
 			return envelope.CodeOf(err), nil
 		}
 	}},
-	{"/rpc", []string{"echo", "echo-fail", "list-agents", "send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "/rpc", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
 			body := jsonRPCBody(op, tp)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, k.m.HTTP+"/rpc", strings.NewReader(body))
@@ -204,7 +232,7 @@ var surfaceRows = []struct {
 			return jsonRPCCode(b)
 		}
 	}},
-	{"/ws json-rpc", []string{"echo", "echo-fail", "list-agents", "send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "/ws json-rpc", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		ws, _, err := websocket.DefaultDialer.DialContext(t.Context(), k.m.WS, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +252,7 @@ var surfaceRows = []struct {
 			return jsonRPCCode(b)
 		}
 	}},
-	{"mcp", []string{"echo", "echo-fail", "list-agents", "send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "mcp", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		s, err := mcpConnect(t, k.m, "")
 		if err != nil {
 			t.Fatal(err)
@@ -245,7 +273,7 @@ var surfaceRows = []struct {
 			return 0, fmt.Errorf("error result without a mesh code: %+v", r)
 		}
 	}},
-	{"nexus3", []string{"list-agents", "send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "nexus3", ops: []string{"list-agents", "send", "send-nobody"}, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
 			path, method, params := "/", "list_agents", map[string]any{}
 			if op.method == "chat.send" {
@@ -269,7 +297,7 @@ var surfaceRows = []struct {
 			return jsonRPCCode(b)
 		}
 	}},
-	{"openai", []string{"send", "send-nobody"}, func(t *testing.T, k *surfaceKit) surfaceCall {
+	{name: "openai", ops: []string{"send", "send-nobody"}, open: func(t *testing.T, k *surfaceKit) surfaceCall {
 		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
 			body, _ := json.Marshal(map[string]any{"model": "chat/" + op.params["agentId"].(string),
 				"messages": []map[string]any{{"role": "user", "content": op.params["content"]}}})
@@ -302,6 +330,74 @@ var surfaceRows = []struct {
 				}
 			}
 			return 0, fmt.Errorf("HTTP %d %s", res.StatusCode, b)
+		}
+	}},
+	// Multica (/multica): a device's "request" to the hub, the trace
+	// context in its payload's meta (an addition to the seed, whose
+	// RoutedMessage has no field for it). Every method of the mesh is
+	// callable by its own name, so it carries every op; the history ops go
+	// by the seed's name, getAgentMessages. A chat.send's "stream" messages
+	// come before its response and are skipped.
+	{name: "multica", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
+		d := connect(t, k.m, "surfaces")
+		var n atomic.Int64
+		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
+			method := op.method
+			if method == "chat.getAgentMessages" {
+				method = "getAgentMessages"
+			}
+			rid := fmt.Sprint("surf-", n.Add(1))
+			d.write(mustJSON(t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request",
+				"payload": map[string]any{"requestId": rid, "method": method, "params": op.params, "meta": map[string]string{"traceparent": tp}}}))
+			dl, _ := ctx.Deadline()
+			for {
+				v, err := d.read(time.Until(dl))
+				if err != nil {
+					return 0, err
+				}
+				if v["action"] == "stream" {
+					continue
+				}
+				p, _ := v["payload"].(map[string]any)
+				if v["action"] != "response" || p["requestId"] != rid {
+					return 0, fmt.Errorf("got %v; want the response to %s", v, rid)
+				}
+				return multicaCode(p)
+			}
+		}
+	}, followsChat: true},
+	// agentick: POST /invoke, whose traceparent header carries the trace
+	// context. Its WebSocket (/agentick/ws) cannot carry one for any op:
+	// the seed's req frame is {type, id, method, params} and the gateway
+	// reads no trace field from it, so it is not a row. echo, echo-fail,
+	// list-agents, send and send-nobody go as custom methods (a method the
+	// seed does not list is the mesh method of that name); sessions and
+	// history are the seed's own methods (chat.list; chat.getAgentMessages,
+	// given "before" so that it is one page call — without it history first
+	// asks for the total, two calls). The seed's own "send" is not the
+	// native chat.send and is not compared: it calls chat.get_context
+	// (chat.create on first use) and runs chat.send in the background,
+	// answering {messageId} before the turn ends.
+	{name: "agentick", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
+		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
+			method, params := op.method, op.params
+			switch op.name {
+			case "sessions":
+				method, params = "sessions", map[string]any{}
+			case "history", "history-nobody":
+				method, params = "history", map[string]any{"sessionId": op.params["agentId"], "before": "msg-1", "limit": 1}
+			}
+			body, _ := json.Marshal(map[string]any{"method": method, "params": params})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, k.m.HTTP+"/invoke", strings.NewReader(string(body)))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("traceparent", tp)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			return agentickCode(res.StatusCode, b)
 		}
 	}},
 }
@@ -389,4 +485,71 @@ func diffCounts(before, after map[string]uint64) map[string]uint64 {
 		}
 	}
 	return d
+}
+
+// multicaCode reads a Multica response payload: CodeOK for ok, else the
+// mesh code its error stands for (RPC_ERROR's meshCode when it has one).
+func multicaCode(p map[string]any) (envelope.Code, error) {
+	if p["ok"] == true {
+		return envelope.CodeOK, nil
+	}
+	e, _ := p["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	switch code {
+	case "METHOD_NOT_FOUND":
+		return envelope.CodeMethodNotFound, nil
+	case "INVALID_PARAMS":
+		return envelope.CodeInvalidParams, nil
+	case "AGENT_NOT_FOUND":
+		return envelope.CodeAgentNotFound, nil
+	case "RPC_ERROR":
+		mc, _ := e["meshCode"].(string)
+		if mc == "" {
+			return envelope.CodeRPCError, nil
+		}
+		if c, ok := envelope.ParseCode(mc); ok {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("not a Multica response payload: %v", p)
+}
+
+// agentickCode reads an /invoke answer {type: "res", ok, payload|error}:
+// CodeOK for ok, else the mesh code in error.details.meshCode, or the one
+// the seed's code stands for. NOT_FOUND_RESOURCE is the seed's code for an
+// unknown agent and an unknown method alike; it is read as the agent's
+// (the call-count comparison would show a METHOD_NOT_FOUND).
+func agentickCode(status int, b []byte) (envelope.Code, error) {
+	var v struct {
+		Type  string `json:"type"`
+		OK    bool   `json:"ok"`
+		Error *struct {
+			Code    string         `json:"code"`
+			Details map[string]any `json:"details"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil || v.Type != "res" {
+		return 0, fmt.Errorf("HTTP %d %s: not an agentick res", status, b)
+	}
+	if v.OK && v.Error == nil && status == 200 {
+		return envelope.CodeOK, nil
+	}
+	if v.Error != nil && !v.OK && status != 200 {
+		if mc, ok := v.Error.Details["meshCode"].(string); ok {
+			if c, ok := envelope.ParseCode(mc); ok {
+				return c, nil
+			}
+		}
+		switch v.Error.Code {
+		case "NOT_FOUND_RESOURCE":
+			return envelope.CodeAgentNotFound, nil
+		case "VALIDATION_TYPE", "VALIDATION_REQUIRED":
+			return envelope.CodeInvalidParams, nil
+		case "GUARD_DENIED":
+			return envelope.CodePermissionDenied, nil
+		case "METHOD_ERROR":
+			return envelope.CodeRPCError, nil
+		}
+	}
+	return 0, fmt.Errorf("HTTP %d %s: not an agentick res", status, b)
 }

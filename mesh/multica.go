@@ -224,8 +224,6 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 		_ = ws.Close()
 		return
 	}
-	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
-	d.send(d.fromHub("registered", nil, greeting))
 	d.c.start(d.onMessage, func(error) {
 		d.cancel()
 		h.multica.remove(d)
@@ -242,6 +240,11 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	if old != nil {
 		old.c.shutdown(errors.New("replaced by a new connection of the same device"))
 	}
+	// Greeted once routable: a device told it is registered can be sent to
+	// at once (greeted before, a message sent to it on its greeting could
+	// find no such device).
+	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
+	d.send(d.fromHub("registered", nil, greeting))
 	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
 		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
 			d.c.shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))

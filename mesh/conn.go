@@ -52,6 +52,12 @@ type ConnConfig struct {
 	// link for a call no longer waiting (timed out or cancelled): it is
 	// dropped, never delivered. For metrics; it must not block.
 	LateResponse func()
+	// InvalidFrame, if set, is told of every native message refused by
+	// its message-level checks (invalid JSON or UTF-8, nesting too deep):
+	// "answered" when its seq was recovered and its caller told, "closed"
+	// when it was not and the link was closed 1007. For metrics; it must
+	// not block.
+	InvalidFrame func(outcome string)
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {
@@ -78,6 +84,14 @@ func (c ConnConfig) withDefaults() ConnConfig {
 	}
 	return c
 }
+
+// closeError ends a connection with its WebSocket close code and text.
+type closeError struct {
+	code int
+	text string
+}
+
+func (e *closeError) Error() string { return e.text }
 
 var (
 	errConnClosed   = errors.New("connection closed")
@@ -126,6 +140,9 @@ type wsConn struct {
 	ws        *websocket.Conn
 	cfg       ConnConfig
 	batch     bool // frames queued together go out as one JSON-array message (native links only)
+	// check, if set, refuses a message in the read buffer, before it is
+	// copied out: onMessage then gets only its head and the refusal.
+	check     func([]byte) *envelope.Error
 	out       chan *[]byte
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -160,21 +177,21 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 
 // start runs the reader and writer goroutines; onClose runs once, on the
 // goroutine that noticed the end, after the connection is closed.
-func (c *wsConn) start(onMessage func([]byte), onClose func(error)) {
+func (c *wsConn) start(onMessage func(data []byte, refused *envelope.Error), onClose func(error)) {
 	c.onClose = onClose
 	c.wg.Add(2)
 	go c.readLoop(onMessage)
 	go c.writeLoop()
 }
 
-func (c *wsConn) readLoop(onMessage func([]byte)) {
+func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
 	for {
-		typ, data, err := c.readMessage()
+		typ, data, refused, err := c.readMessage()
 		if err != nil {
 			c.shutdown(err)
 			return
@@ -186,7 +203,7 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 		if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
 			continue
 		}
-		onMessage(data)
+		onMessage(data, refused)
 	}
 }
 
@@ -214,14 +231,19 @@ func (c *wsConn) onPing(data string) error {
 // readMessage reads one message through a pooled scratch buffer and
 // returns it in a slice of its exact size (decoded frames keep pointing
 // into it, so it is not reused): one allocation per message, none for a
-// message refused while it is read.
-func (c *wsConn) readMessage() (int, []byte, error) {
+// message refused while it is read. A message refused by c.check comes
+// back as its first envelope.RecoverHeadLen bytes, with the refusal.
+func (c *wsConn) readMessage() (int, []byte, *envelope.Error, error) {
 	typ, r, err := c.ws.NextReader()
 	if err != nil {
-		return typ, nil, err
+		return typ, nil, nil, err
 	}
-	buf, err := readExact(r, c.cfg.Limits.MaxBytes+1024)
-	return typ, buf, err
+	check := c.check
+	if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
+		check = nil
+	}
+	buf, refused, err := readChecked(r, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
+	return typ, buf, refused, err
 }
 
 func (c *wsConn) writeLoop() {
@@ -372,8 +394,12 @@ func (c *wsConn) shutdown(err error) {
 		c.err = err
 		close(c.closing)
 		code, text := websocket.CloseNormalClosure, ""
-		if errors.Is(err, errTooManyPings) {
+		var ce *closeError
+		switch {
+		case errors.Is(err, errTooManyPings):
 			code, text = websocket.ClosePolicyViolation, "too many pings"
+		case errors.As(err, &ce):
+			code, text = ce.code, ce.text
 		}
 		_ = c.ws.WriteControl(websocket.CloseMessage,
 			websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))

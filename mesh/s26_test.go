@@ -43,7 +43,6 @@ const (
 	expID                       // a result whose id is byte-identical to wantIDs[0]
 	expIDs                      // a batch reply whose ids are exactly wantIDs
 	expRouted                   // a result (count.hit ran once; count.other never)
-	expDropped                  // native only: no seq to answer; dropped, the link stays usable
 )
 
 // payload is a message the test can send without holding it: the
@@ -182,7 +181,7 @@ func s26Corpus() []*s26Item {
 	call := `{"jsonrpc":"2.0","method":"count.hit","id":1}`
 	return []*s26Item{
 		{name: "nesting 10001", body: req(nest(10_001), "1"), expect: expCoded,
-			native: frame(`"method":"count.hit","params":` + nest(10_001)), natExp: expDropped},
+			native: frame(`"method":"count.hit","params":` + nest(10_001)), natExp: expCoded},
 		{name: "nesting 100000", body: req(nest(100_000), "1"), expect: expCoded},
 		{name: "2M numbers (4 MB)", body: repeated(`{"jsonrpc":"2.0","method":"count.hit","id":1,"params":[0`, ",7", 2_000_000-1, "]}"), expect: expTooBig},
 		{name: "id 1e400", body: fixed([]byte(`{"jsonrpc":"2.0","method":"echo.echo","params":[1],"id":1e400}`)), expect: expID, wantIDs: []string{"1e400"}},
@@ -196,7 +195,7 @@ func s26Corpus() []*s26Item {
 		{name: "method and METHOD", body: fixed([]byte(`{"jsonrpc":"2.0","method":"count.hit","METHOD":"count.other","id":1}`)), expect: expRouted,
 			native: frame(`"method":"count.hit","METHOD":"count.other"`), natExp: expRouted},
 		{name: "invalid UTF-8 in params", body: req(`["\xff\xfe\xc0\xaf"]`, "1"), expect: expCoded,
-			native: frame(`"method":"count.hit","params":["\xff\xfe"]`), natExp: expDropped},
+			native: frame(`"method":"count.hit","params":["\xff\xfe"]`), natExp: expCoded},
 		{name: "invalid UTF-8 in method", body: fixed([]byte("{\"jsonrpc\":\"2.0\",\"method\":\"count.hit\xed\xa0\x80\",\"id\":1}")), expect: expCoded},
 		{name: "invalid UTF-8 in a key", body: fixed([]byte("{\"jsonrpc\":\"2.0\",\"method\":\"count.hit\",\"\xffid\":1,\"id\":1}")), expect: expCoded},
 		{name: "frame 2x the limit", body: big(2 * s26ReadLimit), expect: expTooBig,
@@ -617,7 +616,7 @@ func TestS26HostileJSON(t *testing.T) {
 		}
 		var ws *websocket.Conn
 		s26WS(ctx, tgt, &ws, it, once, false)
-		if it.native != nil && it.natExp != expDropped {
+		if it.native != nil {
 			var nws *websocket.Conn
 			s26WS(ctx, tgt, &nws, it, once, true)
 			if nws != nil {
@@ -635,28 +634,24 @@ func TestS26HostileJSON(t *testing.T) {
 		t.Errorf("corpus pass: count.hit ran %d times (want %d, one per routed message), count.other %d (want 0)",
 			hits.Load(), once.RoutedOK, others.Load())
 	}
-	// Frames that cannot be decoded at all carry no seq to answer: the
-	// native link drops them and stays usable.
+	// A frame that fails its checks and names no seq to answer: the
+	// native link is closed with 1007 (invalid payload), so that its
+	// sender fails fast instead of waiting for timeouts.
 	nd := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
-	nws, _, err := nd.DialContext(ctx, m.WS, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	junk := [][]byte{[]byte(`{"type":"req","seq":7,`), []byte("\xff\xfe")}
-	for _, it := range corpus {
-		if it.native != nil && it.natExp == expDropped {
-			junk = append(junk, it.native.small)
+	for _, junk := range [][]byte{[]byte("\xff\xfe"), []byte(`[{"type":"req","seq":7,"params":["` + "\xff" + `"]}]`)} {
+		nws, _, err := nd.DialContext(ctx, m.WS, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
+		start := time.Now()
+		_ = nws.WriteMessage(websocket.TextMessage, junk)
+		_ = nws.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, r, err := nws.ReadMessage()
+		if took := time.Since(start); !websocket.IsCloseError(err, websocket.CloseInvalidFramePayloadData) || took > 50*time.Millisecond {
+			t.Errorf("native frame %q with no seq to answer: %v %.200q after %v; want close 1007 within 50 ms", junk, err, r, took)
+		}
+		nws.Close()
 	}
-	for _, j := range junk {
-		_ = nws.WriteMessage(websocket.TextMessage, j)
-	}
-	_ = nws.WriteMessage(websocket.TextMessage, []byte(`{"type":"req","seq":8,"id":"ok","method":"echo.echo","params":["ok"],"headers":{},"version":"1.0"}`))
-	_ = nws.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, r, err := nws.ReadMessage(); err != nil || !bytes.Contains(r, []byte(`"seq":8`)) || !bytes.Contains(r, []byte(`["ok"]`)) {
-		t.Errorf("native link after undecodable frames: %v %.200q; want the answer to seq 8", err, r)
-	}
-	nws.Close()
 
 	// 2. Healthy phase: legitimate load alone.
 	runtime.GC()
@@ -846,7 +841,7 @@ func s26AttackerMain() {
 func s26Attack(ctx context.Context, m s26Target, corpus []*s26Item, st *s26Stats) {
 	var native []*s26Item
 	for _, it := range corpus {
-		if it.native != nil && it.natExp != expDropped {
+		if it.native != nil {
 			native = append(native, it)
 		}
 	}

@@ -137,9 +137,9 @@ func (p *pingPolicy) allow(now time.Time) bool {
 // goroutine (gorilla allows no more). Frames to send go through a bounded
 // queue; onMessage runs on the reader goroutine and must not block.
 type wsConn struct {
-	ws        *websocket.Conn
-	cfg       ConnConfig
-	batch     bool // frames queued together go out as one JSON-array message (native links only)
+	ws    *websocket.Conn
+	cfg   ConnConfig
+	batch bool // frames queued together go out as one JSON-array message (native links only)
 	// check, if set, refuses a message in the read buffer, before it is
 	// copied out: onMessage then gets only its head and the refusal.
 	check     func([]byte) *envelope.Error

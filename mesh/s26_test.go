@@ -37,12 +37,12 @@ import (
 type s26Expect int
 
 const (
-	expCoded   s26Expect = iota // a JSON-RPC error PARSE_ERROR or INVALID_REQUEST (HTTP 200)
-	expTooBig                   // HTTP 413 (INVALID_REQUEST body) / WebSocket close 1009
-	expHeader                   // HTTP 431 (the request line and headers are over MaxHeaderBytes)
-	expID                       // a result whose id is byte-identical to wantIDs[0]
-	expIDs                      // a batch reply whose ids are exactly wantIDs
-	expRouted                   // a result (count.hit ran once; count.other never)
+	expCoded  s26Expect = iota // a JSON-RPC error PARSE_ERROR or INVALID_REQUEST (HTTP 200)
+	expTooBig                  // HTTP 413 (INVALID_REQUEST body) / WebSocket close 1009
+	expHeader                  // HTTP 431 (the request line and headers are over MaxHeaderBytes)
+	expID                      // a result whose id is byte-identical to wantIDs[0]
+	expIDs                     // a batch reply whose ids are exactly wantIDs
+	expRouted                  // a result (count.hit ran once; count.other never)
 )
 
 // payload is a message the test can send without holding it: the

@@ -230,10 +230,11 @@ type rpcConn struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	h      *Hub
+	who    *Principal // nil when the hub authenticates nobody
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h}
+	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h, who: who}
 	lim := rc.c.cfg.Limits
 	rc.c.check = func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }
 	base := context.Background()

@@ -3,7 +3,6 @@
 package mesh_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -498,11 +497,30 @@ func checkNative(reply []byte, expect s26Expect) error {
 	return nil
 }
 
+// legitSample is one legitimate call: when it started and how long it took.
+type legitSample struct {
+	start time.Time
+	d     time.Duration
+}
+
 // legitLoad calls echo.echo at rate per second (open loop: one call per
 // tick, whatever the previous ones do) until ctx ends.
 func legitLoad(ctx context.Context, c *mesh.Client, rate int) (lat func() ([]time.Duration, int64, []string)) {
+	samples := legitLoadAt(ctx, c, rate)
+	return func() ([]time.Duration, int64, []string) {
+		ss, fails, errs := samples()
+		ds := make([]time.Duration, len(ss))
+		for i, s := range ss {
+			ds[i] = s.d
+		}
+		return ds, fails, errs
+	}
+}
+
+// legitLoadAt is legitLoad keeping each call's start time.
+func legitLoadAt(ctx context.Context, c *mesh.Client, rate int) (samples func() ([]legitSample, int64, []string)) {
 	var mu sync.Mutex
-	var ds []time.Duration
+	var ss []legitSample
 	var fails int64
 	var errs []string
 	var wg sync.WaitGroup
@@ -531,15 +549,15 @@ func legitLoad(ctx context.Context, c *mesh.Client, rate int) (lat func() ([]tim
 					}
 					return
 				}
-				ds = append(ds, d)
+				ss = append(ss, legitSample{start, d})
 			})
 		}
 	})
-	return func() ([]time.Duration, int64, []string) {
+	return func() ([]legitSample, int64, []string) {
 		wg.Wait()
 		mu.Lock()
 		defer mu.Unlock()
-		return ds, fails, errs
+		return ss, fails, errs
 	}
 }
 
@@ -577,10 +595,11 @@ func heapInuse() uint64 {
 // correctness, then from 10 attacker connections at ~100 messages/s each
 // while 100 legitimate calls/s run.
 func TestS26HostileJSON(t *testing.T) {
-	attack := 30 * time.Second
+	windows := 30 // attack windows of 1 s (between quiet ones)
 	if testing.Short() {
-		attack = 10 * time.Second
+		windows = 10
 	}
+	attack := time.Duration(windows) * time.Second
 	met := telemetry.NewMetrics(nil)
 	m := meshtest.Start(t, mesh.HubConfig{}, mesh.WithTelemetry(telemetry.New(nil, met)))
 	m.RunAgent(t, agents.NewEcho())
@@ -653,54 +672,48 @@ func TestS26HostileJSON(t *testing.T) {
 		nws.Close()
 	}
 
-	// 2. Healthy phase: legitimate load alone.
+	// 2. The attack: 4 HTTP, 4 plain WebSocket and 2 native attackers at
+	// ~100 messages/s each, cycling through the corpus, from a separate
+	// process (this test binary re-executed: s26AttackerMain), while 100
+	// legitimate calls/s run from this one. The scenario measures the hub:
+	// generating ~1,000 hostile messages/s (a third of them megabytes) on
+	// the hub's own Go scheduler and collector would measure the test's
+	// generator as well. The attack runs in 1 s windows between 1 s quiet
+	// ones, and the healthy figure is taken from the quiet windows: this
+	// 2-core machine is shared, and its load from other processes drifts
+	// over seconds; interleaved, both figures see the same drift.
 	runtime.GC()
 	baseHeap := heapInuse()
-	hctx, hcancel := context.WithTimeout(ctx, 3*time.Second)
-	healthy := legitLoad(hctx, legit, 100)
-	<-hctx.Done()
-	hcancel()
-	hLat, hFails, hErrs := healthy()
-
-	// 3. Attack: 4 HTTP, 4 plain WebSocket and 2 native attackers at ~100
-	// messages/s each, cycling through the corpus, from a separate process
-	// (this test binary re-executed: s26AttackerMain), plus the legitimate
-	// load from this one. The scenario measures the hub: generating ~1,000
-	// hostile messages/s (a third of them megabytes) on the hub's own Go
-	// scheduler and collector would measure the test's generator as well.
 	hitsBefore := hits.Load()
-	var gc0 runtime.MemStats
-	runtime.ReadMemStats(&gc0)
-	actx, acancel := context.WithCancel(ctx)
-	defer acancel()
+	gc0 := gcStats()
+	sched := s26Schedule{Start: time.Now().Add(500 * time.Millisecond), Window: time.Second, Attacks: windows}
+	lctx, lcancel := context.WithDeadline(ctx, sched.end())
+	defer lcancel()
 	var peakHeap atomic.Uint64
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		tk := time.NewTicker(20 * time.Millisecond)
 		defer tk.Stop()
-		for actx.Err() == nil {
+		for lctx.Err() == nil {
 			if h := heapInuse(); h > peakHeap.Load() {
 				peakHeap.Store(h)
 			}
 			select {
-			case <-actx.Done():
+			case <-lctx.Done():
 			case <-tk.C:
 			}
 		}
 	})
-	var under func() ([]time.Duration, int64, []string)
-	st, err := runS26Attackers(ctx, tgt, attack, func() { under = legitLoad(actx, legit, 100) })
-	acancel()
+	load := legitLoadAt(lctx, legit, 100)
+	st, err := runS26Attackers(ctx, tgt, sched)
+	<-lctx.Done()
 	wg.Wait()
+	samples, aFails, aErrs := load()
 	if err != nil {
 		t.Fatalf("attacker process: %v", err)
 	}
-	if under == nil {
-		t.Fatal("the attacker process never started its attack")
-	}
-	aLat, aFails, aErrs := under()
-	var gc1 runtime.MemStats
-	runtime.ReadMemStats(&gc1)
+	hLat, aLat := sched.split(samples)
+	gc1 := gcStats()
 	runtime.GC()
 	afterHeap := heapInuse()
 
@@ -721,12 +734,13 @@ func TestS26HostileJSON(t *testing.T) {
 		"legit_healthy":      len(hLat),
 		"legit_healthy_p99":  ms(hp99),
 		"legit_attack":       len(aLat),
-		"legit_attack_fail":  aFails,
+		"legit_fail":         aFails,
+		"legit_healthy_p50":  ms(pctl(hLat, 50)),
 		"legit_attack_p50":   ms(pctl(aLat, 50)),
 		"legit_attack_p99":   ms(ap99),
 		"p99_ratio":          float64(ap99) / float64(max(hp99, 1)),
-		"gc_cycles":          gc1.NumGC - gc0.NumGC,
-		"gc_pause_ms":        float64(gc1.PauseTotalNs-gc0.PauseTotalNs) / 1e6,
+		"gc_cycles":          gc1.cycles - gc0.cycles,
+		"gc_pause_p99_ms":    gc1.pauseP99ms,
 		"heap_base_mib":      float64(baseHeap) / (1 << 20),
 		"heap_peak_mib":      float64(peakHeap.Load()) / (1 << 20),
 		"heap_after_mib":     float64(afterHeap) / (1 << 20),
@@ -739,11 +753,11 @@ func TestS26HostileJSON(t *testing.T) {
 	for _, b := range st.Bad {
 		t.Errorf("attack: %s", b)
 	}
-	if hFails != 0 || len(hLat) < 250 {
-		t.Errorf("healthy phase: %d ok, %d failed %v", len(hLat), hFails, hErrs)
+	if want := windows * 60; len(hLat) < want {
+		t.Errorf("healthy (quiet windows): %d calls counted, want ≥ %d", len(hLat), want)
 	}
 	if aFails != 0 {
-		t.Errorf("legitimate calls under attack: %d failed: %v", aFails, aErrs)
+		t.Errorf("legitimate calls: %d failed: %v", aFails, aErrs)
 	}
 	// The load generators are closed loop (attackers) or tick-driven
 	// (legitimate calls; a starved ticker drops ticks): on a saturated
@@ -761,21 +775,14 @@ func TestS26HostileJSON(t *testing.T) {
 	if p := pctl(st.Lat, 99); p > 50*time.Millisecond {
 		t.Errorf("hostile inputs answered in p99 %v; want ≤ 50 ms", p)
 	}
-	// Legitimate p99 ≤ 1.5× healthy is the scenario's figure, and this
-	// machine does not meet it: with the attackers (1,000 messages/s, a
-	// third of them megabyte-sized), the hub and the legitimate caller in
-	// one process on 2 cores, the legitimate p99 measured 9-13 ms against
-	// ~1 ms healthy, with the collector off as much as on (so not GC), at
-	// about half a core of average use (so bursts: ten attackers' large
-	// messages at once fill both cores for milliseconds). It is printed
-	// in the summary and reported as not met; the test holds the hub to
-	// what would show a real fault, legitimate calls queued behind
-	// hostile ones: p99 within 25 ms, and 0 errors (checked above).
-	if ap99 > hp99*3/2+5*time.Millisecond {
-		t.Logf("S26 NOT MET: legitimate p99 %v under attack vs %v healthy; the scenario asks ≤ 1.5×", ap99, hp99)
-	}
-	if ap99 > 25*time.Millisecond {
-		t.Errorf("legitimate p99 %v under attack vs %v healthy; want ≤ 25 ms here (the scenario's 1.5× is not met on 2 cores)", ap99, hp99)
+	// Legitimate p99 ≤ 1.5× healthy (the scenario's figure), healthy
+	// measured in the quiet windows of the same run, with an absolute
+	// floor of 2 ms for this shared 2-core machine: the hub's healthy p99
+	// is ~1 ms, where one scheduler time slice lost to another process
+	// (the attackers' included: they share the cores and the kernel's
+	// loopback work) is already more than half of it.
+	if limit := hp99*3/2 + s26Floor; ap99 > limit {
+		t.Errorf("legitimate p99 %v under attack vs %v healthy; want ≤ 1.5× + %v = %v", ap99, hp99, s26Floor, limit)
 	}
 	if peak := peakHeap.Load(); peak > baseHeap+bound {
 		t.Errorf("hub heap peaked at %d MiB; bound is baseline %d MiB + 2 × 1 MiB × 10 attackers", peak>>20, baseHeap>>20)
@@ -797,14 +804,69 @@ type s26Target struct {
 	WS   string // its ws:// URL
 }
 
-// s26AttackerEnv carries the attack (JSON: s26Target and Seconds) to the
-// attacker process.
+// s26AttackerEnv carries the attack (JSON: s26Target and s26Schedule)
+// to the attacker process.
 const s26AttackerEnv = "AGENTMESH_S26_ATTACKER"
 
 func init() { helperMain = s26AttackerMain }
 
+// s26Schedule is the attack's timetable: from Start, windows of Window
+// alternate quiet and attack, quiet first and last, Attacks of them
+// attacks. Both processes read the same clock.
+type s26Schedule struct {
+	Start   time.Time
+	Window  time.Duration
+	Attacks int
+}
+
+func (s s26Schedule) attack(k int) (from, to time.Time) {
+	from = s.Start.Add(time.Duration(2*k+1) * s.Window)
+	return from, from.Add(s.Window)
+}
+
+func (s s26Schedule) end() time.Time { return s.Start.Add(time.Duration(2*s.Attacks+1) * s.Window) }
+
+// s26Floor is the absolute slack on S26's legitimate p99 ≤ 1.5× healthy.
+const s26Floor = 2 * time.Millisecond
+
+// s26Settle is how long after an attack window the hub may still be
+// finishing its last hostile messages: calls starting then count for
+// neither figure.
+const s26Settle = 100 * time.Millisecond
+
+// split sorts the legitimate calls: under attack if they overlap an attack
+// window at all; healthy if they lie wholly in a quiet window, past
+// s26Settle after the attack before it; others (before the start,
+// straddling the settling time) are not counted.
+func (s s26Schedule) split(samples []legitSample) (healthy, under []time.Duration) {
+	for _, x := range samples {
+		s0, s1 := x.start, x.start.Add(x.d)
+		if s0.Before(s.Start) || s1.After(s.end()) {
+			continue
+		}
+		overlaps, settled := false, true
+		for k := range s.Attacks {
+			from, to := s.attack(k)
+			if s0.Before(to) && s1.After(from) {
+				overlaps = true
+				break
+			}
+			if !s0.Before(to) && s0.Before(to.Add(s26Settle)) {
+				settled = false
+			}
+		}
+		switch {
+		case overlaps:
+			under = append(under, x.d)
+		case settled:
+			healthy = append(healthy, x.d)
+		}
+	}
+	return healthy, under
+}
+
 // s26AttackerMain runs in the re-executed test binary when s26AttackerEnv
-// is set: it prints "start", runs the 10 attackers for the given time,
+// is set: it runs the 10 attackers in the schedule's attack windows,
 // prints what they saw (s26Stats as JSON) and exits, instead of running
 // tests.
 func s26AttackerMain() {
@@ -814,24 +876,27 @@ func s26AttackerMain() {
 	}
 	var c struct {
 		s26Target
-		Seconds float64
+		s26Schedule
 	}
 	if err := json.Unmarshal([]byte(cfg), &c); err != nil {
 		fmt.Fprintln(os.Stderr, "attacker:", err)
 		os.Exit(2)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.Seconds*float64(time.Second)))
-	defer cancel()
-	fmt.Println("start")
 	st := newS26Stats()
-	s26Attack(ctx, c.s26Target, s26Corpus(), st)
+	corpus := s26Corpus()
+	for k := range c.Attacks {
+		from, to := c.attack(k)
+		time.Sleep(time.Until(from))
+		ctx, cancel := context.WithDeadline(context.Background(), to)
+		s26Attack(ctx, c.s26Target, corpus, st)
+		cancel()
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if err := json.NewEncoder(os.Stdout).Encode(st); err != nil {
 		fmt.Fprintln(os.Stderr, "attacker:", err)
 		os.Exit(2)
 	}
-	cancel()
 	os.Exit(0)
 }
 
@@ -879,17 +944,17 @@ func s26Attack(ctx context.Context, m s26Target, corpus []*s26Item, st *s26Stats
 	wg.Wait()
 }
 
-// runS26Attackers runs the attack from a separate process for d, calls
-// started once that process begins, and returns what its attackers saw.
-func runS26Attackers(ctx context.Context, m s26Target, d time.Duration, started func()) (*s26Stats, error) {
+// runS26Attackers runs the attack from a separate process and returns
+// what its attackers saw.
+func runS26Attackers(ctx context.Context, m s26Target, sched s26Schedule) (*s26Stats, error) {
 	cfg, err := json.Marshal(struct {
 		s26Target
-		Seconds float64
-	}{m, d.Seconds()})
+		s26Schedule
+	}{m, sched})
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	cctx, cancel := context.WithDeadline(ctx, sched.end().Add(30*time.Second))
 	defer cancel()
 	// The attackers run at the lowest CPU priority (nice 19): on this
 	// 2-core machine they stand for clients on other machines, and their
@@ -898,28 +963,40 @@ func runS26Attackers(ctx context.Context, m s26Target, d time.Duration, started 
 	// kernel's loopback work of it still runs on the hub's cores.
 	cmd := exec.CommandContext(cctx, "nice", "-n", "19", os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), s26AttackerEnv+"="+string(cfg))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	br := bufio.NewReader(out)
-	line, err := br.ReadString('\n')
-	if err == nil && line == "start\n" {
-		started()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%v (stderr: %.2000s)", err, stderr.String())
 	}
 	var st s26Stats
-	derr := json.NewDecoder(br).Decode(&st)
-	_, _ = io.Copy(io.Discard, br)
-	if werr := cmd.Wait(); werr != nil {
-		return nil, fmt.Errorf("%v (stderr: %.2000s)", werr, stderr.String())
-	}
-	if derr != nil {
-		return nil, fmt.Errorf("its report: %v (first line %q, stderr: %.2000s)", derr, line, stderr.String())
+	if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
+		return nil, fmt.Errorf("its report: %v (%.200q, stderr: %.2000s)", err, stdout.String(), stderr.String())
 	}
 	return &st, nil
+}
+
+// gcFigures are the collector's cycles so far and the p99 of its
+// stop-the-world pauses, from runtime/metrics (no stop of its own).
+type gcFigures struct {
+	cycles     uint64
+	pauseP99ms float64
+}
+
+func gcStats() gcFigures {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/sched/pauses/total/gc:seconds"}}
+	metrics.Read(s)
+	h := s[1].Value.Float64Histogram()
+	var total uint64
+	for _, c := range h.Counts {
+		total += c
+	}
+	p99, seen := 0.0, uint64(0)
+	for i, c := range h.Counts {
+		seen += c
+		if total > 0 && seen*100 >= total*99 {
+			p99 = h.Buckets[i+1] * 1000
+			break
+		}
+	}
+	return gcFigures{cycles: s[0].Value.Uint64(), pauseP99ms: p99}
 }

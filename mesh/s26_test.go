@@ -704,6 +704,22 @@ func TestS26HostileJSON(t *testing.T) {
 			}
 		}
 	})
+	// The hub process's threads' time runnable but off CPU (the OS's run
+	// queue), per window: how much of the legitimate latency is the
+	// machine's other work (the attackers' and other tenants').
+	waits := make([]time.Duration, 2*windows+2)
+	wg.Go(func() {
+		for i := range waits {
+			select {
+			case <-lctx.Done():
+				if i < len(waits)-1 {
+					continue
+				}
+			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
+			}
+			waits[i] = runDelay()
+		}
+	})
 	load := legitLoadAt(lctx, legit, 100)
 	st, err := runS26Attackers(ctx, tgt, sched)
 	<-lctx.Done()
@@ -713,6 +729,14 @@ func TestS26HostileJSON(t *testing.T) {
 		t.Fatalf("attacker process: %v", err)
 	}
 	hLat, aLat := sched.split(samples)
+	var waitQuiet, waitAttack time.Duration
+	for i := 0; i+1 < 2*windows+2; i++ {
+		if d := waits[i+1] - waits[i]; i%2 == 1 {
+			waitAttack += d
+		} else if i < 2*windows+1 {
+			waitQuiet += d
+		}
+	}
 	gc1 := gcStats()
 	runtime.GC()
 	afterHeap := heapInuse()
@@ -720,33 +744,36 @@ func TestS26HostileJSON(t *testing.T) {
 	hp99, ap99 := pctl(hLat, 99), pctl(aLat, 99)
 	bound := uint64(2 * s26ReadLimit * 10)
 	summary := map[string]any{
-		"scenario":           "S26",
-		"attack_s":           attack.Seconds(),
-		"hostile_sent":       st.Sent,
-		"hostile_rate":       float64(st.Sent) / attack.Seconds(),
-		"hostile_unexpected": st.NBad,
-		"hostile_p50_ms":     ms(pctl(st.Lat, 50)),
-		"hostile_p99_ms":     ms(pctl(st.Lat, 99)),
-		"hostile_max_ms":     ms(pctl(st.Lat, 100)),
-		"slowest_inputs":     slowest(st.ByItem, 6),
-		"outcomes":           st.ByOutcome,
-		"ws_over_limit":      st.Closes,
-		"legit_healthy":      len(hLat),
-		"legit_healthy_p99":  ms(hp99),
-		"legit_attack":       len(aLat),
-		"legit_fail":         aFails,
-		"legit_healthy_p50":  ms(pctl(hLat, 50)),
-		"legit_attack_p50":   ms(pctl(aLat, 50)),
-		"legit_attack_p99":   ms(ap99),
-		"p99_ratio":          float64(ap99) / float64(max(hp99, 1)),
-		"gc_cycles":          gc1.cycles - gc0.cycles,
-		"gc_pause_p99_ms":    gc1.pauseP99ms,
-		"heap_base_mib":      float64(baseHeap) / (1 << 20),
-		"heap_peak_mib":      float64(peakHeap.Load()) / (1 << 20),
-		"heap_after_mib":     float64(afterHeap) / (1 << 20),
-		"heap_bound_mib":     float64(baseHeap+bound) / (1 << 20),
-		"count_hit":          hits.Load(),
-		"count_other":        others.Load(),
+		"scenario":                "S26",
+		"attack_s":                attack.Seconds(),
+		"hostile_sent":            st.Sent,
+		"hostile_rate":            float64(st.Sent) / attack.Seconds(),
+		"hostile_unexpected":      st.NBad,
+		"hostile_p50_ms":          ms(pctl(st.Lat, 50)),
+		"hostile_p99_ms":          ms(pctl(st.Lat, 99)),
+		"hostile_max_ms":          ms(pctl(st.Lat, 100)),
+		"slowest_inputs":          slowest(st.ByItem, 6),
+		"outcomes":                st.ByOutcome,
+		"ws_over_limit":           st.Closes,
+		"legit_healthy":           len(hLat),
+		"legit_healthy_p99":       ms(hp99),
+		"legit_attack":            len(aLat),
+		"legit_fail":              aFails,
+		"legit_healthy_p50":       ms(pctl(hLat, 50)),
+		"legit_attack_p50":        ms(pctl(aLat, 50)),
+		"legit_attack_p99":        ms(ap99),
+		"p99_ratio":               float64(ap99) / float64(max(hp99, 1)),
+		"gc_cycles":               gc1.cycles - gc0.cycles,
+		"os_wait_ms_per_s_quiet":  ms(waitQuiet) / float64(windows+1),
+		"os_wait_ms_per_s_attack": ms(waitAttack) / float64(windows),
+		"loadavg":                 loadAvg(),
+		"gc_pause_p99_ms":         gc1.pauseP99ms,
+		"heap_base_mib":           float64(baseHeap) / (1 << 20),
+		"heap_peak_mib":           float64(peakHeap.Load()) / (1 << 20),
+		"heap_after_mib":          float64(afterHeap) / (1 << 20),
+		"heap_bound_mib":          float64(baseHeap+bound) / (1 << 20),
+		"count_hit":               hits.Load(),
+		"count_other":             others.Load(),
 	}
 	printSummary(t, summary)
 
@@ -999,4 +1026,31 @@ func gcStats() gcFigures {
 		}
 	}
 	return gcFigures{cycles: s[0].Value.Uint64(), pauseP99ms: p99}
+}
+
+// runDelay is the time this process's threads have spent runnable but
+// waiting for a CPU (the second field of /proc/self/task/*/schedstat).
+func runDelay() time.Duration {
+	ents, _ := os.ReadDir("/proc/self/task")
+	var sum int64
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += n
+		}
+	}
+	return time.Duration(sum)
+}
+
+// loadAvg is the machine's 1-minute load average, for the summary.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return ""
 }

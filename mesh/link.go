@@ -252,7 +252,11 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	default:
 		outcome = "closed"
 		l.log.Warn("closing the link: a frame failed its checks and names no seq to answer", "remote", l.Remote, "error", refused.Error())
-		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: "invalid frame: " + refused.Message})
+		text := "invalid frame: " + refused.Message
+		if len(text) > 120 { // a close frame carries at most 123 bytes of text
+			text = text[:120]
+		}
+		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
 	}
 	if l.c.cfg.InvalidFrame != nil {
 		l.c.cfg.InvalidFrame(outcome)

@@ -83,7 +83,10 @@ func readChecked(r io.Reader, limit int, check func([]byte) *envelope.Error, kee
 func grow(buf []byte, limit int) []byte {
 	want := max(min(2*cap(buf), limit+1), len(buf)+512)
 	if want > 64<<10 {
-		want = max(limit+1, len(buf)+512)
+		// One size for every reader of about the limit (HTTP bodies at
+		// the limit, WebSocket messages at the limit plus a frame's
+		// slack), so that the kept buffers suit them all.
+		want = (max(limit+1, len(buf)+512) + 64<<10 - 1) &^ (64<<10 - 1)
 		for {
 			var b []byte
 			select {

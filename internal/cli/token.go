@@ -132,7 +132,7 @@ reason" on stderr and exits 1.`,
 			if tok == "" {
 				return usageErr("no token: pass TOKEN, - for stdin, or set $MESH_TOKEN")
 			}
-			keys, err := loadAuthKeys(keyFiles)
+			keys, _, err := loadAuthKeys(keyFiles)
 			if err != nil {
 				return usageErr("%v", err)
 			}

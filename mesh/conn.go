@@ -250,18 +250,25 @@ func (c *wsConn) writeLoop() {
 	defer c.wg.Done()
 	ping := time.NewTicker(c.cfg.PingInterval)
 	defer ping.Stop()
+	var lastWrite time.Time
 	for {
 		select {
 		case b := <-c.out:
 			c.writing.Store(true)
-			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+			now := time.Now()
+			_ = c.ws.SetWriteDeadline(now.Add(c.cfg.WriteTimeout))
 			var n int
 			var err error
-			if c.batch && len(c.out) == 0 {
-				// Let the goroutines that are about to queue a frame do so,
-				// so that one write carries them all.
+			if c.batch && len(c.out) == 0 && now.Sub(lastWrite) < batchYieldGap {
+				// Frames are coming back to back: let the goroutines that
+				// are about to queue one do so, so that one write carries
+				// them all. A frame after a pause goes out at once: the
+				// yield would queue it behind every runnable goroutine,
+				// and on a hub busy with other connections (S26) that
+				// adds up for a call crossing four links.
 				runtime.Gosched()
 			}
+			lastWrite = now
 			if c.batch && len(c.out) > 0 {
 				n, err = c.writeBatch(b)
 			} else {
@@ -293,6 +300,10 @@ func (c *wsConn) writeLoop() {
 		}
 	}
 }
+
+// batchYieldGap: a frame queued within this long of the previous write
+// means a burst, worth a scheduler round to batch what follows.
+const batchYieldGap = 200 * time.Microsecond
 
 // maxBatchFrames bounds the frames one batched message carries.
 const maxBatchFrames = 128

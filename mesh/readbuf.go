@@ -21,8 +21,9 @@ var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &
 // bigScratch keeps a few buffers that grew past 64 KiB across garbage
 // collections (a sync.Pool drops its items within two): a flood of large
 // messages reuses them instead of growing a new one per message. It holds
-// at most 8 (8 MiB at the default 1 MiB limit).
-var bigScratch = make(chan []byte, 8)
+// at most 4 (4.25 MiB at the default 1 MiB limit: S26 bounds the hub's
+// heap at 2 × the limit × 10 attackers over its baseline).
+var bigScratch = make(chan []byte, 4)
 
 // readExact reads r to EOF, refusing (with the reader's own error) past
 // what r allows, and returns a new slice of exactly the bytes read.

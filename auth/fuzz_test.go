@@ -37,8 +37,19 @@ func FuzzVerify(f *testing.F) {
 	f.Add("a.b.c.d")
 	f.Add(good + "=")
 	f.Add(strings.Repeat("A", auth.MaxTokenLen+1))
+	// kid: the key's id, an unknown id, a label, a non-string, none.
+	f.Add(issueKID(f, testKey, "primary", auth.Claims{Subject: "x"}, time.Hour))
+	f.Add(issueKID(f, otherKey, auth.KeyID(testKey), auth.Claims{Subject: "x"}, time.Hour)) // forged kid
+	f.Add(signRaw(f, jwt.SigningMethodHS256, testKey, goodMap(), map[string]any{"kid": 7}))
+	f.Add(signRaw(f, jwt.SigningMethodHS256, testKey, goodMap(), map[string]any{"kid": ""}))
+	f.Add(signRaw(f, jwt.SigningMethodHS256, testKey, goodMap(), map[string]any{"kid": []any{auth.KeyID(testKey)}}))
+	f.Add(signRaw(f, jwt.SigningMethodHS256, testKey, goodMap(), nil))
+	f.Add(signRaw(f, jwt.SigningMethodHS256, otherKey, goodMap(), nil))
 	now := t0.Add(time.Minute)
 	v := verifier(f, now)
+	if err := v.SetKeys([]auth.Key{{ID: "primary", Secret: testKey}}); err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, token string) {
 		c, err := v.Verify(token)
 		if err != nil {

@@ -1,10 +1,14 @@
 package auth
 
 import (
+	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -79,7 +83,18 @@ func (c *Claims) check() error {
 // IssuedAt becomes now; ExpiresAt becomes IssuedAt + ttl; an empty ID
 // becomes 128 random bits. It refuses a key shorter than MinKeyLen, a
 // ttl under a second, and claims Verify would refuse (bad subject, role or pattern).
+//
+// The token's "kid" header is KeyID(key); IssueKID names another.
 func Issue(key []byte, claims Claims, ttl time.Duration) (string, error) {
+	return IssueKID(key, KeyID(key), claims, ttl)
+}
+
+// IssueKID is Issue with the "kid" header kid: the id a verifier knows
+// the key by (KeyID, or a label given with the key; see Key).
+func IssueKID(key []byte, kid string, claims Claims, ttl time.Duration) (string, error) {
+	if !validKID(kid) {
+		return "", fmt.Errorf("auth: key id %q: want 1 to 64 ASCII letters, digits or _-.:", kid)
+	}
 	if len(key) < MinKeyLen {
 		return "", fmt.Errorf("auth: key is %d bytes; want at least %d", len(key), MinKeyLen)
 	}
@@ -108,16 +123,19 @@ func Issue(key []byte, claims Claims, ttl time.Duration) (string, error) {
 			ID:        claims.ID,
 		},
 	}
-	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, w).SignedString(key)
+	t := jwt.NewWithClaims(jwt.SigningMethodHS256, w)
+	t.Header["kid"] = kid
+	s, err := t.SignedString(key)
 	if err != nil {
 		return "", fmt.Errorf("auth: signing: %w", err)
 	}
 	return s, nil
 }
 
-// Verifier checks tokens signed with one key. It is safe for concurrent use.
+// Verifier checks tokens signed with any of its keys. It is safe for
+// concurrent use, SetKeys included.
 type Verifier struct {
-	key    []byte
+	keys   atomic.Pointer[keySet]
 	leeway time.Duration
 	now    func() time.Time
 	parser *jwt.Parser
@@ -135,10 +153,17 @@ func WithClock(now func() time.Time) VerifierOption { return func(v *Verifier) {
 // NewVerifier returns a Verifier for key; it refuses a key shorter than
 // MinKeyLen.
 func NewVerifier(key []byte, opts ...VerifierOption) (*Verifier, error) {
-	if len(key) < MinKeyLen {
-		return nil, fmt.Errorf("auth: key is %d bytes; want at least %d", len(key), MinKeyLen)
+	return NewKeySetVerifier([]Key{{Secret: key}}, opts...)
+}
+
+// NewKeySetVerifier returns a Verifier for several keys (key rotation):
+// a token whose "kid" header names one of them is checked with that key
+// only; a token without "kid" is checked against each in turn.
+func NewKeySetVerifier(keys []Key, opts ...VerifierOption) (*Verifier, error) {
+	v := &Verifier{leeway: DefaultLeeway, now: time.Now}
+	if err := v.SetKeys(keys); err != nil {
+		return nil, err
 	}
-	v := &Verifier{key: append([]byte(nil), key...), leeway: DefaultLeeway, now: time.Now}
 	for _, o := range opts {
 		o(v)
 	}
@@ -210,12 +235,22 @@ func (v *Verifier) keyFunc(t *jwt.Token) (any, error) {
 	if _, ok := t.Header["crit"]; ok {
 		return nil, errCrit
 	}
-	return v.key, nil
+	ks := v.keys.Load()
+	kid, ok := t.Header["kid"]
+	if !ok {
+		return ks.all, nil
+	}
+	s, _ := kid.(string)
+	if k, found := ks.byID[s]; found && s != "" {
+		return k, nil
+	}
+	return nil, errKID
 }
 
 var (
 	errAlg  = errors.New("algorithm is not HS256")
 	errCrit = errors.New("critical header extensions are not supported")
+	errKID  = errors.New("the token's kid names no key of this verifier")
 )
 
 func mapErr(err error) *envelope.Error {
@@ -224,6 +259,8 @@ func mapErr(err error) *envelope.Error {
 		return unauthenticated("malformed token", err)
 	case errors.Is(err, errAlg):
 		return unauthenticated("unsupported token algorithm", err)
+	case errors.Is(err, errKID):
+		return unauthenticated("unknown token key", err)
 	case errors.Is(err, jwt.ErrTokenUnverifiable):
 		return unauthenticated("unsupported token header", err)
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
@@ -237,3 +274,73 @@ func mapErr(err error) *envelope.Error {
 	}
 	return unauthenticated("invalid token claims", err)
 }
+
+// Key is one key of a Verifier's set.
+type Key struct {
+	// ID is a label the key is also known by in "kid" headers (meshd
+	// --auth-key LABEL=FILE; meshctl token issue --kid LABEL). Optional:
+	// every key is known by its KeyID in any case.
+	ID     string
+	Secret []byte
+}
+
+// KeyID is the default id of a key: the first 8 hex digits of its
+// SHA-256. It names the key without revealing it.
+func KeyID(secret []byte) string {
+	sum := sha256.Sum256(secret)
+	return hex.EncodeToString(sum[:4])
+}
+
+type keySet struct {
+	byID map[string][]byte
+	all  jwt.VerificationKeySet
+	ids  []string // KeyID and label of each key, in order
+}
+
+// SetKeys replaces the verifier's keys, atomically: tokens checked from
+// then on are checked against these only. It refuses (and keeps the
+// current keys) an empty set, a key shorter than MinKeyLen, a malformed
+// label, or a label or id that names two different keys.
+func (v *Verifier) SetKeys(keys []Key) error {
+	if len(keys) == 0 {
+		return errors.New("auth: no key")
+	}
+	ks := &keySet{byID: map[string][]byte{}}
+	add := func(id string, secret []byte) error {
+		if old, dup := ks.byID[id]; dup && !bytes.Equal(old, secret) {
+			return fmt.Errorf("auth: key id %q names two different keys", id)
+		}
+		if _, dup := ks.byID[id]; !dup {
+			ks.ids = append(ks.ids, id)
+		}
+		ks.byID[id] = secret
+		return nil
+	}
+	for _, k := range keys {
+		if len(k.Secret) < MinKeyLen {
+			return fmt.Errorf("auth: key is %d bytes; want at least %d", len(k.Secret), MinKeyLen)
+		}
+		if k.ID != "" && !validKID(k.ID) {
+			return fmt.Errorf("auth: key id %q: want 1 to 64 ASCII letters, digits or _-.:", k.ID)
+		}
+		secret := append([]byte(nil), k.Secret...)
+		if err := add(KeyID(secret), secret); err != nil {
+			return err
+		}
+		if k.ID != "" {
+			if err := add(k.ID, secret); err != nil {
+				return err
+			}
+		}
+		ks.all.Keys = append(ks.all.Keys, secret)
+	}
+	v.keys.Store(ks)
+	return nil
+}
+
+// KeyIDs returns the ids the verifier knows its keys by (KeyID of each,
+// and their labels), in order.
+func (v *Verifier) KeyIDs() []string { return append([]string(nil), v.keys.Load().ids...) }
+
+// validKID: a key id travels in every token header and in logs.
+func validKID(s string) bool { return validRole(s) }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,18 @@ func issue(t testing.TB, key []byte, c auth.Claims, ttl time.Duration) string {
 		c.IssuedAt = t0
 	}
 	tok, err := auth.Issue(key, c, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func issueKID(t testing.TB, key []byte, kid string, c auth.Claims, ttl time.Duration) string {
+	t.Helper()
+	if c.IssuedAt.IsZero() {
+		c.IssuedAt = t0
+	}
+	tok, err := auth.IssueKID(key, kid, c, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,10 +126,11 @@ func TestIssueVerifyRoundTrip(t *testing.T) {
 	if c2.ID == c.ID {
 		t.Errorf("two tokens share jti %q", c.ID)
 	}
-	// The header says HS256 and JWT, the payload iss agentmesh.
+	// The header says HS256 and JWT and names the key (KeyID), the
+	// payload iss agentmesh.
 	parts := strings.Split(tok, ".")
 	h, _ := base64.RawURLEncoding.DecodeString(parts[0])
-	if string(h) != `{"alg":"HS256","typ":"JWT"}` {
+	if string(h) != `{"alg":"HS256","kid":"`+auth.KeyID(testKey)+`","typ":"JWT"}` {
 		t.Errorf("header %s", h)
 	}
 }
@@ -175,7 +189,8 @@ func TestVerifyRefuses(t *testing.T) {
 		{"two segments", parts[0] + "." + parts[1], "malformed token"},
 		{"four segments", good + ".x", "malformed token"},
 		{"too large", good + strings.Repeat("A", auth.MaxTokenLen), "token too large"},
-		{"wrongly signed", issue(t, otherKey, auth.Claims{Subject: "x", Serve: []string{"echo.*"}}, time.Hour), "bad token signature"},
+		{"signed with an unknown key", issue(t, otherKey, auth.Claims{Subject: "x", Serve: []string{"echo.*"}}, time.Hour), "unknown token key"},
+		{"wrongly signed under the key's kid", issueKID(t, otherKey, auth.KeyID(testKey), auth.Claims{Subject: "x"}, time.Hour), "bad token signature"},
 		{"tampered payload", parts[0] + "." + b64(tamperedPayload) + "." + parts[2], "bad token signature"},
 		{"tampered signature", parts[0] + "." + parts[1] + "." + base64.RawURLEncoding.EncodeToString(sig), "bad token signature"},
 		{"non-canonical signature encoding", parts[0] + "." + parts[1] + "." + nonCanon, "malformed token"},
@@ -322,5 +337,71 @@ func TestCheckSigned(t *testing.T) {
 	h, _ := base64.RawURLEncoding.DecodeString(strings.Split(tok, ".")[0])
 	if err := json.Unmarshal(h, &hdr); err != nil || hdr["alg"] != "HS256" {
 		t.Fatalf("header %s", h)
+	}
+}
+
+// TestKeyRotation: a token names its key (kid); the verifier picks that
+// key, and tries each of its keys for a token without kid. Rotating from
+// key1 to key2: tokens of both are valid while both are loaded, key1's
+// are refused once it is dropped.
+func TestKeyRotation(t *testing.T) {
+	v := verifier(t, t0.Add(time.Minute))
+	c := auth.Claims{Subject: "x"}
+	tok1 := issue(t, testKey, c, time.Hour)
+	if _, err := v.Verify(tok1); err != nil {
+		t.Fatalf("key1 token under key1: %v", err)
+	}
+	// Rotate in key2, labelled (meshd --auth-key next=FILE).
+	if err := v.SetKeys([]auth.Key{{Secret: testKey}, {ID: "next", Secret: otherKey}}); err != nil {
+		t.Fatal(err)
+	}
+	tok2 := issue(t, otherKey, c, time.Hour)
+	tok2label := issueKID(t, otherKey, "next", c, time.Hour)
+	noKID := signRaw(t, jwt.SigningMethodHS256, otherKey, goodMap(), nil)
+	for name, tok := range map[string]string{"key1": tok1, "key2": tok2, "key2 by label": tok2label, "key2 without kid": noKID} {
+		if _, err := v.Verify(tok); err != nil {
+			t.Errorf("%s token under key1+key2: %v", name, err)
+		}
+	}
+	if got, want := v.KeyIDs(), []string{auth.KeyID(testKey), auth.KeyID(otherKey), "next"}; !slices.Equal(got, want) {
+		t.Errorf("KeyIDs %v; want %v", got, want)
+	}
+	// Drop key1.
+	if err := v.SetKeys([]auth.Key{{ID: "next", Secret: otherKey}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(tok1); envelope.CodeOf(err) != envelope.CodeUnauthenticated || !strings.Contains(err.Error(), "unknown token key") {
+		t.Errorf("key1 token after key1 was dropped: %v; want UNAUTHENTICATED unknown token key", err)
+	}
+	noKID1 := signRaw(t, jwt.SigningMethodHS256, testKey, goodMap(), nil)
+	if _, err := v.Verify(noKID1); envelope.CodeOf(err) != envelope.CodeUnauthenticated {
+		t.Errorf("key1 token without kid after key1 was dropped: %v; want UNAUTHENTICATED", err)
+	}
+	for name, tok := range map[string]string{"key2": tok2, "key2 by label": tok2label, "key2 without kid": noKID} {
+		if _, err := v.Verify(tok); err != nil {
+			t.Errorf("%s token after key1 was dropped: %v", name, err)
+		}
+	}
+	// A forged kid does not help: the key it names must have signed.
+	if _, err := v.Verify(issueKID(t, testKey, "next", c, time.Hour)); err == nil || !strings.Contains(err.Error(), "bad token signature") {
+		t.Errorf("key1 token claiming kid next: %v; want bad token signature", err)
+	}
+	// SetKeys refuses bad sets and keeps the current keys.
+	for name, ks := range map[string][]auth.Key{
+		"empty":          nil,
+		"short key":      {{Secret: []byte("short")}},
+		"bad label":      {{ID: "a b", Secret: testKey}},
+		"label twice":    {{ID: "k", Secret: testKey}, {ID: "k", Secret: otherKey}},
+		"label is an id": {{ID: auth.KeyID(otherKey), Secret: testKey}, {Secret: otherKey}},
+	} {
+		if err := v.SetKeys(ks); err == nil {
+			t.Errorf("SetKeys(%s) accepted", name)
+		}
+	}
+	if _, err := v.Verify(tok2); err != nil {
+		t.Errorf("after refused SetKeys: %v", err)
+	}
+	if _, err := auth.IssueKID(testKey, "a b", c, time.Hour); err == nil {
+		t.Error("IssueKID accepted a kid with a space")
 	}
 }

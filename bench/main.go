@@ -50,6 +50,7 @@ func main() {
 	only := flag.String("only", "", "comma-separated systems to run (tcp,nats,grpc,agentmesh)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
+	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
 	flag.Parse()
 	if *role != "" {
 		if err := runRole(*role, *addr); err != nil {
@@ -59,7 +60,7 @@ func main() {
 		return
 	}
 	if *idle > 0 {
-		if err := idleMemory(*idle); err != nil {
+		if err := idleMemory(*idle, *settle); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
@@ -575,7 +576,7 @@ func rss(pid int) int64 {
 
 // idleMemory attaches n idle agents to a hub process and reports the
 // hub's resident memory per agent link.
-func idleMemory(n int) error {
+func idleMemory(n int, settle time.Duration) error {
 	addr := freeAddr()
 	hub, err := startRole("mesh-hub", addr)
 	if err != nil {
@@ -601,11 +602,11 @@ func idleMemory(n int) error {
 	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
 		return fmt.Errorf("agents did not come up: %w", err)
 	}
-	time.Sleep(2 * time.Second) // let the hub settle (GC, heartbeats)
+	time.Sleep(settle) // let the hub settle (GC, heartbeats)
 	after := rss(hub.cmd.Process.Pid)
 	heap1, stack1 := goMem(addr)
-	fmt.Printf("hub RSS %.1f MiB with no agents, %.1f MiB with %d idle agents: %.1f KiB per idle agent link\n",
-		float64(before)/(1<<20), float64(after)/(1<<20), n, float64(after-before)/float64(n)/1024)
+	fmt.Printf("hub RSS %.1f MiB with no agents, %.1f MiB with %d idle agents after %v: %.1f KiB per idle agent link\n",
+		float64(before)/(1<<20), float64(after)/(1<<20), n, settle, float64(after-before)/float64(n)/1024)
 	fmt.Printf("Go heap in use +%.1f KiB and goroutine stacks +%.1f KiB per idle agent link (from the hub's /metrics)\n",
 		float64(heap1-heap0)/float64(n)/1024, float64(stack1-stack0)/float64(n)/1024)
 	return nil

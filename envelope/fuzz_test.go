@@ -73,6 +73,11 @@ func FuzzDecodeJSONRPC(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		calls, _, err := envelope.DecodeJSONRPC(data, fuzzLimits)
 		checkLimits(t, data, err)
+		// The readers' precheck refuses exactly what the decoder refuses
+		// as a whole (S26: refused in the read buffer, never copied).
+		if pre := envelope.PrecheckJSONRPC(data, fuzzLimits); (pre == nil) != (err == nil) || (pre != nil && pre.Code != err.Code) {
+			t.Fatalf("precheck %v, decoder %v for %q", pre, err, data)
+		}
 		for _, c := range calls {
 			if c.Err != nil {
 				if c.Notification {
@@ -119,10 +124,28 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add([]byte(`{"type":"req","seq":-1,"method":"m"}`))
 	f.Add([]byte(`{"type":"res","seq":1,"error":{"code":-32601,"message":"x"}}`))
 	f.Add([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":"m"}]`))
+	f.Add([]byte("{\"type\":\"req\",\"seq\":7,\"method\":\"m\",\"params\":[\"\xff\"]}"))
+	f.Add([]byte(`{"seq":8,"type":"res","result":[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]}`))
+	f.Add([]byte(`{"type":"req","seq":9,"seq":10,"method":"m"`))
+	f.Add([]byte(`{"type":"req","s\u0065q":9,"seq":11}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		envelope.EachFrame(data, fuzzLimits, func(envelope.Frame, *envelope.Error) {}) // must not panic
 		fr, err := envelope.DecodeFrame(data, fuzzLimits)
 		checkLimits(t, data, err)
+		// The precheck of native messages refuses what the limits refuse
+		// (an array may nest one deeper: it is a batch).
+		if pre, chk := envelope.PrecheckFrames(data, fuzzLimits), fuzzLimits.Check(data); (pre == nil) != (chk == nil) && !(pre == nil && chk.Code == envelope.CodeInvalidRequest) {
+			t.Fatalf("precheck %v, limits %v for %q", pre, chk, data)
+		}
+		// A seq recovered from a frame is the seq the decoder reads
+		// (no differential between the lenient and the strict reading).
+		rtyp, rseq, rok := envelope.RecoverFrameSeq(data)
+		if rok && (rseq == 0 || (rtyp != envelope.FrameRequest && rtyp != envelope.FrameResponse)) {
+			t.Fatalf("recovered type %d seq %d from %q", rtyp, rseq, data)
+		}
+		if rok && err == nil && (fr.Type != rtyp || fr.Seq != rseq) {
+			t.Fatalf("recovered type %d seq %d; decoded %d %d from %q", rtyp, rseq, fr.Type, fr.Seq, data)
+		}
 		if err != nil {
 			return
 		}

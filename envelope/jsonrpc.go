@@ -30,8 +30,9 @@ var nullID = json.RawMessage("null")
 // Otherwise calls holds one entry per request, each either valid or
 // carrying its own Err. Raw fields alias data.
 func DecodeJSONRPC(data []byte, lim Limits) (calls []RPCCall, batch bool, err *Error) {
-	if err := lim.check(data); err != nil {
-		return nil, false, err
+	if err := PrecheckJSONRPC(data, lim); err != nil {
+		i := skipSpace(data, 0)
+		return nil, i < len(data) && data[i] == '[' && lim.check(data) == nil, err
 	}
 	data = trimValue(data)
 	if data[0] != '[' {
@@ -40,12 +41,6 @@ func DecodeJSONRPC(data []byte, lim Limits) (calls []RPCCall, batch bool, err *E
 	}
 	n := 0
 	eachElement(data, func([]byte) { n++ })
-	if n == 0 {
-		return nil, true, NewError(CodeInvalidRequest, "empty batch")
-	}
-	if n > DefaultMaxBatch {
-		return nil, true, Errorf(CodeInvalidRequest, "batch of %d requests exceeds the limit of %d", n, DefaultMaxBatch)
-	}
 	calls = make([]RPCCall, 0, n)
 	eachElement(data, func(v []byte) { calls = append(calls, decodeRPCRequest(v)) })
 	return calls, true, nil

@@ -161,3 +161,38 @@ func TestEachFrameBatch(t *testing.T) {
 		t.Errorf("single frame decoded %d times", n)
 	}
 }
+
+func TestRecoverFrameSeq(t *testing.T) {
+	deep := strings.Repeat("[", 10_001) + strings.Repeat("]", 10_001)
+	for _, tc := range []struct {
+		head string
+		typ  envelope.FrameType
+		seq  uint64
+		ok   bool
+	}{
+		{"{\"type\":\"req\",\"seq\":7,\"params\":[\"\xff\"]}", envelope.FrameRequest, 7, true},
+		{`{"type":"req","seq":8,"params":` + deep + `}`, envelope.FrameRequest, 8, true},
+		{` { "seq" : 9 , "type" : "res" , "result": [1,`, envelope.FrameResponse, 9, true},
+		{`{"type":"req","seq":7,`, envelope.FrameRequest, 7, true},
+		{`{"id":"x\"y","type":"req","seq":5}`, envelope.FrameRequest, 5, true},
+		{`{"type":"req","seq":7,"seq":8}`, 0, 0, false},               // seq twice
+		{`{"type":"req","type":"res","seq":7}`, 0, 0, false},          // type twice
+		{`{"type":"req","s\u0065q":7,"seq":8}`, 0, 0, false},          // an escaped key could be seq
+		{`{"type":"cancel","seq":7}`, 0, 0, false},                    // nothing to answer
+		{`{"type":"req","seq":0}`, 0, 0, false},                       // no seq
+		{`{"type":"req","seq":-1}`, 0, 0, false},                      //
+		{`{"type":"req","seq":7.5}`, 0, 0, false},                     //
+		{`{"type":"req","seq":"7"}`, 0, 0, false},                     //
+		{`{"type":"req","params":` + deep + `,"seq":7}`, 0, 0, false}, // seq beyond the head
+		{`{"type":"req"`, 0, 0, false},
+		{`[{"type":"req","seq":7}]`, 0, 0, false}, // a batch
+		{"\xff\xfe", 0, 0, false},
+		{``, 0, 0, false},
+		{`{"seq":7}`, 0, 0, false},
+	} {
+		typ, seq, ok := envelope.RecoverFrameSeq([]byte(tc.head))
+		if typ != tc.typ || seq != tc.seq || ok != tc.ok {
+			t.Errorf("RecoverFrameSeq(%.60q) = %d, %d, %v; want %d, %d, %v", tc.head, typ, seq, ok, tc.typ, tc.seq, tc.ok)
+		}
+	}
+}

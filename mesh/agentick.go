@@ -1835,7 +1835,9 @@ func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal) {
 		_ = ws.Close()
 		return
 	}
-	a.c.start(a.onMessage, func(error) {
+	// No message-level check on this connection (c.check is nil): the
+	// surface decodes and refuses its frames itself.
+	a.c.start(func(data []byte, _ *envelope.Error) { a.onMessage(data) }, func(error) {
 		go func() {
 			a.end()
 			h.untrack(a)

@@ -52,6 +52,12 @@ type ConnConfig struct {
 	// link for a call no longer waiting (timed out or cancelled): it is
 	// dropped, never delivered. For metrics; it must not block.
 	LateResponse func()
+	// InvalidFrame, if set, is told of every native message refused by
+	// its message-level checks (invalid JSON or UTF-8, nesting too deep):
+	// "answered" when its seq was recovered and its caller told, "closed"
+	// when it was not and the link was closed 1007. For metrics; it must
+	// not block.
+	InvalidFrame func(outcome string)
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {
@@ -78,6 +84,14 @@ func (c ConnConfig) withDefaults() ConnConfig {
 	}
 	return c
 }
+
+// closeError ends a connection with its WebSocket close code and text.
+type closeError struct {
+	code int
+	text string
+}
+
+func (e *closeError) Error() string { return e.text }
 
 var (
 	errConnClosed   = errors.New("connection closed")
@@ -127,9 +141,12 @@ func (p *pingPolicy) allow(now time.Time) bool {
 // WriteControl may run concurrently with the writer). onMessage runs on
 // the reader goroutine and must not block.
 type wsConn struct {
-	ws        *websocket.Conn
-	cfg       ConnConfig
-	batch     bool // frames queued together go out as one JSON-array message (native links only)
+	ws    *websocket.Conn
+	cfg   ConnConfig
+	batch bool // frames queued together go out as one JSON-array message (native links only)
+	// check, if set, refuses a message in the read buffer, before it is
+	// copied out: onMessage then gets only its head and the refusal.
+	check     func([]byte) *envelope.Error
 	closing   chan struct{}
 	closeOnce sync.Once
 	err       error // why it closed; read after closing is closed
@@ -176,7 +193,7 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 
 // start runs the reader goroutine and the ping timer; onClose runs once,
 // on the goroutine that noticed the end, after the connection is closed.
-func (c *wsConn) start(onMessage func([]byte), onClose func(error)) {
+func (c *wsConn) start(onMessage func(data []byte, refused *envelope.Error), onClose func(error)) {
 	c.onClose = onClose
 	// c.ping is set before the timer can fire or shutdown can run.
 	c.ping = time.AfterFunc(time.Hour, c.sendPing)
@@ -199,7 +216,7 @@ func (c *wsConn) sendPing() {
 	c.ping.Reset(c.cfg.PingInterval)
 }
 
-func (c *wsConn) readLoop(onMessage func([]byte)) {
+func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
 	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
@@ -211,7 +228,7 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 	// is thus closed after between 7/8 × idle and idle of silence.
 	last := time.Now()
 	for {
-		typ, data, err := c.readMessage()
+		typ, data, refused, err := c.readMessage()
 		if err != nil {
 			c.shutdown(err)
 			return
@@ -226,7 +243,7 @@ func (c *wsConn) readLoop(onMessage func([]byte)) {
 		if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
 			continue
 		}
-		onMessage(data)
+		onMessage(data, refused)
 	}
 }
 
@@ -254,14 +271,19 @@ func (c *wsConn) onPing(data string) error {
 // readMessage reads one message through a pooled scratch buffer and
 // returns it in a slice of its exact size (decoded frames keep pointing
 // into it, so it is not reused): one allocation per message, none for a
-// message refused while it is read.
-func (c *wsConn) readMessage() (int, []byte, error) {
+// message refused while it is read. A message refused by c.check comes
+// back as its first envelope.RecoverHeadLen bytes, with the refusal.
+func (c *wsConn) readMessage() (int, []byte, *envelope.Error, error) {
 	typ, r, err := c.ws.NextReader()
 	if err != nil {
-		return typ, nil, err
+		return typ, nil, nil, err
 	}
-	buf, err := readExact(r, c.cfg.Limits.MaxBytes+1024)
-	return typ, buf, err
+	check := c.check
+	if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
+		check = nil
+	}
+	buf, refused, err := readChecked(r, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
+	return typ, buf, refused, err
 }
 
 // writeLoop writes what is queued, batch by batch, until the queue stays
@@ -269,6 +291,7 @@ func (c *wsConn) readMessage() (int, []byte, error) {
 func (c *wsConn) writeLoop() {
 	defer c.wg.Done()
 	var linger *time.Timer
+	var lastWrite time.Time
 	defer func() {
 		if linger != nil {
 			linger.Stop()
@@ -307,13 +330,19 @@ func (c *wsConn) writeLoop() {
 				return
 			}
 		}
-		if c.batch && len(c.q) == 1 && !c.closed {
-			// Let the goroutines that are about to queue a frame do so,
-			// so that one write carries them all.
+		now := time.Now()
+		if c.batch && len(c.q) == 1 && !c.closed && now.Sub(lastWrite) < batchYieldGap {
+			// Frames are coming back to back: let the goroutines that
+			// are about to queue one do so, so that one write carries
+			// them all. A frame after a pause goes out at once: the
+			// yield would queue it behind every runnable goroutine, and
+			// on a hub busy with other connections (S26) that adds up
+			// for a call crossing four links.
 			c.qmu.Unlock()
 			runtime.Gosched()
 			c.qmu.Lock()
 		}
+		lastWrite = now
 		frames := c.q
 		c.q = c.spare[:0]
 		c.spare = nil
@@ -370,6 +399,10 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 	}
 	return err
 }
+
+// batchYieldGap: a frame queued within this long of the previous write
+// means a burst, worth a scheduler round to batch what follows.
+const batchYieldGap = 200 * time.Microsecond
 
 // maxBatchFrames bounds the frames one batched message carries.
 const maxBatchFrames = 128
@@ -515,8 +548,12 @@ func (c *wsConn) shutdown(err error) {
 			c.ping.Stop()
 		}
 		code, text := websocket.CloseNormalClosure, ""
-		if errors.Is(err, errTooManyPings) {
+		var ce *closeError
+		switch {
+		case errors.Is(err, errTooManyPings):
 			code, text = websocket.ClosePolicyViolation, "too many pings"
+		case errors.As(err, &ce):
+			code, text = ce.code, ce.text
 		}
 		// No close frame to a peer that went silent (read deadline) or
 		// stopped taking bytes (write timeout): it would not arrive, and

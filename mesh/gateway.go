@@ -34,7 +34,9 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
 		return
 	}
-	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	lim := h.cfg.Conn.Limits
+	data, refused, err := readChecked(http.MaxBytesReader(w, r.Body, int64(limit)), limit,
+		func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }, 0)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -44,7 +46,11 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusBadRequest, envelope.NewError(envelope.CodeInvalidRequest, "cannot read the request body"))
 		return
 	}
-	calls, batch, derr := envelope.DecodeJSONRPC(data, h.cfg.Conn.Limits)
+	if refused != nil { // refused in the read buffer, never copied out
+		writeRPCError(w, http.StatusOK, refused)
+		return
+	}
+	calls, batch, derr := envelope.DecodeJSONRPC(data, lim)
 	if derr != nil {
 		writeRPCError(w, http.StatusOK, derr)
 		return
@@ -224,10 +230,13 @@ type rpcConn struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	h      *Hub
+	who    *Principal // nil when the hub authenticates nobody
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h}
+	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h, who: who}
+	lim := rc.c.cfg.Limits
+	rc.c.check = func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }
 	base := context.Background()
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)
@@ -241,7 +250,15 @@ func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 	rc.c.start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
 }
 
-func (rc *rpcConn) onMessage(data []byte) {
+func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
+	if refused != nil {
+		// Refused as a whole: no id can be trusted (null, as JSON-RPC 2.0
+		// answers a request it cannot parse).
+		b := getBuf()
+		*b = envelope.AppendJSONRPCError(*b, nil, refused)
+		rc.c.send(b)
+		return
+	}
 	calls, batch, derr := envelope.DecodeJSONRPC(data, rc.c.cfg.Limits)
 	if derr != nil {
 		b := getBuf()

@@ -317,6 +317,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.cfg.Conn.Bytes = m.Bytes
 		h.cfg.Conn.PingAbuse = m.PingAbuse
 		h.cfg.Conn.LateResponse = m.LateResponse
+		h.cfg.Conn.InvalidFrame = m.InvalidFrame
 		m.RegisterHubState(h.state)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -81,6 +81,8 @@ func WithMaxServing(n int) LinkOption { return func(l *Link) { l.maxServing = n 
 func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 	c := newWSConn(ws, cfg)
 	c.batch = true // both ends of a native link read JSON-array batches
+	lim := c.cfg.Limits
+	c.check = func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) }
 	l := &Link{
 		c:          c,
 		pending:    map[uint64]chan linkResult{},
@@ -223,8 +225,42 @@ func unavailableNotSent(msg string) *envelope.Error {
 	return envelope.NewError(envelope.CodeUnavailable, msg).MarkNotSent()
 }
 
-func (l *Link) onMessage(data []byte) {
+func (l *Link) onMessage(data []byte, refused *envelope.Error) {
+	if refused != nil {
+		l.onRefused(data, refused)
+		return
+	}
 	envelope.EachFrame(data, l.c.cfg.Limits, l.onFrame)
+}
+
+// onRefused handles a message refused by its message-level checks
+// (invalid JSON or UTF-8, nesting too deep); head is its beginning. When
+// the head names the frame it was (a request or a response, and its
+// seq), the error goes where the frame would have: to the peer, as the
+// answer to its request, or to the call on this side that awaited the
+// response. Otherwise nothing can be answered, and the caller on the
+// other side would wait for its timeout: the link is closed with 1007
+// (invalid payload), so that its calls fail at once and it reconnects.
+func (l *Link) onRefused(head []byte, refused *envelope.Error) {
+	typ, seq, ok := envelope.RecoverFrameSeq(head)
+	outcome := "answered"
+	switch {
+	case ok && typ == envelope.FrameRequest:
+		l.reply(seq, nil, refused)
+	case ok && typ == envelope.FrameResponse:
+		l.deliver(seq, linkResult{err: envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", refused.Message)})
+	default:
+		outcome = "closed"
+		l.log.Warn("closing the link: a frame failed its checks and names no seq to answer", "remote", l.Remote, "error", refused.Error())
+		text := "invalid frame: " + refused.Message
+		if len(text) > 120 { // a close frame carries at most 123 bytes of text
+			text = text[:120]
+		}
+		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
+	}
+	if l.c.cfg.InvalidFrame != nil {
+		l.c.cfg.InvalidFrame(outcome)
+	}
 }
 
 func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {

@@ -4,33 +4,61 @@ import (
 	"io"
 	"runtime"
 	"sync"
+
+	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// scratch holds read buffers: a message is read into one and copied out
-// at its exact size once it is whole. A message refused while it is read
-// (over the limit, a broken stream) then allocates nothing, and a valid
-// one allocates exactly its size instead of the doublings of a growing
-// buffer: under a flood of oversized input the hub's garbage stays small
-// and so do the collector's pauses on everyone else's calls (S26).
+// scratch holds read buffers: a message is read into one, checked there,
+// and copied out at its exact size only if it passed. A message refused
+// while it is read (over the limit, a broken stream) or by its checks
+// (invalid JSON or UTF-8, too deep, a batch too big) then allocates
+// nothing, and a valid one allocates exactly its size instead of the
+// doublings of a growing buffer: under a flood of hostile input the hub's
+// garbage stays small and so do the collector's pauses and assists on
+// everyone else's calls (S26).
 var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// bigScratch keeps a few buffers that grew past 64 KiB across garbage
+// collections (a sync.Pool drops its items within two): a flood of large
+// messages reuses them instead of growing a new one per message. It holds
+// at most 4 (4.25 MiB at the default 1 MiB limit: S26 bounds the hub's
+// heap at 2 × the limit × 10 attackers over its baseline).
+var bigScratch = make(chan []byte, 4)
 
 // readExact reads r to EOF, refusing (with the reader's own error) past
 // what r allows, and returns a new slice of exactly the bytes read.
 func readExact(r io.Reader, limit int) ([]byte, error) {
+	data, _, err := readChecked(r, limit, nil, 0)
+	return data, err
+}
+
+// readChecked is readExact with a check applied to the message in the
+// scratch buffer: if check refuses it, data is a copy of at most its
+// first keep bytes (for a receiver that looks for what to answer) and
+// refused says why.
+func readChecked(r io.Reader, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
 	bp := scratch.Get().(*[]byte)
 	buf := (*bp)[:0]
 	defer func() {
+		if cap(buf) > 64<<10 {
+			select {
+			case bigScratch <- buf[:0]:
+			default:
+			}
+			buf = (*bp)[:0] // the small one goes back to the pool
+		}
 		*bp = buf[:0]
 		scratch.Put(bp)
 	}()
 	for {
 		if len(buf) == cap(buf) {
-			nb := make([]byte, len(buf), max(min(2*cap(buf), limit+1), len(buf)+512))
-			copy(nb, buf)
-			buf = nb
+			buf = grow(buf, limit)
 		}
+		// At most 64 KiB per read: one syscall copying a megabyte holds
+		// its P (of two, here) for a few hundred microseconds, while
+		// other connections' small calls wait (S26).
 		before := len(buf)
-		n, err := r.Read(buf[len(buf):cap(buf)])
+		n, err := r.Read(buf[len(buf):min(cap(buf), len(buf)+64<<10)])
 		buf = buf[:len(buf)+n]
 		if before>>16 != len(buf)>>16 {
 			// Every 64 KiB of one message, let other goroutines run: a
@@ -39,12 +67,45 @@ func readExact(r io.Reader, limit int) ([]byte, error) {
 			runtime.Gosched()
 		}
 		if err == io.EOF {
+			if check != nil {
+				if refused = check(buf); refused != nil {
+					return append([]byte(nil), buf[:min(len(buf), keep)]...), refused, nil
+				}
+			}
 			out := make([]byte, len(buf))
 			copy(out, buf)
-			return out, nil
+			return out, nil, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
+}
+
+// grow returns buf with more room: doublings up to 64 KiB, then a kept
+// big buffer (or a new one) of limit+1 bytes at once.
+func grow(buf []byte, limit int) []byte {
+	want := max(min(2*cap(buf), limit+1), len(buf)+512)
+	if want > 64<<10 {
+		// One size for every reader of about the limit (HTTP bodies at
+		// the limit, WebSocket messages at the limit plus a frame's
+		// slack), so that the kept buffers suit them all.
+		want = (max(limit+1, len(buf)+512) + 64<<10 - 1) &^ (64<<10 - 1)
+		for {
+			var b []byte
+			select {
+			case b = <-bigScratch:
+			default:
+			}
+			if b == nil {
+				break
+			}
+			if cap(b) >= want {
+				return append(b[:0], buf...)
+			}
+		}
+	}
+	nb := make([]byte, len(buf), want)
+	copy(nb, buf)
+	return nb
 }

@@ -2,12 +2,14 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentmesh/agentmesh/auth"
@@ -25,6 +27,11 @@ type Security struct {
 	// only what their token's serve patterns allow, and the hub dials its
 	// peers with a short-lived token of role "hub" signed with it.
 	Key []byte
+	// Keys, when set, replaces Key with a key set (rotation): every key
+	// verifies tokens (by their kid, or each in turn for a token without
+	// one); the first signs the hub's own peer tokens. Hub.SetAuthKeys
+	// replaces the set while the hub runs.
+	Keys []auth.Key
 	// Roles maps method patterns (exact, "prefix.*", "*"; exact beats the
 	// longest prefix) to the roles that may call them; any one suffices.
 	// Methods it does not cover need no role. The hub's admin built-ins
@@ -49,6 +56,7 @@ type Security struct {
 // Principal is who is calling, as their token says.
 type Principal struct {
 	*auth.Claims
+	token string // checked again when the hub's keys change (SetAuthKeys)
 }
 
 // Peer reports whether the principal is another hub of the mesh.
@@ -86,7 +94,7 @@ var adminMethods = map[string]bool{"mesh.agents": true, "mesh.breakers": true}
 // guard is a Hub's compiled Security.
 type guard struct {
 	verifier *auth.Verifier
-	key      []byte
+	key      atomic.Pointer[auth.Key] // signs the hub's peer tokens
 	roles    roleTable
 	origins  *auth.Origins
 	limiter  *ratelimit.Limiter
@@ -104,12 +112,20 @@ func newGuard(s *Security) (*guard, error) {
 		return nil, fmt.Errorf("mesh: allowed origins: %w", err)
 	}
 	g.origins = o
-	if s == nil || len(s.Key) == 0 {
+	keys := []auth.Key(nil)
+	if s != nil {
+		keys = s.Keys
+		if len(keys) == 0 && len(s.Key) > 0 {
+			keys = []auth.Key{{Secret: s.Key}}
+		}
+	}
+	if len(keys) == 0 {
 		return g, nil
 	}
-	if g.verifier, err = auth.NewVerifier(s.Key); err != nil {
+	if g.verifier, err = auth.NewKeySetVerifier(keys); err != nil {
 		return nil, fmt.Errorf("mesh: auth key: %w", err)
 	}
+	g.key.Store(&keys[0])
 	fr, fb := s.FailedAuthRate, s.FailedAuthBurst
 	if fr == 0 {
 		fr, fb = 20, 100
@@ -119,7 +135,6 @@ func newGuard(s *Security) (*guard, error) {
 			return nil, fmt.Errorf("mesh: failed-authentication limit: %w", err)
 		}
 	}
-	g.key = s.Key
 	if g.roles, err = newRoleTable(s.Roles); err != nil {
 		return nil, err
 	}
@@ -168,7 +183,7 @@ func (g *guard) authenticate1(r *http.Request) (*Principal, *envelope.Error) {
 	if err != nil {
 		return nil, envelope.AsError(err)
 	}
-	return &Principal{Claims: c}, nil
+	return &Principal{Claims: c, token: tok}, nil
 }
 
 // authorize decides whether p may call req.Method, before any routing.
@@ -241,7 +256,58 @@ func sameSubject(a, b *Principal) bool {
 
 // peerToken is the token this hub dials its peers with.
 func (g *guard) peerToken(hubID string) (string, error) {
-	return auth.Issue(g.key, auth.Claims{Subject: "hub." + hubID, Roles: []string{auth.RolePeer}}, 10*time.Minute)
+	k := g.key.Load()
+	kid := k.ID
+	if kid == "" {
+		kid = auth.KeyID(k.Secret)
+	}
+	return auth.IssueKID(k.Secret, kid, auth.Claims{Subject: "hub." + hubID, Roles: []string{auth.RolePeer}}, 10*time.Minute)
+}
+
+// SetAuthKeys replaces the hub's token keys while it runs (key rotation;
+// meshd reloads its --auth-key files on SIGHUP): from then on tokens are
+// checked against keys only, and the first signs the hub's peer tokens.
+// Every open link and WebSocket is checked again: those whose token no
+// longer verifies (its key was dropped) are closed with UNAUTHENTICATED;
+// the others go on untouched. It returns how many were closed. It fails,
+// changing nothing, for a hub that authenticates nobody (authentication
+// is not switched on at run time) or an invalid key set.
+func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
+	g := h.guard
+	if !g.on() {
+		return 0, errors.New("mesh: the hub was started without auth keys")
+	}
+	if err := g.verifier.SetKeys(keys); err != nil {
+		return 0, err
+	}
+	k := keys[0]
+	g.key.Store(&k)
+	h.mu.Lock()
+	conns := make([]closer, 0, len(h.conns))
+	for c := range h.conns {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	for _, c := range conns {
+		var who *Principal
+		var cut func(error)
+		switch c := c.(type) {
+		case *Link:
+			who, cut = c.who, c.c.shutdown
+		case *rpcConn:
+			who, cut = c.who, c.c.shutdown
+		}
+		if who == nil || who.token == "" {
+			continue
+		}
+		if _, verr := g.verifier.Verify(who.token); verr != nil {
+			e := envelope.AsError(verr)
+			h.log.Info("closing a connection: its token is no longer valid under the hub's keys", "subject", who.Subject, "jti", who.ID, "error", e.Message)
+			cut(envelope.Errorf(envelope.CodeUnauthenticated, "the hub's keys changed: %s; reconnect with a fresh token", e.Message))
+			closed++
+		}
+	}
+	return closed, nil
 }
 
 // expireLink closes l when its token expires (S24 e): a token is checked

@@ -35,6 +35,7 @@ type Metrics struct {
 	refused              *prometheus.CounterVec
 	lateResponses        prometheus.Counter
 	pingAbuse            prometheus.Counter
+	invalidFrames        *prometheus.CounterVec
 
 	labels *Labeler
 }
@@ -90,6 +91,9 @@ func NewMetrics(labels *Labeler) *Metrics {
 		lateResponses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_late_responses_total", Help: "Responses that arrived after their call timed out or was cancelled: dropped, never delivered.",
 		}),
+		invalidFrames: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_link_invalid_frames_total", Help: "Native frames refused by their message-level checks (invalid JSON or UTF-8, nesting too deep): answered (seq recovered, caller told) or closed (no seq: link closed 1007).",
+		}, []string{"outcome"}),
 		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
 		}),
@@ -97,7 +101,7 @@ func NewMetrics(labels *Labeler) *Metrics {
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -143,6 +147,14 @@ func (m *Metrics) LateResponse() {
 func (m *Metrics) PingAbuse() {
 	if m != nil {
 		m.pingAbuse.Inc()
+	}
+}
+
+// InvalidFrame counts a native frame refused by its message-level checks,
+// by outcome: answered or closed.
+func (m *Metrics) InvalidFrame(outcome string) {
+	if m != nil {
+		m.invalidFrames.WithLabelValues(outcome).Inc()
 	}
 }
 
@@ -203,7 +215,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse,
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
 			stateCollector{}} {
 			c.Describe(ch)
 		}

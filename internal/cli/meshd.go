@@ -3,13 +3,19 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"os/signal"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -39,7 +45,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
 		hubTTL                     time.Duration
-		authKey                    string
+		authKeys                   []string
 		allowRemote                bool
 		origins                    []string
 		ratePerToken               float64
@@ -89,12 +95,17 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hubOpts := []mesh.HubOption{mesh.WithLogger(log), mesh.WithTelemetry(tel)}
 			sec := &mesh.Security{Roles: file.Roles, Origins: origins, RatePerToken: ratePerToken, BurstPerToken: burstPerToken}
-			if authKey != "" {
-				if sec.Key, err = auth.LoadKey(authKey); err != nil {
+			if len(authKeys) > 0 {
+				var missing []string
+				if sec.Keys, missing, err = loadAuthKeys(authKeys); err != nil {
 					return usageErr("--auth-key: %v", err)
 				}
+				if len(missing) > 0 {
+					log.Warn("--auth-key: key files not found, skipped (SIGHUP reads them again)", "missing", missing)
+				}
+				sec.Key = sec.Keys[0].Secret
 			}
-			if err := checkExposure(listen, allowRemote, authKey != ""); err != nil {
+			if err := checkExposure(listen, allowRemote, len(authKeys) > 0); err != nil {
 				return usageErr("%v", err)
 			}
 			var srvTLS, peerTLS *tls.Config
@@ -180,6 +191,27 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 			}
 			var wg sync.WaitGroup
+			if len(authKeys) > 0 {
+				// SIGHUP reloads the key files (rotation without a
+				// restart): an operator's explicit, atomic step (write
+				// the new files, then signal), as nginx and others do;
+				// polling the files would pick up a half-written one.
+				hup := make(chan os.Signal, 1)
+				signal.Notify(hup, syscall.SIGHUP)
+				hctx, stopHUP := context.WithCancel(context.Background())
+				var hwg sync.WaitGroup
+				defer func() { stopHUP(); signal.Stop(hup); hwg.Wait() }()
+				hwg.Go(func() {
+					for {
+						select {
+						case <-hctx.Done():
+							return
+						case <-hup:
+							reloadAuthKeys(log, hub, authKeys)
+						}
+					}
+				})
+			}
 			actx, stopAgents := context.WithCancel(context.Background())
 			if demo {
 				url := "ws://" + ln.Addr().String() + "/ws"
@@ -253,7 +285,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringSliceVar(&etcdEndpoints, "etcd-endpoints", splitList(envOr("MESH_ETCD_ENDPOINTS", "http://127.0.0.1:2379")), "etcd URLs, comma separated [$MESH_ETCD_ENDPOINTS]")
 	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
 	f.DurationVar(&hubTTL, "hub-ttl", 0, "with --registry etcd: TTL of this hub's session lease, under which it writes itself and its agents; when the hub dies the others drop its agents after it (default 3 × --heartbeat, at least 2s; etcd rounds up to whole seconds)")
-	f.StringVar(&authKey, "auth-key", envOr("MESH_AUTH_KEY", ""), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token [$MESH_AUTH_KEY]")
+	f.StringSliceVar(&authKeys, "auth-key", splitList(envOr("MESH_AUTH_KEY", "")), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token. Repeat it (or a comma list) for several keys during a rotation: all verify tokens, the first signs the hub's peer tokens; LABEL=FILE also knows the key by the kid LABEL (meshctl token issue --kid). SIGHUP reloads the files, skipping those that do not exist (at least one must load) [$MESH_AUTH_KEY]")
 	f.BoolVar(&allowRemote, "allow-remote", false, "allow --listen on a non-loopback address (requires --auth-key)")
 	f.StringSliceVar(&origins, "allowed-origins", splitList(envOr("MESH_ALLOWED_ORIGINS", "")), "browser origins allowed to open a WebSocket, e.g. https://console.example,https://*.example.com (default: none) [$MESH_ALLOWED_ORIGINS]")
 	f.Float64Var(&ratePerToken, "rate-limit", 0, "calls per second allowed per token, past which calls get OVERLOADED (0: no limit; needs --auth-key)")
@@ -338,4 +370,59 @@ func checkExposure(listen string, allowRemote, auth bool) error {
 		return fmt.Errorf("--allow-remote needs --auth-key: a hub reachable from other hosts must authenticate them")
 	}
 	return nil
+}
+
+// loadAuthKeys reads --auth-key values: FILE or LABEL=FILE. A file that
+// does not exist is skipped (and named in missing) as long as one key
+// loads: a rotation names both files from the start, the new one created
+// later, the old one removed later, each followed by SIGHUP. Any other
+// error (mode, size, a bad label) refuses the whole set.
+func loadAuthKeys(specs []string) (keys []auth.Key, missing []string, err error) {
+	for _, spec := range specs {
+		label, path, ok := strings.Cut(spec, "=")
+		if !ok {
+			label, path = "", spec
+		}
+		secret, err := auth.LoadKey(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			missing = append(missing, path)
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		keys = append(keys, auth.Key{ID: label, Secret: secret})
+	}
+	if len(keys) == 0 {
+		return nil, nil, fmt.Errorf("no key file could be read (missing: %s)", strings.Join(missing, ", "))
+	}
+	// The set's own checks (labels, duplicates), before the hub has it.
+	if _, err := auth.NewKeySetVerifier(keys); err != nil {
+		return nil, nil, err
+	}
+	return keys, missing, nil
+}
+
+// reloadAuthKeys is SIGHUP: the key files are read again and replace the
+// hub's keys; links whose token no longer verifies are closed, the
+// others go on. If a file cannot be read the hub keeps its keys.
+func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, specs []string) {
+	keys, missing, err := loadAuthKeys(specs)
+	if err != nil {
+		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
+		return
+	}
+	closed, err := hub.SetAuthKeys(keys)
+	if err != nil {
+		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
+		return
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = auth.KeyID(k.Secret)
+		if k.ID != "" {
+			ids[i] = k.ID + "=" + ids[i]
+		}
+	}
+	log.Info("SIGHUP: auth keys reloaded", "keys", ids, "missingFiles", missing, "closedConnections", closed)
 }

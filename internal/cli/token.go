@@ -55,7 +55,7 @@ func (g *ctlFlags) tokenKeygenCmd() *cobra.Command {
 }
 
 func (g *ctlFlags) tokenIssueCmd() *cobra.Command {
-	var keyFile, sub string
+	var keyFile, sub, kid string
 	var roles, serve []string
 	var ttl time.Duration
 	cmd := &cobra.Command{
@@ -64,7 +64,10 @@ func (g *ctlFlags) tokenIssueCmd() *cobra.Command {
 		Long: `Issue a signed token and print it on stdout.
 
 --serve takes a method name, a prefix pattern "name.*" or "*"; method
-names are ASCII letters, digits, "_" and "-" in dot-separated segments.`,
+names are ASCII letters, digits, "_" and "-" in dot-separated segments.
+
+The token's "kid" header names its key, so that hubs holding several keys
+(a rotation: meshd --auth-key old.key,new.key) check it with that one.`,
 		Example: `  meshctl token issue --key auth.key --sub memory-agent --serve 'memory.*'
   meshctl token issue --key auth.key --sub console --role reader --ttl 1h
   meshctl token issue --key auth.key --sub hub-b --role hub --ttl 720h`,
@@ -77,7 +80,10 @@ names are ASCII letters, digits, "_" and "-" in dot-separated segments.`,
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			tok, err := auth.Issue(key, auth.Claims{Subject: sub, Roles: roles, Serve: serve}, ttl)
+			if kid == "" {
+				kid = auth.KeyID(key)
+			}
+			tok, err := auth.IssueKID(key, kid, auth.Claims{Subject: sub, Roles: roles, Serve: serve}, ttl)
 			if err != nil {
 				return usageErr("%v", err)
 			}
@@ -91,11 +97,12 @@ names are ASCII letters, digits, "_" and "-" in dot-separated segments.`,
 	f.StringArrayVar(&roles, "role", nil, "a role of the holder (repeat for more)")
 	f.StringArrayVar(&serve, "serve", nil, "a method pattern the holder may serve as an agent (repeat for more)")
 	f.DurationVar(&ttl, "ttl", 24*time.Hour, "how long the token is valid")
+	f.StringVar(&kid, "kid", "", "key id in the token's header: the hubs pick the key by it (default: the key's id, the first 8 hex digits of its SHA-256; a LABEL given to meshd as --auth-key LABEL=FILE)")
 	return cmd
 }
 
 func (g *ctlFlags) tokenInspectCmd() *cobra.Command {
-	var keyFile string
+	var keyFiles []string
 	cmd := &cobra.Command{
 		Use:   "inspect [TOKEN|-] --key FILE",
 		Short: "Verify a token and print its claims as JSON",
@@ -107,7 +114,7 @@ reason" on stderr and exits 1.`,
 		Example: `  meshctl token inspect "$TOKEN" --key auth.key`,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if keyFile == "" {
+			if len(keyFiles) == 0 {
 				return usageErr("--key FILE is required")
 			}
 			tok := envOr("MESH_TOKEN", "")
@@ -125,11 +132,11 @@ reason" on stderr and exits 1.`,
 			if tok == "" {
 				return usageErr("no token: pass TOKEN, - for stdin, or set $MESH_TOKEN")
 			}
-			key, err := auth.LoadKey(keyFile)
+			keys, _, err := loadAuthKeys(keyFiles)
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			v, err := auth.NewVerifier(key)
+			v, err := auth.NewKeySetVerifier(keys)
 			if err != nil {
 				return usageErr("%v", err)
 			}
@@ -147,6 +154,6 @@ reason" on stderr and exits 1.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&keyFile, "key", "", "signing key file")
+	cmd.Flags().StringSliceVar(&keyFiles, "key", nil, "signing key file; repeat (or a comma list) for several, LABEL=FILE for a key known by the kid LABEL, as meshd --auth-key")
 	return cmd
 }

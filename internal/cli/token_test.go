@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -68,6 +69,22 @@ func TestMeshctlToken(t *testing.T) {
 	t.Setenv("MESH_TOKEN", tok)
 	check(meshctl(t, "", "token", "inspect", "--key", key))
 
+	// --kid labels the token's key; inspect (like meshd) knows a key by
+	// its label given as LABEL=FILE, and by its own id in any case.
+	r = meshctl(t, "", "token", "issue", "--key", key, "--sub", "memory-agent", "--role", "agent", "--role", "reader", "--serve", "memory.*", "--serve", "echo.echo", "--ttl", "1h", "--kid", "next")
+	if r.code != 0 || kidOf(t, strings.TrimSpace(r.stdout)) != "next" {
+		t.Fatalf("issue --kid next: exit %d, %s, kid %q", r.code, r.stderr, kidOf(t, strings.TrimSpace(r.stdout)))
+	}
+	labelled := strings.TrimSpace(r.stdout)
+	check(meshctl(t, "", "token", "inspect", labelled, "--key", "next="+key))
+	check(meshctl(t, "", "token", "inspect", labelled, "--key", other+",next="+key))
+	if r := meshctl(t, "", "token", "inspect", labelled, "--key", key); r.code != cli.ExitError || !strings.Contains(r.stderr, "unknown token key") {
+		t.Errorf("a token of kid next, key not labelled: exit %d, %q; want unknown token key", r.code, r.stderr)
+	}
+	if k := kidOf(t, tok); len(k) != 8 {
+		t.Errorf("default kid %q; want the key's 8-hex-digit id", k)
+	}
+
 	i := strings.LastIndexByte(tok, '.') + 1
 	flip := byte('A')
 	if tok[i] == 'A' {
@@ -80,7 +97,9 @@ func TestMeshctlToken(t *testing.T) {
 		code   int
 		stderr string
 	}{
-		{"wrong key", []string{"token", "inspect", tok, "--key", other}, cli.ExitError, "UNAUTHENTICATED: bad token signature"},
+		{"wrong key", []string{"token", "inspect", tok, "--key", other}, cli.ExitError, "UNAUTHENTICATED: unknown token key"},
+		{"wrong key labelled with the token's kid", []string{"token", "inspect", tok, "--key", kidOf(t, tok) + "=" + other}, cli.ExitError, "UNAUTHENTICATED: bad token signature"},
+		{"issue bad kid", []string{"token", "issue", "--key", key, "--sub", "y", "--kid", "a b"}, cli.ExitUsage, `key id "a b"`},
 		{"garbage", []string{"token", "inspect", "abc", "--key", key}, cli.ExitError, "UNAUTHENTICATED: malformed token"},
 		{"tampered", []string{"token", "inspect", tampered, "--key", key}, cli.ExitError, "UNAUTHENTICATED: bad token signature"},
 		{"inspect without key", []string{"token", "inspect", tok}, cli.ExitUsage, "--key FILE is required"},
@@ -104,4 +123,20 @@ func TestMeshctlToken(t *testing.T) {
 	if r := meshctl(t, "", "token", "issue", "--key", key, "--sub", "y"); r.code != cli.ExitUsage || !strings.Contains(r.stderr, "chmod 600") {
 		t.Errorf("world-readable key: exit %d, %q", r.code, r.stderr)
 	}
+}
+
+// kidOf returns the "kid" header of a JWT.
+func kidOf(t *testing.T, tok string) string {
+	t.Helper()
+	h, err := base64.RawURLEncoding.DecodeString(strings.SplitN(tok, ".", 2)[0])
+	if err != nil {
+		t.Fatalf("token header: %v", err)
+	}
+	var hdr struct {
+		Kid string `json:"kid"`
+	}
+	if err := json.Unmarshal(h, &hdr); err != nil {
+		t.Fatalf("token header %s: %v", h, err)
+	}
+	return hdr.Kid
 }

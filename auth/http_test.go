@@ -200,6 +200,11 @@ func TestOriginsUpgrader(t *testing.T) {
 	if code := dial(""); code != http.StatusSwitchingProtocols {
 		t.Errorf("no origin: HTTP %d", code)
 	}
+	// The client reads the 101 as soon as Upgrade has written it, maybe
+	// before the handler counts: wait for the count.
+	for deadline := time.Now().Add(2 * time.Second); upgrades.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if got := upgrades.Load(); got != 2 {
 		t.Errorf("upgrades = %d; want 2", got)
 	}

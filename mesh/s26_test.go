@@ -44,24 +44,24 @@ const (
 	expRouted                  // a result (count.hit ran once; count.other never)
 )
 
-// payload is a message the test can send without holding it: the
+// hostilePayload is a message the test can send without holding it: the
 // megabyte inputs are streamed from one small block, so that the test's
 // own heap does not inflate the hub's heap figures (nor the GC's goal).
-type payload struct {
+type hostilePayload struct {
 	size  int
 	small []byte // the whole message, when it is small
 	write func(io.Writer) error
 }
 
-func fixed(b []byte) payload {
-	return payload{size: len(b), small: b, write: func(w io.Writer) error { _, err := w.Write(b); return err }}
+func fixed(b []byte) hostilePayload {
+	return hostilePayload{size: len(b), small: b, write: func(w io.Writer) error { _, err := w.Write(b); return err }}
 }
 
 // repeated is prefix, then unit count times, then suffix.
-func repeated(prefix, unit string, count int, suffix string) payload {
+func repeated(prefix, unit string, count int, suffix string) hostilePayload {
 	per := max(1, (64<<10)/len(unit))
 	block := []byte(strings.Repeat(unit, per))
-	return payload{size: len(prefix) + len(unit)*count + len(suffix), write: func(w io.Writer) error {
+	return hostilePayload{size: len(prefix) + len(unit)*count + len(suffix), write: func(w io.Writer) error {
 		if _, err := io.WriteString(w, prefix); err != nil {
 			return err
 		}
@@ -78,12 +78,12 @@ func repeated(prefix, unit string, count int, suffix string) payload {
 // s26Item is one hostile input.
 type s26Item struct {
 	name    string
-	body    payload // the JSON-RPC message (HTTP body, WebSocket message)
-	chunked bool    // HTTP: chunked transfer coding; WebSocket: continuation frames
-	header  bool    // the hostile part is a 16 MiB header
+	body    hostilePayload // the JSON-RPC message (HTTP body, WebSocket message)
+	chunked bool           // HTTP: chunked transfer coding; WebSocket: continuation frames
+	header  bool           // the hostile part is a 16 MiB header
 	expect  s26Expect
 	wantIDs []string
-	native  *payload // the native frame (seq 7), if the item applies to a native link
+	native  *hostilePayload // the native frame (seq 7), if the item applies to a native link
 	natExp  s26Expect
 }
 
@@ -152,18 +152,18 @@ func (it *s26Item) httpRequest(ws bool) func(io.Writer) error {
 // s26Corpus builds the inputs once.
 func s26Corpus() []*s26Item {
 	nest := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
-	req := func(params, id string) payload {
+	req := func(params, id string) hostilePayload {
 		return fixed([]byte(`{"jsonrpc":"2.0","method":"count.hit","params":` + params + `,"id":` + id + `}`))
 	}
-	frame := func(rest string) *payload {
+	frame := func(rest string) *hostilePayload {
 		p := fixed([]byte(`{"type":"req","seq":7,"id":"n1",` + rest + `,"headers":{},"version":"1.0"}`))
 		return &p
 	}
-	big := func(n int) payload { // a valid request of n bytes
+	big := func(n int) hostilePayload { // a valid request of n bytes
 		pre, post := `{"jsonrpc":"2.0","method":"count.hit","params":["`, `"],"id":1}`
 		return repeated(pre, "x", n-len(pre)-len(post), post)
 	}
-	bigFrame := func(n int) *payload {
+	bigFrame := func(n int) *hostilePayload {
 		pre, post := `{"type":"req","seq":7,"id":"n1","method":"count.hit","params":["`, `"],"headers":{},"version":"1.0"}`
 		p := repeated(pre, "x", n-len(pre)-len(post), post)
 		return &p
@@ -349,7 +349,7 @@ func s26HTTP(ctx context.Context, addr string, rcp **rawConn, it *s26Item, st *s
 // writeRawFrame writes p as one unfragmented text frame, straight to the
 // connection (gorilla's client writer would split it into buffer-sized
 // fragments). The mask key is zero, which leaves the payload as is.
-func writeRawFrame(c net.Conn, p *payload) error {
+func writeRawFrame(c net.Conn, p *hostilePayload) error {
 	hdr := []byte{0x81, 0x80 | 127, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 	for i := range 8 {
 		hdr[2+i] = byte(uint64(p.size) >> (56 - 8*i))

@@ -395,12 +395,22 @@ func TestS03HubKillFailover(t *testing.T) {
 	s.Print(os.Stdout)
 	var idem, idemOK, non, nonOK int
 	failedBy := map[envelope.Code]int{}
-	failedNear := 0 // failures whose intended start was within 5 s after the kill
+	failedNear := 0 // failures whose intended start was within -3..+5 s of the kill
+	// Calls in flight when B died (sent before, answered after the kill):
+	// how many, and how long after the kill the last one was answered.
+	inFlight, inFlightFailed, inFlightLast := 0, 0, time.Duration(0)
 	for _, o := range led.Outcomes() {
 		if o.Idempotent {
 			idem++
 		} else {
 			non++
+		}
+		if o.Intended.Before(fr.killedAt) && o.End.After(fr.killedAt) {
+			inFlight++
+			inFlightLast = max(inFlightLast, o.End.Sub(fr.killedAt))
+			if o.Code != envelope.CodeOK {
+				inFlightFailed++
+			}
 		}
 		if o.Code == envelope.CodeOK {
 			if o.Idempotent {
@@ -494,6 +504,7 @@ func TestS03HubKillFailover(t *testing.T) {
 	fig := map[string]any{
 		"scenario": p.name + "-figures", "calls": sent, "idempotent": idem, "idempotentOK": idemOK,
 		"nonIdempotent": non, "nonIdempotentOK": nonOK, "failedByCode": codes, "failedNearKill": failedNear,
+		"inFlightAtKill": inFlight, "inFlightAtKillFailed": inFlightFailed, "inFlightLastAnsweredMs": ms(inFlightLast),
 		"executions": execs, "bAgents": len(fr.bAgents), "bClients": len(fr.bClients),
 		"reconnectP50Ms": ms(pct(moved, 0.5)), "reconnectP99Ms": ms(pct(moved, 0.99)), "reconnectMaxMs": ms(pct(moved, 1)),
 		"agentRegisteredP99Ms": ms(pct(agentReg, 0.99)), "routingStoppedMs": ms(fr.routingStopped),
@@ -502,12 +513,12 @@ func TestS03HubKillFailover(t *testing.T) {
 	}
 	b, _ := json.Marshal(fig)
 	fmt.Printf("%s\n", b)
-	t.Logf("%s: %d calls, %d ok, failed %v (%d of them intended within -3..+5 s of the kill), p99 %.1f ms, max %.1f ms; "+
+	t.Logf("%s: %d calls, %d ok, failed %v (%d of them intended within -3..+5 s of the kill); %d calls in flight at the kill, %d of them failed, the last answered %v after it; p99 %.1f ms, max %.1f ms; "+
 		"idempotent %d/%d ok; non-idempotent %d/%d ok, %d executions recorded, duplicates %d, phantom %d; "+
 		"B's %d clients and %d agents on A or C after p50 %v / p99 %v / max %v (agents' own registered lines: p99 %v); "+
 		"A and C list no agent on hub-B %v after the kill (TTL %v); B balanced %v after its restart; at the end B holds %d agents and %d clients; "+
 		"%d dial attempts by B's links in 10 s, peak %d (%.0f%%) in the window at %d ms",
-		p.name, sent, s.Succeeded, s.Failed, failedNear, s.P99Ms, s.MaxMs, idemOK, idem, nonOK, non, execs, s.Duplicates, s.Phantom,
+		p.name, sent, s.Succeeded, s.Failed, failedNear, inFlight, inFlightFailed, inFlightLast.Round(time.Millisecond), s.P99Ms, s.MaxMs, idemOK, idem, nonOK, non, execs, s.Duplicates, s.Phantom,
 		len(fr.bClients), len(fr.bAgents), pct(moved, 0.5).Round(time.Millisecond), pct(moved, 0.99).Round(time.Millisecond),
 		pct(moved, 1).Round(time.Millisecond), pct(agentReg, 0.99).Round(time.Millisecond),
 		fr.routingStopped.Round(time.Millisecond), hubTTL, fr.balanced.Round(time.Millisecond), fr.endOnB[0], fr.endOnB[1],

@@ -102,7 +102,13 @@ func pct(ds []time.Duration, q float64) time.Duration {
 //   - full variant: reconnect attempts are jittered: of the dial attempts
 //     B's links made in the 10 s after the kill (agents' "dialing hub" log
 //     lines, clients' debug log), no 100 ms window (aligned on the kill)
-//     holds more than 30 %.
+//     holds more than 30 %. Not met by the code as it stands (two full runs:
+//     81 % and 88 % in the first window): a client whose link drops redials
+//     at once, the same hub first (refused) then the next, so all of B's
+//     clients dial within a few ms of the kill; agents wait 50–150 ms. To
+//     keep 16 links under 30 % per window the first attempts would have to
+//     spread over about 2–3 s (simulated: 1 s spread fails ~18 % of runs,
+//     2 s ~3 %, 3 s ~1 %).
 func TestS03HubKillFailover(t *testing.T) {
 	p := s03Params{name: "S03", perHub: 6, clientsPerHub: 10, rate: 500, load: 60 * time.Second,
 		killAt: 20 * time.Second, restartAt: 40 * time.Second, checkJitter: true}
@@ -471,7 +477,7 @@ func TestS03HubKillFailover(t *testing.T) {
 		isB[id] = true
 	}
 	windows := map[int]int{}
-	nAttempts := 0
+	nAttempts, clientAttempts := 0, 0
 	rec.mu.Lock()
 	for link, ts := range rec.at {
 		if !isB[link] {
@@ -481,6 +487,9 @@ func TestS03HubKillFailover(t *testing.T) {
 			if d := x.Sub(fr.killedAt); d >= 0 && d < 10*time.Second {
 				windows[int(d/(100*time.Millisecond))]++
 				nAttempts++
+				if slices.Contains(fr.bClients, link) {
+					clientAttempts++
+				}
 			}
 		}
 	}
@@ -508,7 +517,7 @@ func TestS03HubKillFailover(t *testing.T) {
 		"executions": execs, "bAgents": len(fr.bAgents), "bClients": len(fr.bClients),
 		"reconnectP50Ms": ms(pct(moved, 0.5)), "reconnectP99Ms": ms(pct(moved, 0.99)), "reconnectMaxMs": ms(pct(moved, 1)),
 		"agentRegisteredP99Ms": ms(pct(agentReg, 0.99)), "routingStoppedMs": ms(fr.routingStopped),
-		"balancedMs": ms(fr.balanced), "endOnB": fr.endOnB, "attempts": nAttempts, "peakWindowAttempts": peak,
+		"balancedMs": ms(fr.balanced), "endOnB": fr.endOnB, "attempts": nAttempts, "clientAttempts": clientAttempts, "peakWindowAttempts": peak,
 		"peakWindowMs": peakAt * 100, "peakShare": peakShare,
 	}
 	b, _ := json.Marshal(fig)
@@ -517,12 +526,12 @@ func TestS03HubKillFailover(t *testing.T) {
 		"idempotent %d/%d ok; non-idempotent %d/%d ok, %d executions recorded, duplicates %d, phantom %d; "+
 		"B's %d clients and %d agents on A or C after p50 %v / p99 %v / max %v (agents' own registered lines: p99 %v); "+
 		"A and C list no agent on hub-B %v after the kill (TTL %v); B balanced %v after its restart; at the end B holds %d agents and %d clients; "+
-		"%d dial attempts by B's links in 10 s, peak %d (%.0f%%) in the window at %d ms",
+		"%d dial attempts by B's links in 10 s (%d by clients), peak %d (%.0f%%) in the window at %d ms",
 		p.name, sent, s.Succeeded, s.Failed, failedNear, inFlight, inFlightFailed, inFlightLast.Round(time.Millisecond), s.P99Ms, s.MaxMs, idemOK, idem, nonOK, non, execs, s.Duplicates, s.Phantom,
 		len(fr.bClients), len(fr.bAgents), pct(moved, 0.5).Round(time.Millisecond), pct(moved, 0.99).Round(time.Millisecond),
 		pct(moved, 1).Round(time.Millisecond), pct(agentReg, 0.99).Round(time.Millisecond),
 		fr.routingStopped.Round(time.Millisecond), hubTTL, fr.balanced.Round(time.Millisecond), fr.endOnB[0], fr.endOnB[1],
-		nAttempts, peak, 100*peakShare, peakAt*100)
+		nAttempts, clientAttempts, peak, 100*peakShare, peakAt*100)
 
 	if s.Lost != 0 || s.Misdelivered != 0 {
 		t.Errorf("lost %d, misdelivered %d; want 0", s.Lost, s.Misdelivered)

@@ -2,6 +2,7 @@ package envelope_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -136,6 +137,20 @@ func FuzzDecodeFrame(f *testing.F) {
 		// (an array may nest one deeper: it is a batch).
 		if pre, chk := envelope.PrecheckFrames(data, fuzzLimits), fuzzLimits.Check(data); (pre == nil) != (chk == nil) && !(pre == nil && chk.Code == envelope.CodeInvalidRequest) {
 			t.Fatalf("precheck %v, limits %v for %q", pre, chk, data)
+		}
+		// A prechecked message decodes to the same frames and errors
+		// with EachCheckedFrame (no second scan) as with EachFrame.
+		if envelope.PrecheckFrames(data, fuzzLimits) == nil {
+			type res struct {
+				f envelope.Frame
+				e *envelope.Error
+			}
+			var a, b []res
+			envelope.EachFrame(data, fuzzLimits, func(f envelope.Frame, e *envelope.Error) { a = append(a, res{f, e}) })
+			envelope.EachCheckedFrame(data, func(f envelope.Frame, e *envelope.Error) { b = append(b, res{f, e}) })
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("EachFrame %+v, EachCheckedFrame %+v for %q", a, b, data)
+			}
 		}
 		// A seq recovered from a frame is the seq the decoder reads
 		// (no differential between the lenient and the strict reading).

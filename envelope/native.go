@@ -148,6 +148,19 @@ func EachFrame(data []byte, lim Limits, fn func(Frame, *Error)) {
 	eachElement(data[i:], func(v []byte) { fn(decodeValidFrame(v)) })
 }
 
+// EachCheckedFrame is EachFrame for a message that has already passed
+// PrecheckFrames with the same limits (a link's reader checks each
+// message in its read buffer): it decodes without scanning the message a
+// second time.
+func EachCheckedFrame(data []byte, fn func(Frame, *Error)) {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '[' {
+		fn(decodeValidFrame(data))
+		return
+	}
+	eachElement(data[i:], func(v []byte) { fn(decodeValidFrame(v)) })
+}
+
 // DecodeFrame decodes one native frame. On error the returned Frame still
 // carries Type and Seq when they could be read, so that the receiver can
 // answer the error to the right request.

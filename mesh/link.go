@@ -230,6 +230,12 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 		l.onRefused(data, refused)
 		return
 	}
+	if l.c.check != nil {
+		// The reader checked the message (PrecheckFrames): decode it
+		// without a second scan.
+		envelope.EachCheckedFrame(data, l.onFrame)
+		return
+	}
 	envelope.EachFrame(data, l.c.cfg.Limits, l.onFrame)
 }
 

@@ -140,25 +140,36 @@ func (h *Hub) answer(ctx context.Context, c *RPCCall, l *Link) []byte {
 	return envelope.AppendJSONRPCResult(nil, c.ID, res.Result)
 }
 
-// serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
-// Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
-// plain JSON-RPC 2.0 and the envelope headers ride in "meta".
-func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
+// admitUpgrade decides whether a WebSocket upgrade may go ahead, in the
+// same order on every WebSocket surface: not while draining (503); the
+// Origin before anything else, credential or not, so that a cross-site
+// page learns nothing (403, S23); then the credential (401/429). It
+// answers the refusal itself.
+func (h *Hub) admitUpgrade(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
 	if h.draining.Load() {
 		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
-		return
+		return nil, false
 	}
 	if !h.upgrader.CheckOrigin(r) {
-		// Before anything else, credential or not: a cross-site page
-		// must learn nothing (S23).
 		h.metrics().Refused("origin")
 		http.Error(w, "origin not allowed", http.StatusForbidden)
-		return
+		return nil, false
 	}
 	who, aerr := h.guard.authenticate(r)
 	if aerr != nil {
 		h.metrics().Refused(refusal(aerr))
 		httpRefuse(w, aerr)
+		return nil, false
+	}
+	return who, true
+}
+
+// serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
+// Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
+// plain JSON-RPC 2.0 and the envelope headers ride in "meta".
+func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
+	who, ok := h.admitUpgrade(w, r)
+	if !ok {
 		return
 	}
 	ws, err := h.upgrader.Upgrade(w, r, nil)

@@ -179,19 +179,8 @@ func validDeviceID(s string) bool {
 
 // serveMultica is GET /multica.
 func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
-	if h.draining.Load() {
-		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
-		return
-	}
-	if !h.upgrader.CheckOrigin(r) {
-		h.metrics().Refused("origin")
-		http.Error(w, "origin not allowed", http.StatusForbidden)
-		return
-	}
-	who, aerr := h.guard.authenticate(r)
-	if aerr != nil {
-		h.metrics().Refused(refusal(aerr))
-		httpRefuse(w, aerr)
+	who, ok := h.admitUpgrade(w, r) // as /ws: draining, origin, credential
+	if !ok {
 		return
 	}
 	q := r.URL.Query()

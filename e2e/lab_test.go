@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -31,6 +30,7 @@ import (
 	"github.com/agentmesh/agentmesh/internal/netlab"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 )
 
 // startIn runs bin (a path) with args in node's namespace, as start does
@@ -119,10 +119,7 @@ func labAgent(t *testing.T, node *netlab.Node, h *hub, au labAuth, kind, id stri
 // labEtcd runs a single etcd member in node and returns its client URL.
 func labEtcd(t *testing.T, node *netlab.Node) string {
 	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("etcd is not installed (apt-get install etcd-server)")
-	}
+	bin := etcdtest.Binary(t) // fails in CI, skips elsewhere, without etcd
 	client, peer := "http://"+node.IP+":2379", "http://"+node.IP+":2380"
 	startIn(t, node, nil, bin, "--name", "lab", "--data-dir", t.TempDir(),
 		"--listen-client-urls", client, "--advertise-client-urls", client,

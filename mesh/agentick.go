@@ -52,7 +52,7 @@ import (
 //	close             chat.destroy
 //	apps              mesh.methods: app "chat" when an agent serves chat.send
 //	sessions          chat.list
-//	subscribe         chat.events (tail, then long polls of small pages)
+//	subscribe         chat.events (tail, then long polls: Hub.FollowChat)
 //	unsubscribe       the gateway's own subscription
 //	channel           chat.get_context, then the gateway's own channel fan-out
 //	channel-subscribe chat.get_context, then the gateway's own subscription
@@ -727,7 +727,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 	gw.mu.Unlock()
 	go func() {
 		defer c.wg.Done()
-		_ = gw.follow(ctx, session, tail, s.onChat)
+		_, _ = gw.h.FollowChat(ctx, session, tail, s.onChat)
 		s.end()
 		cancel()
 		gw.mu.Lock()
@@ -742,43 +742,6 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 		}
 		c.mu.Unlock()
 	}()
-	return nil
-}
-
-// agentickPage bounds the events of one chat.events poll: a message_update
-// event carries the whole text streamed so far, so a page of the default
-// 256 events of a long answer can pass the link's message limit (1 MiB),
-// and an answer that big costs the chat agent its link.
-const agentickPage = 16
-
-// follow is Hub.FollowChat with pages of at most agentickPage events: it
-// calls fn with every event of session after seq after, in order, until
-// ctx ends, fn returns false, the session closes or chat.events fails.
-func (gw *agentickGW) follow(ctx context.Context, session string, after uint64, fn func(ChatEvent) bool) error {
-	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, chatPollWait+5*time.Second)
-		var p chatEventsPage
-		err := gw.callInto(pctx, "chat.events", map[string]any{"agentId": session, "after_seq": after,
-			"wait_ms": chatPollWait.Milliseconds(), "max": agentickPage}, &p)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		for _, e := range p.Events {
-			if !fn(e) {
-				return nil
-			}
-		}
-		if p.NextSeq > after {
-			after = p.NextSeq
-		}
-		if p.Closed && len(p.Events) == 0 {
-			return nil
-		}
-	}
 	return nil
 }
 
@@ -1639,27 +1602,6 @@ func (h *Hub) agentickRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /invoke", h.serveAgentickInvoke)
 }
 
-// agentickGate runs the checks every agentick request passes first:
-// origin, draining, credentials. On refusal it has answered.
-func (h *Hub) agentickGate(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
-	if !h.guard.origins.Check(r) {
-		h.metrics().Refused("origin")
-		http.Error(w, "origin not allowed", http.StatusForbidden)
-		return nil, false
-	}
-	if h.draining.Load() {
-		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
-		return nil, false
-	}
-	who, aerr := h.guard.authenticate(r)
-	if aerr != nil {
-		h.metrics().Refused(refusal(aerr))
-		httpRefuse(w, aerr)
-		return nil, false
-	}
-	return who, true
-}
-
 func writeAgentickJSON(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -1668,7 +1610,7 @@ func writeAgentickJSON(w http.ResponseWriter, status int, b []byte) {
 
 // serveAgentickInvoke is POST /invoke.
 func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.agentickGate(w, r)
+	who, ok := h.admit(w, r)
 	if !ok {
 		return
 	}
@@ -1731,7 +1673,7 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 // server-sent events, one JSON frame per "data:" line, the first the
 // connected frame; comment lines keep it alive; it ends with the request.
 func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.agentickGate(w, r)
+	who, ok := h.admit(w, r)
 	if !ok {
 		return
 	}
@@ -1801,12 +1743,7 @@ func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
 
 // serveAgentickWS is GET /agentick/ws.
 func (h *Hub) serveAgentickWS(w http.ResponseWriter, r *http.Request) {
-	if !h.upgrader.CheckOrigin(r) {
-		h.metrics().Refused("origin")
-		http.Error(w, "origin not allowed", http.StatusForbidden)
-		return
-	}
-	who, ok := h.agentickGate(w, r)
+	who, ok := h.admit(w, r)
 	if !ok {
 		return
 	}

@@ -140,19 +140,19 @@ func (h *Hub) answer(ctx context.Context, c *RPCCall, l *Link) []byte {
 	return envelope.AppendJSONRPCResult(nil, c.ID, res.Result)
 }
 
-// admitUpgrade decides whether a WebSocket upgrade may go ahead, in the
-// same order on every WebSocket surface: not while draining (503); the
-// Origin before anything else, credential or not, so that a cross-site
-// page learns nothing (403, S23); then the credential (401/429). It
-// answers the refusal itself.
-func (h *Hub) admitUpgrade(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
-	if h.draining.Load() {
-		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
-		return nil, false
-	}
-	if !h.upgrader.CheckOrigin(r) {
+// admit runs the checks every WebSocket upgrade and every edge request
+// (agentick's SSE and /invoke) passes first, in one order: the Origin
+// before anything else, credential or not, so that a cross-site page
+// learns nothing (403, S23); not while draining (503); then the
+// credential (401/429). On refusal it has answered.
+func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
+	if !h.guard.origins.Check(r) {
 		h.metrics().Refused("origin")
 		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return nil, false
+	}
+	if h.draining.Load() {
+		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
 		return nil, false
 	}
 	who, aerr := h.guard.authenticate(r)
@@ -168,7 +168,7 @@ func (h *Hub) admitUpgrade(w http.ResponseWriter, r *http.Request) (*Principal, 
 // Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
 // plain JSON-RPC 2.0 and the envelope headers ride in "meta".
 func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admitUpgrade(w, r)
+	who, ok := h.admit(w, r)
 	if !ok {
 		return
 	}

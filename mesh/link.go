@@ -230,13 +230,9 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 		l.onRefused(data, refused)
 		return
 	}
-	if l.c.check != nil {
-		// The reader checked the message (PrecheckFrames): decode it
-		// without a second scan.
-		envelope.EachCheckedFrame(data, l.onFrame)
-		return
-	}
-	envelope.EachFrame(data, l.c.cfg.Limits, l.onFrame)
+	// The reader checked the message (c.check, PrecheckFrames, set in
+	// NewLink): decode it without a second scan.
+	envelope.EachCheckedFrame(data, l.onFrame)
 }
 
 // onRefused handles a message refused by its message-level checks

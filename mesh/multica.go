@@ -179,7 +179,7 @@ func validDeviceID(s string) bool {
 
 // serveMultica is GET /multica.
 func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admitUpgrade(w, r) // as /ws: draining, origin, credential
+	who, ok := h.admit(w, r) // as /ws: origin, draining, credential
 	if !ok {
 		return
 	}

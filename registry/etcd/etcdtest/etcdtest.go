@@ -42,6 +42,14 @@ func freePort(tb testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// Binary returns the path of the etcd binary, for tests that run etcd
+// their own way (in a network namespace): as Start, it fails the test in
+// CI without one and skips it elsewhere.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	return lookup(tb)
+}
+
 // lookup finds the etcd binary. Without one it fails the test in CI (where
 // .ci/run installs it) and skips it elsewhere, saying what to install.
 func lookup(tb testing.TB) string {

@@ -17,6 +17,35 @@ type ChatEvent struct {
 	StreamID string          `json:"streamId"`
 	AgentID  string          `json:"agentId"`
 	Event    json.RawMessage `json:"event"`
+	// RequestID is the request_id of the send whose turn emitted it.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// withRequestID returns req's chat.send request_id, giving req one first
+// when it has none, so that a surface can tell its own turn's events from
+// those of other callers of the same agent. Params that are not an object
+// are left as they are (the chat agent answers INVALID_PARAMS).
+func withRequestID(req *envelope.Request) string {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(req.Params, &p) != nil || p == nil {
+		return ""
+	}
+	var id string
+	if raw, ok := p["request_id"]; ok {
+		if json.Unmarshal(raw, &id) != nil {
+			return "" // not a string: the chat agent answers INVALID_PARAMS
+		}
+		if id != "" {
+			return id
+		}
+	}
+	id = envelope.NewID()
+	p["request_id"] = mustQuote(id)
+	if b, err := json.Marshal(p); err == nil {
+		req.Params = b
+		return id
+	}
+	return ""
 }
 
 // chatEventsPage is chat.events' answer.

@@ -245,23 +245,28 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 // (invalid payload), so that its calls fail at once and it reconnects.
 func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	typ, seq, ok := envelope.RecoverFrameSeq(head)
-	outcome := "answered"
+	answerable := ok && (typ == envelope.FrameRequest || typ == envelope.FrameResponse)
+	// Counted before the peer can see the outcome (an answer or a close),
+	// so that whoever saw it also sees it counted.
+	if l.c.cfg.InvalidFrame != nil {
+		outcome := "answered"
+		if !answerable {
+			outcome = "closed"
+		}
+		l.c.cfg.InvalidFrame(outcome)
+	}
 	switch {
 	case ok && typ == envelope.FrameRequest:
 		l.reply(seq, nil, refused)
 	case ok && typ == envelope.FrameResponse:
 		l.deliver(seq, linkResult{err: envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", refused.Message)})
 	default:
-		outcome = "closed"
 		l.log.Warn("closing the link: a frame failed its checks and names no seq to answer", "remote", l.Remote, "error", refused.Error())
 		text := "invalid frame: " + refused.Message
 		if len(text) > 120 { // a close frame carries at most 123 bytes of text
 			text = text[:120]
 		}
 		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
-	}
-	if l.c.cfg.InvalidFrame != nil {
-		l.c.cfg.InvalidFrame(outcome)
 	}
 }
 

@@ -510,6 +510,10 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	if err != nil {
 		return nil, err
 	}
+	// Only this turn's events go to the device: another caller's turn on
+	// the same agent (before or after this one) is not this request's
+	// stream, and a turn that follows at once must not be relayed twice.
+	rid := withRequestID(req)
 	fctx, stop := context.WithCancel(d.ctx)
 	defer stop()
 	var mu sync.Mutex
@@ -518,12 +522,15 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	go func() {
 		defer close(followed)
 		_, _ = d.h.FollowChat(fctx, agent, tail, func(e ChatEvent) bool {
-			p, _ := json.Marshal(struct {
-				StreamID string          `json:"streamId"`
-				AgentID  string          `json:"agentId"`
-				Event    json.RawMessage `json:"event"`
-			}{e.StreamID, e.AgentID, e.Event})
-			sent := d.send(d.fromHub("stream", nil, p))
+			sent := true
+			if rid == "" || e.RequestID == rid {
+				p, _ := json.Marshal(struct {
+					StreamID string          `json:"streamId"`
+					AgentID  string          `json:"agentId"`
+					Event    json.RawMessage `json:"event"`
+				}{e.StreamID, e.AgentID, e.Event})
+				sent = d.send(d.fromHub("stream", nil, p))
+			}
 			mu.Lock()
 			last = e.Seq
 			end := stopAt != 0 && last >= stopAt

@@ -846,3 +846,60 @@ func (d *device) next2() map[string]any {
 	}
 	return v
 }
+
+// TestMulticaTurnsNotCrossed: turns of one chat agent started back to back
+// by one device, and at the same time by another, reach each device once
+// each and only the device that asked: every stream carries its own
+// turn's events and no other's (a follower used to relay the events of a
+// turn that began before it had stopped, so they came twice).
+func TestMulticaTurnsNotCrossed(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir(), MaxMessages: 4, KeepMessages: 2}, &chat.Scripted{}, nil)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt))
+	const agent = "019def34-0000-7000-8000-0000000000c2"
+	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
+		t.Fatal(err)
+	}
+	d, e := connect(t, m, "twice"), connect(t, m, "once")
+	msg := func(dev *device, id string) {
+		dev.write(`{"id":"` + id + `","uid":null,"from":"` + dev.id + `","to":"` + dev.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + id + `"}}`)
+	}
+	for i := range 3 {
+		msg(d, fmt.Sprint("d", 2*i))
+		msg(e, fmt.Sprint("e", i))
+		msg(d, fmt.Sprint("d", 2*i+1))
+	}
+	// Read each device until it has been quiet for a second.
+	count := func(dev *device) (starts, ends, compactions int) {
+		for {
+			v, err := dev.read(time.Second)
+			if err != nil {
+				return
+			}
+			if v["action"] != "stream" {
+				t.Fatalf("%s: got %v; want only stream messages", dev.id, v)
+			}
+			ev := v["payload"].(map[string]any)["event"].(map[string]any)
+			switch ev["type"] {
+			case "message_start":
+				starts++
+			case "message_end":
+				ends++
+			case "compaction_start":
+				compactions++
+			}
+		}
+	}
+	ds, de, dc := count(d)
+	es, ee, ec := count(e)
+	t.Logf("device twice: %d starts, %d ends, %d compactions; device once: %d, %d, %d", ds, de, dc, es, ee, ec)
+	if ds != 6 || de != 6 || es != 3 || ee != 3 {
+		t.Errorf("message_start/end: %d/%d and %d/%d; want 6/6 to the device that sent 6, 3/3 to the one that sent 3", ds, de, es, ee)
+	}
+	// Nine turns of two messages with at most 4 kept: each compaction
+	// goes to the one device whose turn it came in.
+	if dc+ec < 3 {
+		t.Errorf("compactions relayed: %d + %d; want one per compaction, at least 3", dc, ec)
+	}
+}

@@ -49,9 +49,9 @@ import (
 // answer is the turn's last message (what chat.send answers). A client
 // that goes away cancels the turn (chat.cancel with the send's request
 // id) and the surface waits for the send to end before it returns.
-// Chat events carry no request id: a stream to a chat/ID agent that another
-// client keeps busy may relay the end of that client's turn (its own
-// answer then comes whole, from chat.send's result, in the last delta).
+// Chat events carry the request_id of the send whose turn emitted them,
+// so a stream to a chat/ID agent that other clients use relays only its
+// own turn.
 // Usage figures are estimates (about 4 bytes a token, the chat runtime's
 // estimate) of the text the request carried and the answer: the provider's
 // own counts do not travel through chat.send.
@@ -547,7 +547,7 @@ type openAISendOutcome struct {
 // send runs chat.send; when ctx ends first (the client went away) it
 // cancels the turn and waits for the send to end.
 func (t *openAITurn) send(ctx context.Context) (*openAISendResult, error) {
-	s := t.newSend(ctx)
+	s := t.newSend(ctx, newOpenAIRequestID())
 	select {
 	case o := <-s.done:
 		s.finish()
@@ -570,8 +570,11 @@ type runningSend struct {
 
 // newSend starts chat.send in a goroutine whose context is detached from
 // ctx: a client that goes away cancels the turn by chat.cancel (cancel).
-func (t *openAITurn) newSend(ctx context.Context) *runningSend {
-	s := &runningSend{t: t, ctx: ctx, rid: "oai-" + envelope.NewID(), done: make(chan openAISendOutcome, 1)}
+// newOpenAIRequestID is the request_id of one completion's chat.send.
+func newOpenAIRequestID() string { return "oai-" + envelope.NewID() }
+
+func (t *openAITurn) newSend(ctx context.Context, rid string) *runningSend {
+	s := &runningSend{t: t, ctx: ctx, rid: rid, done: make(chan openAISendOutcome, 1)}
 	var sctx context.Context
 	sctx, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	go func() {
@@ -708,6 +711,7 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 		writeOpenAIError(w, envelope.AsError(err))
 		return
 	}
+	rid := newOpenAIRequestID()
 	fctx, stopFollow := context.WithCancel(ctx)
 	events := make(chan ChatEvent, 64)
 	followed := make(chan struct{})
@@ -715,6 +719,9 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 		defer close(followed)
 		defer close(events)
 		_, _ = t.c.h.FollowChat(fctx, t.agentID, tail, func(e ChatEvent) bool {
+			if e.RequestID != rid {
+				return true // another caller's turn on this agent
+			}
 			select {
 			case events <- e:
 			case <-fctx.Done():
@@ -730,7 +737,7 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 		stopFollow()
 		<-followed
 	}()
-	s := t.newSend(ctx)
+	s := t.newSend(ctx, rid)
 	defer s.cancel()
 
 	var (

@@ -61,7 +61,11 @@ type StreamPayload struct {
 type SeqEvent struct {
 	Seq uint64 `json:"seq"`
 	StreamPayload
-	size int // its JSON size, measured once when published
+	// RequestID is the request_id of the send whose turn emitted the
+	// event (compaction events included), so that a follower relays its
+	// own turn's events and no other's on an agent shared by callers.
+	RequestID string `json:"request_id,omitempty"`
+	size      int    // its JSON size, measured once when published
 }
 
 // MaxPageBytes bounds the JSON size of one chat.events page. Every
@@ -95,13 +99,13 @@ func newEventLog(size int) *eventLog {
 
 // publish appends p and wakes the readers; in-process subscribers are
 // called synchronously, in order.
-func (l *eventLog) publish(p StreamPayload) {
+func (l *eventLog) publish(p StreamPayload, requestID string) {
 	size := 64
 	if b, err := json.Marshal(p); err == nil {
 		size += len(b)
 	}
 	l.mu.Lock()
-	ev := SeqEvent{Seq: l.next, StreamPayload: p, size: size}
+	ev := SeqEvent{Seq: l.next, StreamPayload: p, RequestID: requestID, size: size + len(requestID) + 16}
 	l.next++
 	if l.n < len(l.ring) {
 		l.ring[(l.start+l.n)%len(l.ring)] = ev

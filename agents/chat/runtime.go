@@ -120,6 +120,7 @@ type Agent struct {
 	file      *sessionFile
 	events    *eventLog
 	turn      chan struct{} // holds a token while a turn runs
+	turnReq   string        // the running turn's request_id (the turn token held)
 	waiting   atomic.Int32  // sends waiting for the turn
 
 	mu             sync.Mutex
@@ -516,6 +517,8 @@ func (a *Agent) Send(ctx context.Context, content, requestID string) (*SendResul
 	if ctx.Err() != nil {
 		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
 	}
+	a.turnReq = requestID // read by publish, on this goroutine, while the token is held
+	defer func() { a.turnReq = "" }()
 	text, err := a.runTurn(ctx, content)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -545,7 +548,7 @@ func (a *Agent) record(m Message) error {
 }
 
 func (a *Agent) publish(streamID string, ev Event) {
-	a.events.publish(StreamPayload{StreamID: streamID, AgentID: a.id, Event: ev})
+	a.events.publish(StreamPayload{StreamID: streamID, AgentID: a.id, Event: ev}, a.turnReq)
 }
 
 // request builds the provider's request from the context.

@@ -516,7 +516,7 @@ func TestConcurrentSendsAreSerialised(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		wg.Go(func() {
-			if _, err := a.Send(t.Context(), fmt.Sprintf("msg-%d", i), ""); err != nil {
+			if _, err := a.Send(t.Context(), fmt.Sprintf("msg-%d", i), fmt.Sprintf("rq-%d", i)); err != nil {
 				errs <- err
 			}
 		})
@@ -543,9 +543,19 @@ func TestConcurrentSendsAreSerialised(t *testing.T) {
 		t.Errorf("%d distinct user messages, want %d", len(seen), n)
 	}
 	// Each turn's events are contiguous too: no message_start before the
-	// previous message_end.
+	// previous message_end; and each carries its send's request_id, one
+	// run of events per request_id.
 	open := false
+	runs := map[string]int{}
+	prev := ""
 	for _, e := range a.Events(t.Context(), 0, 1024, 0).Events {
+		if !strings.HasPrefix(e.RequestID, "rq-") {
+			t.Fatalf("event %d (%s) has request_id %q; want its send's", e.Seq, e.Event.Type, e.RequestID)
+		}
+		if e.RequestID != prev {
+			runs[e.RequestID]++
+			prev = e.RequestID
+		}
 		switch e.Event.Type {
 		case EventMessageStart:
 			if open {
@@ -555,6 +565,14 @@ func TestConcurrentSendsAreSerialised(t *testing.T) {
 		case EventMessageEnd:
 			open = false
 		}
+	}
+	for id, n := range runs {
+		if n != 1 {
+			t.Errorf("request %s: its events come in %d runs; want one", id, n)
+		}
+	}
+	if len(runs) != n {
+		t.Errorf("events of %d requests; want %d", len(runs), n)
 	}
 
 	// Past MaxQueue waiting sends, a send is refused with OVERLOADED.
@@ -698,7 +716,7 @@ func TestEventPagesBounded(t *testing.T) {
 	for range 400 {
 		text += strings.Repeat("w", 320)
 		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventMessageUpdate,
-			Message: &StreamMessage{Role: "assistant", Content: Content{Text(text)}}}})
+			Message: &StreamMessage{Role: "assistant", Content: Content{Text(text)}}}}, "")
 	}
 	var after uint64
 	seen := 0

@@ -25,7 +25,7 @@ import (
 //	chat.get_tokens       {agentId}                         → {system, tools, messages, total, budget, available}
 //	chat.get_context      {agentId}                         → {message_count, history_count, …}
 //	chat.getAgentMessages {agentId, offset?, limit?}        → {messages, total, offset, limit}
-//	chat.events           {agentId, after_seq?, wait_ms?, max?} → {events: [{seq, streamId, agentId, event}], next_seq, dropped}
+//	chat.events           {agentId, after_seq?, wait_ms?, max?} → {events: [{seq, streamId, agentId, event, request_id}], next_seq, dropped}
 //	chat.events           {agentId, tail: true}             → {events: [], next_seq}: where to start following
 //
 // The NEXUS3 names chat.create_agent, chat.destroy_agent and

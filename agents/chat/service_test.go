@@ -181,7 +181,7 @@ func slicesIndex(evs []SeqEvent, typ string) int {
 func TestEventRingIsBounded(t *testing.T) {
 	l := newEventLog(4)
 	for i := range 10 {
-		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventMessageUpdate, Message: &StreamMessage{Role: RoleAssistant, Content: Content{Text(strings.Repeat("x", i))}}}})
+		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventMessageUpdate, Message: &StreamMessage{Role: RoleAssistant, Content: Content{Text(strings.Repeat("x", i))}}}}, "")
 	}
 	p := l.read(t.Context(), 0, 0, 0)
 	if len(p.Events) != 4 || p.Events[0].Seq != 7 || p.NextSeq != 10 || p.Dropped != 6 {
@@ -199,7 +199,7 @@ func TestEventRingIsBounded(t *testing.T) {
 	}
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventCompactionStart}})
+		l.publish(StreamPayload{StreamID: "s", AgentID: "a", Event: Event{Type: EventCompactionStart}}, "")
 	}()
 	p = l.read(t.Context(), 10, 0, 5*time.Second)
 	if len(p.Events) != 1 || p.Events[0].Seq != 11 {

@@ -1,11 +1,16 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -108,4 +113,79 @@ func TestChatAgentProcessRestart(t *testing.T) {
 		t.Errorf("system prompt lost: %v", r)
 	}
 	t.Logf("history of %d messages (file: %d lines) back %v after the kill", a.Total, len(lines), time.Since(killedAt).Round(time.Millisecond))
+}
+
+// TestDemoChatCtrlC: meshd --demo runs a chat agent whose sessions go to
+// --chat-data-dir; meshctl chat, a real process at a pipe, streams an
+// answer, and Ctrl-C (SIGINT) cancels that answer without ending the
+// command, which then takes the next line. The history keeps the
+// cancelled answer as "aborted".
+func TestDemoChatCtrlC(t *testing.T) {
+	dir := t.TempDir()
+	h := startHub(t, "--demo", "--chat-data-dir", dir)
+	waitMethods(t, h.ws, "chat.send", "chat.events")
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "meshctl"), "chat", "talk", "--hub", h.ws)
+	cmd.Env = env()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuf
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	if _, err := io.WriteString(stdin, "/long 100000\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the answer streaming", 10*time.Second, func() bool { return strings.Contains(stdout.String(), "word50 ") })
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "(cancelled)", 10*time.Second, func() bool { return strings.Contains(stderr.String(), "(cancelled)") })
+	select {
+	case err := <-done:
+		t.Fatalf("meshctl chat exited on Ctrl-C during an answer (%v); want it to take the next line\n%s", err, stderr.String())
+	default:
+	}
+	if _, err := io.WriteString(stdin, "after\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next answer", 10*time.Second, func() bool { return strings.Contains(stdout.String(), `You said: "after"`) })
+	stdin.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("meshctl chat at end of input: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("meshctl chat did not exit at the end of its input")
+	}
+
+	r := meshctl(t, "call", "chat.getAgentMessages", `{"agentId":"talk","limit":10}`, "--hub", h.ws, "-o", "json")
+	var page struct {
+		Messages []struct {
+			Role       string `json:"role"`
+			StopReason string `json:"stopReason"`
+		} `json:"messages"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &page) != nil {
+		t.Fatal(r)
+	}
+	var got []string
+	for _, m := range page.Messages {
+		got = append(got, strings.TrimSuffix(m.Role+" "+m.StopReason, " "))
+	}
+	if want := []string{"user", "assistant aborted", "user", "assistant end_turn"}; !slices.Equal(got, want) {
+		t.Errorf("history %v; want %v", got, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sessions", "talk.jsonl")); err != nil {
+		entries, _ := os.ReadDir(dir)
+		t.Errorf("no session file for talk in --chat-data-dir (%v); it holds %v", err, entries)
+	}
 }

@@ -195,7 +195,9 @@ func (g *ctlFlags) chatTurn(ctx context.Context, c *mesh.Client, id, line string
 				continue
 			}
 			for _, e := range page.Events {
-				pr.print(e)
+				if e.RequestID == reqID { // not another client's turn on this agent
+					pr.print(e)
+				}
 			}
 			after = page.NextSeq
 			if page.Closed {

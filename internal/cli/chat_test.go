@@ -114,3 +114,34 @@ func TestMeshctlChat(t *testing.T) {
 		t.Errorf("--provider openai without a model: exit %d, %s", r.code, r.stderr)
 	}
 }
+
+// TestMeshctlChatSharedAgent: two meshctl chat sessions on one agent at
+// once each print their own answer only: a long answer streaming to one
+// client never shows in the other's output, nor ends its wait early.
+func TestMeshctlChatSharedAgent(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	runChatAgent(t, m.WS, t.TempDir())
+	waitChat(t, m)
+	hub := "--hub=" + m.WS
+	if r := meshctl(t, "", "call", "chat.create", `{"agent_id":"shared"}`, hub); r.code != 0 {
+		t.Fatal(r)
+	}
+	long := make(chan result, 1)
+	go func() { long <- meshctl(t, "/long 3000\n", "chat", "shared", hub) }()
+	c := m.Client(t)
+	meshtest.WaitFor(t, 10*time.Second, func() bool {
+		var ctxInfo struct{ Busy bool }
+		return c.Call(t.Context(), "chat.get_context", map[string]any{"agentId": "shared"}, &ctxInfo) == nil && ctxInfo.Busy
+	})
+	short := meshctl(t, "hello\n", "chat", "shared", hub)
+	l := <-long
+	if l.code != 0 || short.code != 0 {
+		t.Fatalf("exit codes %d, %d\n%s\n%s", l.code, short.code, l.stderr, short.stderr)
+	}
+	if strings.Contains(short.stdout, "word") || !strings.HasPrefix(short.stdout, `You said: "hello"`) {
+		t.Errorf("the short session printed %q; want its own answer only", short.stdout)
+	}
+	if strings.Contains(l.stdout, "You said") || !strings.Contains(l.stdout, "word3000") {
+		t.Errorf("the long session printed %d bytes ending %q; want its 3000 words only", len(l.stdout), l.stdout[max(0, len(l.stdout)-80):])
+	}
+}

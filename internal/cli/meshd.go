@@ -38,6 +38,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		listen, id, logLevel, conf string
 		logFormat, otlpEndpoint    string
 		adminAddr                  string
+		checkOnly                  bool
 		regKind, etcdPrefix        string
 		advertise                  string
 		etcdEndpoints              []string
@@ -108,6 +109,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			if err := checkExposure(listen, allowRemote, len(authKeys) > 0); err != nil {
 				return usageErr("%v", err)
 			}
+			if err := checkAdminExposure(adminAddr, allowRemote); err != nil {
+				return usageErr("%v", err)
+			}
 			var srvTLS, peerTLS *tls.Config
 			if tlsCert != "" || tlsKey != "" || clientCA != "" {
 				if srvTLS, err = mesh.ServerTLS(tlsCert, tlsKey, clientCA); err != nil {
@@ -127,6 +131,14 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			if regKind != "memory" && regKind != "etcd" {
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
+			}
+			if checkOnly {
+				// Everything above read and validated (flags, environment,
+				// policy file, key files, certificates): a deployment's
+				// command line is known to start without starting it.
+				fmt.Fprintf(stdout, "meshd: configuration OK (listen %s, registry %s, auth %v, tls %v, admin %q)\n",
+					listen, regKind, len(authKeys) > 0, srvTLS != nil, adminAddr)
+				return nil
 			}
 			if hubID == "" {
 				hubID = envelope.NewID() // the etcd registry needs it before the hub exists
@@ -291,7 +303,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.Float64Var(&ratePerToken, "rate-limit", 0, "calls per second allowed per token, past which calls get OVERLOADED (0: no limit; needs --auth-key)")
 	f.IntVar(&burstPerToken, "rate-burst", 0, "burst allowed per token above --rate-limit (default 2 × --rate-limit)")
 	f.StringVar(&advertise, "advertise", envOr("MESH_ADVERTISE", ""), "host:port other hubs reach this one at (default: --listen) [$MESH_ADVERTISE]")
-	f.StringVar(&adminAddr, "admin-addr", "", "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464)")
+	f.BoolVar(&checkOnly, "check", false, "validate the flags, environment, policy file, key files and certificates, then exit without listening (0: would start)")
+	f.StringVar(&adminAddr, "admin-addr", envOr("MESH_ADMIN_ADDR", ""), "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464; beyond loopback it needs --allow-remote) [$MESH_ADMIN_ADDR]")
 	f.StringVar(&logFormat, "log-format", envOr("MESH_LOG_FORMAT", "json"), "json or text [$MESH_LOG_FORMAT]")
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
@@ -370,6 +383,24 @@ func checkExposure(listen string, allowRemote, auth bool) error {
 		return fmt.Errorf("--allow-remote needs --auth-key: a hub reachable from other hosts must authenticate them")
 	}
 	return nil
+}
+
+// checkAdminExposure refuses an --admin-addr beyond loopback unless
+// --allow-remote is given: the admin port serves /metrics, the probes and
+// /debug/pprof with no token (probes and scrapers carry none), so taking
+// it off loopback is a choice to make explicitly, as for the gateway.
+func checkAdminExposure(admin string, allowRemote bool) error {
+	if admin == "" || allowRemote {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(admin)
+	if err != nil {
+		return fmt.Errorf("--admin-addr %q: %v", admin, err)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("--admin-addr %s is not a loopback address: it serves /metrics and /debug/pprof without a token; pass --allow-remote to expose it", admin)
 }
 
 // loadAuthKeys reads --auth-key values: FILE or LABEL=FILE. A file that

@@ -51,5 +51,6 @@
 // non-browser client and is allowed, which still has to authenticate.
 // Its Check method is a websocket.Upgrader.CheckOrigin.
 //
-// Rate limits (per connection, per token) live in internal/ratelimit.
+// Rate limits (per connection: mesh.HubConfig.ConnRate; per token:
+// Security.RatePerToken) use internal/ratelimit.
 package auth

@@ -476,8 +476,13 @@ type agClient struct {
 	channels map[string]struct{} // session + "\x00" + channel
 }
 
-func (gw *agentickGW) newClient(id string, who *Principal) *agClient {
+// newClient makes client id of who, arriving on connection conn (its
+// remote address, for the per-connection rate limit; "" if unknown).
+func (gw *agentickGW) newClient(conn, id string, who *Principal) *agClient {
 	base := gw.ctx
+	if conn != "" {
+		base = withConn(base, conn)
+	}
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)
 	}
@@ -1683,7 +1688,7 @@ func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gw := h.agentick()
-	c := gw.newClient(id, who)
+	c := gw.newClient(connOf(r.Context()), id, who)
 	out := make(chan []byte, agentickQueue)
 	c.push = func(b []byte) bool {
 		select {
@@ -1751,7 +1756,7 @@ func (h *Hub) serveAgentickWS(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	h.startAgentickWS(ws, who)
+	h.startAgentickWS(ws, who, connOf(r.Context()))
 }
 
 // agWS is one agentick WebSocket. Until connect it has no client.
@@ -1759,15 +1764,16 @@ type agWS struct {
 	gw   *agentickGW
 	c    *wsConn
 	who  *Principal
+	conn string        // the connection's remote address, for rate limits
 	busy chan struct{} // a token per request in flight
 
 	mu     sync.Mutex
 	client *agClient
 }
 
-func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal) {
+func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal, conn string) {
 	gw := h.agentick()
-	a := &agWS{gw: gw, c: newWSConn(ws, h.cfg.Conn), who: who, busy: make(chan struct{}, agentickInFlight)}
+	a := &agWS{gw: gw, c: newWSConn(ws, h.cfg.Conn), who: who, conn: conn, busy: make(chan struct{}, agentickInFlight)}
 	if !h.track(a) {
 		_ = ws.Close()
 		return
@@ -1838,7 +1844,7 @@ func (a *agWS) onMessage(data []byte) {
 
 // connect makes the socket the client id; it answers connected.
 func (a *agWS) connect(id string) {
-	c := a.gw.newClient(id, a.who)
+	c := a.gw.newClient(a.conn, id, a.who)
 	c.push = func(b []byte) bool {
 		buf := getBuf()
 		*buf = append(*buf, b...)

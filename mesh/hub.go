@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/ratelimit"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -110,6 +112,12 @@ type HubConfig struct {
 	// Security: tokens, roles, allowed origins, rate limits (nil: no
 	// authentication, browsers from no origin).
 	Security *Security
+	// ConnRate and ConnBurst bound the calls each connection may make
+	// per second (burst default 2 × ConnRate); past them a call gets
+	// OVERLOADED with a retry-after hint. 0: no limit. It holds with
+	// authentication off too (connlimit.go).
+	ConnRate  float64
+	ConnBurst int
 }
 
 // DefaultHubConfig returns the defaults.
@@ -211,6 +219,7 @@ type Hub struct {
 	log       *slog.Logger
 	upgrader  websocket.Upgrader
 	guard     *guard
+	connLimit *ratelimit.Limiter // per connection (connlimit.go); nil: none
 	idem      *idempotency
 	builtins  map[string]builtin
 	invoke    envelope.Invoker // dispatcher for callers
@@ -270,13 +279,18 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
+	cl, err := newConnLimiter(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)
+	}
 	h := &Hub{
-		idem:  newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
-		guard: g,
-		cfg:   cfg,
-		log:   slog.New(slog.DiscardHandler),
-		conns: map[closer]struct{}{},
-		done:  make(chan struct{}),
+		idem:      newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
+		guard:     g,
+		connLimit: cl,
+		cfg:       cfg,
+		log:       slog.New(slog.DiscardHandler),
+		conns:     map[closer]struct{}{},
+		done:      make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(h)
@@ -406,7 +420,7 @@ func (h *Hub) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return mux
+	return h.connContext(mux)
 }
 
 // Serve serves on ln until ctx ends, then drains (at most DrainTimeout)
@@ -630,6 +644,9 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 			h.metrics().Refused(refusal(err))
 			return nil, err
 		}
+	}
+	if err := h.limitConn(ctx, req); err != nil {
+		return nil, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

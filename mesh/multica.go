@@ -202,7 +202,7 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
-	base := context.Background()
+	base := connBase(context.Background(), r)
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)
 	}

@@ -86,7 +86,7 @@ func NewMetrics(labels *Labeler) *Metrics {
 			Name: "agentmesh_link_bytes_total", Help: "Bytes of WebSocket messages, by direction.",
 		}, []string{"direction"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "agentmesh_security_refused_total", Help: "Connections and calls refused at the edge, by reason (origin, unauthenticated, permission_denied, rate_limited).",
+			Name: "agentmesh_security_refused_total", Help: "Connections and calls refused at the edge, by reason (origin, unauthenticated, permission_denied, rate_limited, rate_limited_conn, max_conns).",
 		}, []string{"reason"}),
 		lateResponses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_late_responses_total", Help: "Responses that arrived after their call timed out or was cancelled: dropped, never delivered.",

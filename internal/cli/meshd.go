@@ -52,6 +52,8 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		ratePerToken               float64
 		burstPerToken              int
 		maxConns                   int
+		connRate                   float64
+		connBurst                  int
 		tlsCert, tlsKey            string
 		clientCA, tlsCA            string
 		peerHeartbeat              time.Duration
@@ -165,7 +167,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, PeerHeartbeat: peerHeartbeat,
+				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, PeerHeartbeat: peerHeartbeat,
 				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
 			}, hubOpts...)
 			if err != nil {
@@ -316,6 +318,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")
 	f.StringVar(&clientCA, "client-ca", envOr("MESH_CLIENT_CA", ""), "require client certificates chaining to this CA bundle: mutual TLS [$MESH_CLIENT_CA]")
 	f.StringVar(&tlsCA, "tls-ca", envOr("MESH_TLS_CA", ""), "CA bundle peer hubs' certificates must chain to (default: --client-ca, else the system's roots) [$MESH_TLS_CA]")
+	f.Float64Var(&connRate, "conn-rate-limit", 0, "calls per second allowed per connection (WebSocket link, HTTP keep-alive connection, Multica or agentick socket), past which calls get OVERLOADED with a retry-after hint; with or without --auth-key (0: no limit)")
+	f.IntVar(&connBurst, "conn-rate-burst", 0, "burst allowed per connection above --conn-rate-limit (default 2 × --conn-rate-limit)")
 	f.IntVar(&maxConns, "max-conns", 10000, "open connections allowed; past it new ones get 503 at once (keep under ulimit -n)")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
 	cmd.SetOut(stdout)

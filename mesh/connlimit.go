@@ -1,0 +1,91 @@
+package mesh
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/ratelimit"
+)
+
+// Per-connection rate limits (HubConfig.ConnRate). A connection is known
+// by its remote address (ip:port), which names one TCP connection at a
+// time: a link by Link.Remote, any HTTP request by r.RemoteAddr (set in
+// its context by Hub.Handler), a Multica device or an agentick socket by
+// the address of the request that upgraded it. The limit holds with
+// authentication off, and beside the per-token limit with it on: one
+// token spread over many connections is bounded by the token's limit,
+// one connection carrying many tokens by the connection's.
+
+type connKey struct{}
+
+// withConn marks ctx as a call arriving on the connection from remote.
+func withConn(ctx context.Context, remote string) context.Context {
+	return context.WithValue(ctx, connKey{}, remote)
+}
+
+// connOf returns the connection a call came in on ("" if none is known).
+func connOf(ctx context.Context) string {
+	if s, ok := ctx.Value(connKey{}).(string); ok {
+		return s
+	}
+	if l := linkFrom(ctx); l != nil {
+		return l.Remote
+	}
+	return ""
+}
+
+// newConnLimiter returns the per-connection limiter of cfg, or nil.
+func newConnLimiter(cfg HubConfig) (*ratelimit.Limiter, error) {
+	if cfg.ConnRate <= 0 {
+		return nil, nil
+	}
+	burst := cfg.ConnBurst
+	if burst <= 0 {
+		burst = max(int(2*cfg.ConnRate), 1)
+	}
+	return ratelimit.New(ratelimit.Config{Rate: cfg.ConnRate, Burst: burst, MaxKeys: max(cfg.MaxConns, 1000)})
+}
+
+// limitConn answers OVERLOADED, with a retry-after hint, to a call over
+// its connection's rate. Agent control (register, heartbeat) and calls a
+// peer hub forwards (many callers share a peer link) are not counted.
+func (h *Hub) limitConn(ctx context.Context, req *envelope.Request) error {
+	if h.connLimit == nil || req.Headers.Hops > 0 || isAgentControl(req.Method) {
+		return nil
+	}
+	key := connOf(ctx)
+	if key == "" {
+		return nil
+	}
+	if p := PrincipalOf(ctx); p.Peer() {
+		return nil
+	}
+	if ok, after := h.connLimit.Allow(key); !ok {
+		ms := max(after.Milliseconds(), 1)
+		h.metrics().Refused("rate_limited_conn")
+		return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this connection exceeded; retry in %d ms", ms).
+			WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+	}
+	return nil
+}
+
+// connContext puts each HTTP request's connection in its context when a
+// per-connection limit is set (a request copy per request otherwise).
+func (h *Hub) connContext(next http.Handler) http.Handler {
+	if h.connLimit == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(withConn(r.Context(), r.RemoteAddr)))
+	})
+}
+
+// connBase carries the connection of r into base, the context of a
+// socket's life (Multica devices, agentick sockets), when one is known.
+func connBase(base context.Context, r *http.Request) context.Context {
+	if k := connOf(r.Context()); k != "" {
+		return withConn(base, k)
+	}
+	return base
+}

@@ -221,7 +221,7 @@ bulkhead: { maxConcurrent: 400, queueSize: 1000, queueTimeout: 30s }
 		Dropped      int64   `json:"packetsDropped"`
 		Late         int     `json:"answeredAfterDeadline"`
 	}{s, len(inLoss), 100 * rate, ms(p99(inLoss)), ms(p99(healthyCalls)), dropped, len(late)})
-	fmt.Printf("%s\n", line)
+	scenario.Emit(line)
 	t.Logf("S07b lab: %d calls, %d ok, failed %v; healthy p99 %v; during 5%% loss (%d packets dropped on C): %d calls, %.2f%% ok, by code %v, p99 %v; %d answered after deadline + 100 ms",
 		sent, s.Succeeded, s.Failed, p99(healthyCalls), dropped, len(inLoss), 100*rate, byCode(inLoss), p99(inLoss), len(late))
 
@@ -359,7 +359,7 @@ func TestLabS21aHalfOpenLink(t *testing.T) {
 		Dropped         int64   `json:"packetsDropped"`
 	}{s, since(dead, holed), since(agentLost, holed), since(back, healed), answeredAtDeath, ms(worstGap), dropped}
 	b, _ := json.Marshal(summary)
-	fmt.Printf("%s\n", b)
+	scenario.Emit(b)
 	t.Logf("%s: %d calls, %d ok, failed %v; hub declared the link dead %d ms after the drop (bound %v), agent %d ms; %d calls answered then (worst %.0f ms off); agent back %d ms after the heal (bound %v); p99 %.1f ms",
 		p.name, sent, s.Succeeded, s.Failed, summary.HubDeadMs, p.deadBound, summary.AgentDeadMs, answeredAtDeath, ms(worstGap),
 		summary.ReconnectMs, p.redialIn, s.P99Ms)

@@ -398,7 +398,7 @@ func TestS02FrozenAgent(t *testing.T) {
 		}
 	}
 	b, _ := json.Marshal(summary)
-	fmt.Printf("%s\n", b)
+	scenario.Emit(b)
 	t.Logf("%s: %d calls in %v, %d ok, failed %v; removal after SIGSTOP %v ms (bound %v), back %v ms after SIGCONT (bound %v); "+
 		"%d answered at removal (worst %.0f ms off), %d chaos.echo TIMEOUTs (worst %.1f ms off the deadline, %d in the short freeze), "+
 		"%v late responses counted, p99 %.1f ms", p.name, sent, loadEnd.Sub(loadStart).Round(time.Millisecond), s.Succeeded, s.Failed,

@@ -521,7 +521,7 @@ func TestS03HubKillFailover(t *testing.T) {
 		"peakWindowMs": peakAt * 100, "peakShare": peakShare,
 	}
 	b, _ := json.Marshal(fig)
-	fmt.Printf("%s\n", b)
+	scenario.Emit(b)
 	t.Logf("%s: %d calls, %d ok, failed %v (%d of them intended within -3..+5 s of the kill); %d calls in flight at the kill, %d of them failed, the last answered %v after it; p99 %.1f ms, max %.1f ms; "+
 		"idempotent %d/%d ok; non-idempotent %d/%d ok, %d executions recorded, duplicates %d, phantom %d; "+
 		"B's %d clients and %d agents on A or C after p50 %v / p99 %v / max %v (agents' own registered lines: p99 %v); "+

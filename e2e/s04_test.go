@@ -253,7 +253,7 @@ func TestS04ReconnectStorm(t *testing.T) {
 		"reregisteredMs": back.Milliseconds(), "outageFailures": codes, "outageP99Ms": float64(outP99.Microseconds()) / 1000,
 		"hubCPUMaxPct": maxCPU, "hubCPUHotSeconds": maxHot,
 	})
-	fmt.Printf("%s\n", stats)
+	scenario.Emit(stats)
 	t.Logf("S04: %d calls, %d ok, failed %v; all %d agents registered again %v after the kill; %d links made %d attempts in the first 10 s, "+
 		"peak %d per 100 ms vs mean %.1f over the %d windows of the storm (%.1f over all 100); attempt gaps %v..%v; "+
 		"%d calls failed during the outage %v, p99 %v; hub CPU max %.0f%%, %d s in a row above 90%%",

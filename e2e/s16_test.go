@@ -243,7 +243,7 @@ func TestS16LeakSoak(t *testing.T) {
 		"pending": pending, "lateResponsesDropped": late, "goroutines": gor, "goroutinesBaseline": base,
 		"hubHeapRefBytes": refHeap, "hubHeapFinalBytes": finalHeap, "hubHeapSlopePctPerMin": slope, "hubHeapSamples": heaps,
 	})
-	fmt.Printf("%s\n", leak)
+	scenario.Emit(leak)
 	t.Logf("S16: %d calls (%d cancelled by the client, %d to the agent killed %d times), %d ok, failed %v, lost %d; "+
 		"pending %v; late responses counted and dropped %v; goroutines %v (baseline %v); hub heap %.1f MB at %v, %.1f MB at the end, slope %.2f %%/min",
 		sent, cancelled, toVictim, kills, s.Succeeded, s.Failed, s.Lost, pending, late, gor, base, refHeap/1e6, ref, finalHeap/1e6, slope)

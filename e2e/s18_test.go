@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -198,7 +197,7 @@ func TestS18cLeaderLossDuringExpiry(t *testing.T) {
 		scenario.Summary
 		Repetitions []s18cRep `json:"repetitions"`
 	}{s, results})
-	fmt.Fprintf(os.Stdout, "%s\n", line)
+	scenario.Emit(line)
 	all := cs.where(func(call) bool { return true })
 	t.Logf("S18c: %d calls of echo.echo to the steady agents, %d ok, failed %v, lost %d, misdelivered %d, p99 %.1f ms",
 		sent, s.Succeeded, s.Failed, s.Lost, s.Misdelivered, s.P99Ms)

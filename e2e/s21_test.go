@@ -335,7 +335,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	}{s, since(dead, ft.holed), since(agentLost, ft.holed), since(back, ft.healed), answeredAtDeath, ms(worstGap),
 		since(ft.abuseClosed, ft.abuseStart), abuse, failedInAbuse, registeredInAbuse}
 	b, _ := json.Marshal(summary)
-	fmt.Printf("%s\n", b)
+	scenario.Emit(b)
 	t.Logf("%s: %d calls, %d ok, failed %v; hub declared the link dead %d ms after the blackhole (bound %v), agent %d ms; "+
 		"%d calls answered then (worst %.0f ms off); agent back %d ms after the heal (bound %v); abusive pinger closed after %d ms (%v), counted %v; "+
 		"p99 %.1f ms", p.name, sent, s.Succeeded, s.Failed, summary.HubDeadMs, p.deadBound, summary.AgentDeadMs, answeredAtDeath, ms(worstGap),

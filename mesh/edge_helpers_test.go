@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -39,7 +39,7 @@ func printSummary(t *testing.T, v map[string]any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Println(string(b))
+	scenario.Emit(b)
 }
 
 // openFDs counts this process's open file descriptors (the hub runs in

@@ -5,10 +5,12 @@
 package scenario
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -106,9 +108,14 @@ func (l *Ledger) Summarize(name string, sent int) Summary {
 	return s
 }
 
-// Print writes s as one JSON line.
+// Print writes s as one JSON line to w; to standard output, through
+// Emit (so also to $MESH_SCENARIO_LOG).
 func (s Summary) Print(w io.Writer) {
 	b, _ := json.Marshal(s)
+	if w == os.Stdout {
+		Emit(b)
+		return
+	}
 	fmt.Fprintf(w, "%s\n", b)
 }
 
@@ -180,3 +187,32 @@ func (l *Ledger) Call(ctx context.Context, inv envelope.Invoker, method string, 
 	}
 	l.Record(o)
 }
+
+// Emit prints one figures line of a scenario (a []byte or string as it
+// is, anything else as JSON) on standard output and, when
+// $MESH_SCENARIO_LOG names a file, appends it there too: go test shows
+// a passing package's output only with -v, and CI prints that file so
+// that every run's figures are on record.
+func Emit(v any) {
+	var b []byte
+	switch x := v.(type) {
+	case []byte:
+		b = x
+	case string:
+		b = []byte(x)
+	default:
+		b, _ = json.Marshal(x)
+	}
+	line := append(bytes.TrimRight(b, "\n"), '\n')
+	_, _ = os.Stdout.Write(line)
+	if path := os.Getenv("MESH_SCENARIO_LOG"); path != "" {
+		logMu.Lock()
+		defer logMu.Unlock()
+		if f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			_, _ = f.Write(line)
+			_ = f.Close()
+		}
+	}
+}
+
+var logMu sync.Mutex

@@ -188,6 +188,19 @@ type SchemaEvent struct {
 	Category string `json:"category"`
 }
 
+// chatStreamEvents are the stream events of chat agents (chat.events, and
+// Multica's "stream" messages: StreamPayload {streamId, agentId, event}),
+// as the Multica streaming seed names them, with their categories.
+var chatStreamEvents = []SchemaEvent{
+	{"message_start", "model"},
+	{"message_update", "model"},
+	{"message_end", "model"},
+	{"tool_execution_start", "orchestration"},
+	{"tool_execution_end", "orchestration"},
+	{"compaction_start", "orchestration"},
+	{"compaction_end", "orchestration"},
+}
+
 // agentErrors are the codes any routed call may end with, whatever the
 // agent declared.
 var agentErrors = []string{"METHOD_NOT_FOUND", "UNAVAILABLE", "TIMEOUT", "CIRCUIT_OPEN", "OVERLOADED", "CANCELLED", "RPC_ERROR"}
@@ -196,7 +209,7 @@ var agentErrors = []string{"METHOD_NOT_FOUND", "UNAVAILABLE", "TIMEOUT", "CIRCUI
 // every method an agent serves (the first instance, by id, that declared
 // a schema for it wins).
 func (h *Hub) Schema() SchemaPayload {
-	out := SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]SchemaMethod{}, Events: []SchemaEvent{}, Errors: ErrorCodes()}
+	out := SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]SchemaMethod{}, Events: slices.Clone(chatStreamEvents), Errors: ErrorCodes()}
 	for m := range h.builtins {
 		s := builtinSchemas[m]
 		out.Methods[m] = SchemaMethod{Description: s.Description, Builtin: true, Params: s.Params, Response: s.Result,

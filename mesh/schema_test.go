@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -304,5 +305,62 @@ func TestAgentSchemasRefusedStillRegisters(t *testing.T) {
 	}
 	if e, ok := s.Methods["echo.echo"]; !ok || e.Description != "" || e.Params != nil {
 		t.Errorf("schema: echo.echo = %+v, %v; want listed without the refused schema", e, ok)
+	}
+}
+
+// TestChatSchemas: the chat agent declares the schema of every method it
+// serves (chat.send needs content; its response has content and
+// request_id), and the schema lists the stream events with categories.
+func TestChatSchemas(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt))
+	var s mesh.SchemaPayload
+	if err := m.Client(t).Call(t.Context(), "schema", nil, &s); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for name, mm := range s.Methods {
+		if !strings.HasPrefix(name, "chat.") {
+			continue
+		}
+		n++
+		if mm.Description == "" || len(mm.Params) == 0 || len(mm.Response) == 0 {
+			t.Errorf("%s: %+v; want a description, params and response", name, mm)
+		}
+	}
+	if n < 13 {
+		t.Errorf("%d chat methods in the schema; want the 13 the agent serves", n)
+	}
+	send := s.Methods["chat.send"]
+	p, r := parseSchema(t, "chat.send params", send.Params), parseSchema(t, "chat.send response", send.Response)
+	if p.Properties["content"] == nil || p.Properties["agentId"] == nil || !slices.Equal(p.Required, []string{"content"}) ||
+		r.Properties["content"] == nil || r.Properties["request_id"] == nil || !slices.Contains(send.Errors, "AGENT_NOT_FOUND") {
+		t.Errorf("chat.send = %+v; want params {agentId, content required, request_id?}, response {content, request_id}", send)
+	}
+	cats := map[string]string{}
+	for _, e := range s.Events {
+		cats[e.Type] = e.Category
+	}
+	for _, ev := range []string{"message_start", "message_update", "message_end", "tool_execution_start", "tool_execution_end", "compaction_start", "compaction_end"} {
+		if cats[ev] == "" {
+			t.Errorf("event %s not in the schema (events %v)", ev, s.Events)
+		}
+	}
+	// OpenRPC carries the params too.
+	var doc struct {
+		Methods []struct {
+			Name   string            `json:"name"`
+			Params []json.RawMessage `json:"params"`
+		} `json:"methods"`
+	}
+	if err := m.Client(t).Call(t.Context(), "rpc.discover", nil, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, mm := range doc.Methods {
+		if mm.Name == "chat.send" && len(mm.Params) < 2 {
+			t.Errorf("rpc.discover chat.send params %s; want agentId, content, request_id", mm.Params)
+		}
 	}
 }

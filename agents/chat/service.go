@@ -183,6 +183,7 @@ func NewService(rt *Runtime, opts ...agents.Option) *agents.Agent {
 		}
 		return ag.Events(ctx, in.AfterSeq, in.Max, wait), nil
 	})
+	declareSchemas(a)
 	return a
 }
 

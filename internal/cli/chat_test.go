@@ -59,6 +59,7 @@ func waitChat(t *testing.T, m *meshtest.Mesh) {
 // streams answers, tool calls included; after the agent restarts on the
 // same data directory the conversation resumes with its history.
 func TestMeshctlChat(t *testing.T) {
+	t.Setenv("OPENAI_MODEL", "") // --model "" falls back to it
 	m := meshtest.Start(t, mesh.HubConfig{})
 	m.RunAgent(t, agents.NewEcho())
 	dir := t.TempDir()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,61 +32,21 @@ func TestRateLimitPerConnection(t *testing.T) {
 	m.RunAgent(t, echo)
 	flood := mustClient(t, m.WS, mesh.WithoutReliability())
 	calm := mustClient(t, m.WS, mesh.WithoutReliability())
-	d := 2 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var wg sync.WaitGroup
-	var ok, limited, hinted, other, calmOK, calmErr atomic.Int64
-	start := time.Now()
-	for range 8 {
-		wg.Go(func() {
-			tk := time.NewTicker(16 * time.Millisecond) // 8 × 62.5/s = 500/s
-			defer tk.Stop()
-			for ctx.Err() == nil {
-				<-tk.C
-				err := flood.Call(context.Background(), "echo.echo", nil, nil)
-				switch envelope.CodeOf(err) {
-				case envelope.CodeOK:
-					ok.Add(1)
-				case envelope.CodeOverloaded:
-					limited.Add(1)
-					if e := envelope.AsError(err); e.RetryAfter() > 0 && e.NotSent() {
-						hinted.Add(1)
-					}
-				default:
-					other.Add(1)
-				}
-			}
-		})
-	}
-	wg.Go(func() {
-		tk := time.NewTicker(20 * time.Millisecond) // 50/s, half the limit
-		defer tk.Stop()
-		for ctx.Err() == nil {
-			<-tk.C
-			if err := calm.Call(context.Background(), "echo.echo", nil, nil); err != nil {
-				calmErr.Add(1)
-			} else {
-				calmOK.Add(1)
-			}
-		}
-	})
-	wg.Wait()
-	el := time.Since(start).Seconds()
-	rate := float64(ok.Load()-20) / el
+	f := floodAndCalm(flood, calm, 2*time.Second)
+	rate := f.rate(20)
 	t.Logf("flooding connection: %d ok (%.0f/s after the burst), %d OVERLOADED (%d with retry-after, not sent), %d other; calm connection: %d ok, %d failed; agent executed %d",
-		ok.Load(), rate, limited.Load(), hinted.Load(), other.Load(), calmOK.Load(), calmErr.Load(), n.Load())
+		f.ok, rate, f.limited, f.hinted, f.other, f.calmOK, f.calmErr, n.Load())
 	if rate < 85 || rate > 115 {
 		t.Errorf("flooding connection got %.0f calls/s through; the limit is 100/s", rate)
 	}
-	if limited.Load() == 0 || hinted.Load() != limited.Load() || other.Load() != 0 {
+	if f.limited == 0 || f.hinted != f.limited || f.other != 0 {
 		t.Errorf("excess not refused as OVERLOADED with a retry-after hint, not sent")
 	}
-	if calmErr.Load() != 0 || calmOK.Load() < 50 {
-		t.Errorf("the other connection lost calls: %d ok, %d failed", calmOK.Load(), calmErr.Load())
+	if f.calmErr != 0 || f.calmOK < 50 {
+		t.Errorf("the other connection lost calls: %d ok, %d failed", f.calmOK, f.calmErr)
 	}
-	if got := n.Load(); got != ok.Load()+calmOK.Load() {
-		t.Errorf("agent executed %d calls; %d succeeded", got, ok.Load()+calmOK.Load())
+	if got := n.Load(); got != f.ok+f.calmOK {
+		t.Errorf("agent executed %d calls; %d succeeded", got, f.ok+f.calmOK)
 	}
 
 	// HTTP: one keep-alive connection, 60 calls back to back past a burst

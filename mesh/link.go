@@ -47,6 +47,7 @@ type Link struct {
 	onClose    func(*Link, error)
 	who        *Principal // who the peer authenticated as (nil: no authentication)
 	Remote     string     // the peer's address, for logs
+	hubPeer    bool       // a link to another hub (withHubPeer)
 }
 
 type linkResult struct {
@@ -71,6 +72,12 @@ func WithLinkOnClose(f func(*Link, error)) LinkOption { return func(l *Link) { l
 // WithLinkPrincipal records who the peer authenticated as; requests it
 // sends are authorised as that principal.
 func WithLinkPrincipal(p *Principal) LinkOption { return func(l *Link) { l.who = p } }
+
+// withHubPeer marks a link to another hub: the responses it carries were
+// encoded and checked by that hub, so one that fails its checks was
+// damaged on the way; its call is answered UNAVAILABLE (indeterminate:
+// the callee may have run), as for a lost link, not INTERNAL.
+func withHubPeer() LinkOption { return func(l *Link) { l.hubPeer = true } }
 
 // WithMaxServing bounds the requests served concurrently for the peer
 // (default 10,000); past it the peer gets OVERLOADED at once.
@@ -259,7 +266,7 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	case ok && typ == envelope.FrameRequest:
 		l.reply(seq, nil, refused)
 	case ok && typ == envelope.FrameResponse:
-		l.deliver(seq, linkResult{err: envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", refused.Message)})
+		l.deliver(seq, linkResult{err: l.undecodable(refused)})
 	default:
 		l.log.Warn("closing the link: a frame failed its checks and names no seq to answer", "remote", l.Remote, "error", refused.Error())
 		text := "invalid frame: " + refused.Message
@@ -268,6 +275,14 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 		}
 		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
 	}
+}
+
+// undecodable is the error of a call whose response failed its checks.
+func (l *Link) undecodable(e *envelope.Error) *envelope.Error {
+	if l.hubPeer {
+		return envelope.Errorf(envelope.CodeUnavailable, "response damaged on the link to the peer hub: %s", e.Message)
+	}
+	return envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", e.Message)
 }
 
 func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
@@ -279,7 +294,7 @@ func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
 			return
 		}
 		if f.Type == envelope.FrameResponse && f.Seq != 0 {
-			l.deliver(f.Seq, linkResult{err: envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", err.Message)})
+			l.deliver(f.Seq, linkResult{err: l.undecodable(err)})
 			return
 		}
 		l.log.Warn("dropping undecodable frame", "remote", l.Remote, "error", err.Error())

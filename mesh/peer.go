@@ -133,7 +133,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	if p.cfg.TLS != nil {
 		scheme = "wss://"
 	}
-	l, err := DialLinkToken(ctx, scheme+st.addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), WithLinkOnClose(func(l *Link, err error) {
+	l, err := DialLinkToken(ctx, scheme+st.addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), withHubPeer(), WithLinkOnClose(func(l *Link, err error) {
 		p.h.untrack(l)
 		p.mu.Lock()
 		if st.link == l {

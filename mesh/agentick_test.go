@@ -29,8 +29,9 @@ import (
 
 // agWS is a test client of the agentick WebSocket.
 type agWS struct {
-	t  *testing.T
-	ws *websocket.Conn
+	t     *testing.T
+	ws    *websocket.Conn
+	aside []map[string]any // events res read before its res
 }
 
 func dialAgentick(t *testing.T, m *meshtest.Mesh, hdr http.Header) (*agWS, *http.Response, error) {
@@ -51,9 +52,15 @@ func (c *agWS) write(frame string) {
 	}
 }
 
-// read returns the next frame within 10 s.
+// read returns the next frame within 10 s: first the events res set
+// aside while it waited.
 func (c *agWS) read() map[string]any {
 	c.t.Helper()
+	if len(c.aside) > 0 {
+		v := c.aside[0]
+		c.aside = c.aside[1:]
+		return v
+	}
 	_ = c.ws.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, b, err := c.ws.ReadMessage()
 	if err != nil {
@@ -66,9 +73,12 @@ func (c *agWS) read() map[string]any {
 	return v
 }
 
-// res reads frames until the res of id (events are skipped) and returns it.
+// res reads frames until the res of id and returns it. The events that
+// came first (a turn's may precede its send's res) are set aside for read.
 func (c *agWS) res(id string) map[string]any {
 	c.t.Helper()
+	var aside []map[string]any
+	defer func() { c.aside = append(c.aside, aside...) }()
 	for {
 		v := c.read()
 		if v["type"] == "res" && v["id"] == id {
@@ -77,6 +87,7 @@ func (c *agWS) res(id string) map[string]any {
 		if v["type"] != "event" {
 			c.t.Fatalf("waiting for res %s: got %v", id, v)
 		}
+		aside = append(aside, v)
 	}
 }
 
@@ -321,23 +332,26 @@ func TestAgentickSeedExamples(t *testing.T) {
 	wantErr(t, "send without message", c.call("req-3", "send", map[string]any{"sessionId": "main"}), "VALIDATION_REQUIRED")
 
 	// send: {messageId}; the turn's events reach the sending client.
-	res = c.call("req-4", "send", map[string]any{"sessionId": "main", "message": "Hello"})
-	mid, _ := payload(t, "send", res)["messageId"].(string)
-	if mid == "" || len(res["payload"].(map[string]any)) != 1 {
-		t.Fatalf("send payload %v; want {messageId}", res["payload"])
-	}
+	// The turn's first events may reach the client before send's res.
+	c.write(`{"type":"req","id":"req-4","method":"send","params":{"sessionId":"main","message":"Hello"}}`)
 	var evs []string
-	for {
+	res = nil
+	for res == nil || !slices.Contains(evs, "execution_end") {
 		v := c.read()
+		if v["type"] == "res" && v["id"] == "req-4" && res == nil {
+			res = v
+			mid, _ := payload(t, "send", res)["messageId"].(string)
+			if mid == "" || len(res["payload"].(map[string]any)) != 1 {
+				t.Fatalf("send payload %v; want {messageId}", res["payload"])
+			}
+			continue
+		}
 		if v["type"] != "event" || v["sessionId"] != "main" {
-			t.Fatalf("frame %v; want events of main", v)
+			t.Fatalf("frame %v; want send's res and events of main", v)
 		}
 		evs = append(evs, v["event"].(string))
 		if v["category"] != cats[v["event"].(string)] {
 			t.Errorf("event %v: category %v; want %v", v["event"], v["category"], cats[v["event"].(string)])
-		}
-		if v["event"] == "execution_end" {
-			break
 		}
 	}
 	t.Logf("events of send: %v", evs)

@@ -353,12 +353,35 @@ func unmarshalResult(raw json.RawMessage, result any) error {
 // wsInvoke waits for a link (until ctx ends, or at once when the last dial
 // failed and WithWaitForReady is not set) and calls over it.
 func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-	for {
+	for redirects := 0; ; {
 		c.mu.Lock()
 		l, lastErr, changed := c.link, c.lastErr, c.changed
 		c.mu.Unlock()
 		if l != nil {
-			return l.Call(ctx, req)
+			res, err := l.Call(ctx, req)
+			if err == nil || !l.goingAway() || redirects >= len(c.hubs)-1 {
+				return res, err
+			}
+			// The hub sent goaway while this call was on its way and
+			// refused it unexecuted: it goes to the next hub, once the
+			// client has moved there. That is a redirect, not a retry.
+			if e, ok := err.(*envelope.Error); !ok || !e.NotSent() {
+				return res, err
+			}
+			c.mu.Lock()
+			if c.link == l {
+				changed = c.changed
+				c.mu.Unlock()
+				select {
+				case <-changed:
+				case <-ctx.Done():
+					return res, err
+				}
+			} else {
+				c.mu.Unlock()
+			}
+			redirects++
+			continue
 		}
 		if lastErr != nil && !c.cfg.waitForReady {
 			return nil, lastErr

@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -119,5 +120,91 @@ func TestRedial(t *testing.T) {
 	}
 	if hi-lo < 400*time.Millisecond {
 		t.Errorf("first delays span only %v..%v: not jittered", lo, hi)
+	}
+}
+
+// TestDrainingRefusalRedirects: calls race hub A's drain. One that
+// reaches A after the drain began but before the client heard A's goaway
+// is refused unexecuted, after a goaway on the same link; the client sends
+// it on to hub B instead of failing it, even without retries. So no call
+// fails, and on a raw link no refusal comes before the goaway.
+func TestDrainingRefusalRedirects(t *testing.T) {
+	for round := range 5 {
+		a := meshtest.Start(t, mesh.HubConfig{DrainTimeout: 5 * time.Second})
+		b := meshtest.Start(t, mesh.HubConfig{})
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for hub, url := range map[string]string{"a": a.WS, "b": b.WS} {
+			ag := agents.NewEcho(agents.WithID("echo-" + hub))
+			wg.Go(func() { _ = ag.Run(ctx, url) })
+			<-ag.Registered()
+		}
+		c, err := mesh.NewClient([]string{a.WS, b.WS}, mesh.WithoutReliability())
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := mesh.DialLink(t.Context(), a.WS, mesh.ConnConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu      sync.Mutex
+			calls   int
+			failed  []error
+			refused int
+		)
+		stop := make(chan struct{})
+		var callers sync.WaitGroup
+		for range 4 {
+			callers.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					err := c.Call(t.Context(), "echo.echo", 1, nil)
+					mu.Lock()
+					calls++
+					if err != nil {
+						failed = append(failed, err)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		callers.Go(func() {
+			for {
+				_, err := raw.Call(t.Context(), &envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: []byte("1"), Version: envelope.Version})
+				if err != nil {
+					goaway := false
+					select {
+					case <-raw.GoAway():
+						goaway = true
+					default:
+					}
+					mu.Lock()
+					refused++
+					if !goaway {
+						failed = append(failed, fmt.Errorf("raw link: refused (%w) before any goaway", err))
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		})
+		time.Sleep(30 * time.Millisecond)
+		a.Hub.BeginDrain()
+		time.Sleep(50 * time.Millisecond)
+		close(stop)
+		callers.Wait()
+		raw.Close()
+		c.Close()
+		cancel()
+		wg.Wait()
+		t.Logf("round %d: %d calls, %d failed, raw link refused %d", round, calls, len(failed), refused)
+		for _, err := range failed {
+			t.Errorf("round %d: %v", round, err)
+		}
 	}
 }

@@ -619,6 +619,12 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 // drain and refuses new ones while draining.
 func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 	if h.draining.Load() && !isAgentControl(req.Method) {
+		if l := linkFrom(ctx); l != nil && l.accepted {
+			// BeginDrain may not have reached this link yet: the goaway
+			// goes out before the refusal, so the peer learns why and
+			// where to go (the link's frames are written in order).
+			l.SendGoAway()
+		}
 		return nil, unavailableNotSent("hub is draining")
 	}
 	h.inflight.Add(1)

@@ -130,6 +130,16 @@ func (l *Link) quiet() bool { return l.Serving() == 0 && l.c.unwritten() == 0 }
 // requests on this link. The link stays open for the answers still due.
 func (l *Link) GoAway() <-chan struct{} { return l.goaway }
 
+// goingAway reports whether the peer sent a goaway frame.
+func (l *Link) goingAway() bool {
+	select {
+	case <-l.goaway:
+		return true
+	default:
+		return false
+	}
+}
+
 // SendGoAway tells the peer, once, that this side takes no new requests
 // on the link (a draining hub). It does not close the link.
 func (l *Link) SendGoAway() {

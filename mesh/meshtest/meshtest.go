@@ -141,23 +141,23 @@ func WaitFor(tb testing.TB, d time.Duration, cond func() bool) {
 }
 
 // StartCluster runs a hub with reg as its registry (an etcd registry for a
-// cluster), advertising its own loopback address to its peers. reg is
-// closed when the test ends.
-func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry) *Mesh {
+// cluster), advertising its own loopback address to its peers, with opts
+// (telemetry, a logger) besides. reg is closed when the test ends.
+func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, opts ...mesh.HubOption) *Mesh {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
 	cfg.Advertise = ln.Addr().String()
-	return StartClusterOn(tb, cfg, reg, ln)
+	return StartClusterOn(tb, cfg, reg, ln, opts...)
 }
 
 // StartClusterOn is StartCluster on a listener of the caller's, keeping
 // cfg.Advertise (e.g. a fault proxy in front of ln).
-func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln net.Listener) *Mesh {
+func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln net.Listener, opts ...mesh.HubOption) *Mesh {
 	tb.Helper()
-	h, err := mesh.NewHub(cfg, mesh.WithRegistry(reg))
+	h, err := mesh.NewHub(cfg, append([]mesh.HubOption{mesh.WithRegistry(reg)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}

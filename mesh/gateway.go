@@ -188,6 +188,7 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		WithLinkHandler(h.ingress),
 		WithLinkLogger(h.log),
 		WithLinkPrincipal(who),
+		WithMaxServing(h.maxPending),
 		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
 		func(l *Link) { l.accepted = true },
 	)
@@ -227,10 +228,6 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
-
-// maxPendingPerConn bounds the calls in flight on one plain JSON-RPC
-// WebSocket (native links have WithMaxServing).
-const maxPendingPerConn = 10000
 
 // rpcConn is a plain JSON-RPC 2.0 WebSocket client: requests in, responses
 // out, many in flight at once.
@@ -278,19 +275,37 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		return
 	}
 	// A bound on the calls in flight per connection: past it the
-	// connection's new calls are refused at once, not queued.
-	if rc.busy.Add(int64(len(calls))) > maxPendingPerConn {
+	// connection's new calls are refused at once, not queued, each under
+	// its own id: a batch is answered with an array of refusals (one per
+	// call that is not a notification), as JSON-RPC 2.0 answers a batch,
+	// so that a client waiting on those ids hears of every one.
+	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) {
 		rc.busy.Add(-int64(len(calls)))
-		b := getBuf()
 		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
-		if !batch {
-			if !calls[0].Notification {
-				*b = envelope.AppendJSONRPCError(*b, calls[0].ID, e)
-				rc.c.send(b)
+		var out []byte
+		for i := range calls {
+			if calls[i].Notification {
+				continue
 			}
-			return
+			if !batch {
+				out = envelope.AppendJSONRPCError(out, calls[i].ID, e)
+				break
+			}
+			if out == nil {
+				out = append(out, '[')
+			} else {
+				out = append(out, ',')
+			}
+			out = envelope.AppendJSONRPCError(out, calls[i].ID, e)
 		}
-		*b = envelope.AppendJSONRPCError(*b, nil, e)
+		if out == nil {
+			return // notifications only: nothing to answer
+		}
+		if batch {
+			out = append(out, ']')
+		}
+		b := getBuf()
+		*b = append(*b, out...)
 		rc.c.send(b)
 		return
 	}

@@ -250,7 +250,20 @@ type Hub struct {
 	shutOnce sync.Once
 
 	ag agentickHolder // the agentick surface's clients and turns (agentick.go)
+
+	// Bounds against slow or greedy clients, set by NewHub; tests shorten
+	// them (security_knobs_test.go).
+	readHeaderTimeout time.Duration // http.Server.ReadHeaderTimeout: slowloris headers (S27)
+	readTimeout       time.Duration // http.Server.ReadTimeout: a whole request, body included
+	maxPending        int           // calls in flight per connection (native link or JSON-RPC WebSocket)
 }
+
+// The defaults of the bounds above.
+const (
+	defaultReadHeaderTimeout = 5 * time.Second  // S27: a header trickled byte by byte is cut here
+	defaultReadTimeout       = 30 * time.Second // the NEXUS3 seed's bound for reading a request
+	defaultMaxPending        = 10000
+)
 
 type closer interface{ Close() }
 
@@ -291,6 +304,10 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		log:       slog.New(slog.DiscardHandler),
 		conns:     map[closer]struct{}{},
 		done:      make(chan struct{}),
+
+		readHeaderTimeout: defaultReadHeaderTimeout,
+		readTimeout:       defaultReadTimeout,
+		maxPending:        defaultMaxPending,
 	}
 	for _, o := range opts {
 		o(h)
@@ -432,8 +449,8 @@ func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	srv := &http.Server{
 		Handler:           h.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,  // slowloris: a header trickled byte by byte is cut here (S27)
-		ReadTimeout:       30 * time.Second, // the NEXUS3 seed's bound for reading a request
+		ReadHeaderTimeout: h.readHeaderTimeout, // slowloris: a header trickled byte by byte is cut here (S27)
+		ReadTimeout:       h.readTimeout,       // reading a request, body included (the NEXUS3 seed's 30 s)
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),

@@ -1,0 +1,17 @@
+package mesh
+
+import "time"
+
+// Knobs for the mesh_test package: the hub's bounds against slow and
+// greedy clients, shortened so a test can cross them quickly.
+
+// WithReadTimeouts sets the hub's http.Server ReadHeaderTimeout and
+// ReadTimeout (defaults 5 s and 30 s).
+func WithReadTimeouts(header, whole time.Duration) HubOption {
+	return func(h *Hub) { h.readHeaderTimeout, h.readTimeout = header, whole }
+}
+
+// WithMaxPending sets how many calls one connection may have in flight
+// (default 10,000): a native link's WithMaxServing, a plain JSON-RPC
+// WebSocket's bound.
+func WithMaxPending(n int) HubOption { return func(h *Hub) { h.maxPending = n } }

@@ -122,6 +122,11 @@ const (
 	RolePeer  = "hub"
 )
 
+// ValidRole reports whether r is a role name a token may carry: 1 to 64
+// bytes of ASCII letters, digits, "_", "-", ".", ":". A role table naming
+// any other string would guard its methods with a role no token can hold.
+func ValidRole(r string) bool { return validRole(r) }
+
 // validRole: 1 to 64 bytes of ASCII letters, digits, "_", "-", ".", ":".
 func validRole(r string) bool {
 	if len(r) == 0 || len(r) > 64 {

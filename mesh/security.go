@@ -343,6 +343,11 @@ func newRoleTable(m map[string][]string) (roleTable, error) {
 		if len(roles) == 0 {
 			return t, fmt.Errorf("mesh: roles: %q lists no role", pat)
 		}
+		for _, r := range roles {
+			if !auth.ValidRole(r) {
+				return t, fmt.Errorf("mesh: roles: %q: role %q is not 1 to 64 ASCII letters, digits or _-.: (no token could hold it)", pat, r)
+			}
+		}
 		switch {
 		case pat == "*":
 			t.any = roles

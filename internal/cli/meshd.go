@@ -108,6 +108,11 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				sec.Key = sec.Keys[0].Secret
 			}
+			if len(file.Roles) > 0 && len(authKeys) == 0 {
+				// Roles are checked against tokens: without a key the hub
+				// authenticates nobody and the table would guard nothing.
+				return usageErr("--config %s has roles, which are enforced only with --auth-key: without it the hub authenticates nobody and every method is open", conf)
+			}
 			if err := checkExposure(listen, allowRemote, len(authKeys) > 0); err != nil {
 				return usageErr("%v", err)
 			}

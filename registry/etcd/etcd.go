@@ -39,7 +39,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
@@ -166,7 +165,10 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: zap.NewNop(),
+	// The client's warnings (lease keep-alive trouble, failed retries) go
+	// to the hub's log: with zap.NewNop they were lost, and a check for
+	// them (S06: no "keepalive response queue is full") saw nothing.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: clientLogger(log),
 		// A connection to etcd that went silent (a partition drops its
 		// packets, closes nothing) is given up after a keep-alive ping
 		// unanswered for a second (etcd refuses pings more often than

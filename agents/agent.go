@@ -79,6 +79,7 @@ type Agent struct {
 	drains   sync.WaitGroup // links draining after a goaway
 	regMu    sync.Mutex
 	regCh    chan struct{} // closed while registered; replaced on loss
+	beat     atomic.Int64  // the heartbeat interval the last hub assigned (ns)
 }
 
 type pattern struct {
@@ -236,11 +237,18 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 		}
 		d := bo.Next()
 		if registered && len(hubs) > 1 {
-			// Lost a hub while others are listed: try the next one soon,
-			// jittered so that the agents of the lost hub do not all
-			// arrive at once. With a single hub the full Redial delay
-			// spreads the storm on the restarting hub (S04).
-			d = mesh.RedialMin/2 + rand.N(mesh.RedialMin)
+			// Lost a hub while others are listed: try the next one,
+			// spread so that the links of the lost hub do not all
+			// arrive at once (S03): over mesh.RedialSpread, or one
+			// heartbeat interval when that is shorter, so that the
+			// agent is registered elsewhere within about two intervals.
+			// With a single hub the Redial delay spreads the storm on
+			// the restarting hub (S04).
+			spread := mesh.RedialSpread
+			if b := time.Duration(a.beat.Load()); b > 0 && b < spread {
+				spread = b
+			}
+			d = rand.N(spread)
 		}
 		a.log.Warn("hub link lost; reconnecting", "hub", hub, "error", err, "in", d)
 		t.Reset(d)
@@ -333,6 +341,7 @@ func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registe
 		return false, nil, err
 	}
 	a.setRegistered(true)
+	a.beat.Store(int64(interval))
 	if prev != nil {
 		a.retire(ctx, prev, "")
 	}

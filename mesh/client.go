@@ -407,7 +407,8 @@ func (c *Client) setState(l *Link, err error) {
 
 // maintain keeps one link up. It tries the hubs in turn; after every hub
 // failed once it waits a Redial delay (jittered, at least 100 ms). A lost
-// link is redialled at once, the same hub first. A hub's goaway (it is
+// link is redialled at once when it is the only hub, else the next hub
+// after LostDelay (spread, S03). A hub's goaway (it is
 // draining) moves new calls to the next hub at once, while the old link
 // stays open until the calls pending on it are answered.
 func (c *Client) maintain(ctx context.Context) {
@@ -455,7 +456,19 @@ func (c *Client) maintain(ctx context.Context) {
 			}
 			c.setState(nil, nil)
 			l.Close()
-			i-- // redial the same hub first
+			if len(c.hubs) == 1 {
+				i-- // redial it at once; if refused, the Redial schedule
+				continue
+			}
+			// Another hub is listed: go there, after a spread delay so
+			// that the links of a lost hub do not arrive in one wave.
+			t.Reset(LostDelay())
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				c.setState(nil, envelope.NewError(envelope.CodeUnavailable, "client closed").MarkNotSent())
+				return
+			}
 		case <-l.GoAway():
 			c.cfg.log.Debug("hub is draining (goaway); moving to the next hub", "hub", hub)
 			c.setState(nil, nil)

@@ -31,6 +31,10 @@ type Outcome struct {
 	Want       string        // what should have come back
 }
 
+// HangAfter is how long Ledger.Call waits for a call before it counts
+// it lost: far past every scenario's timeouts (2-3 s).
+var HangAfter = 30 * time.Second
+
 // Ledger collects outcomes and executions. Safe for concurrent use.
 type Ledger struct {
 	mu       sync.Mutex
@@ -99,7 +103,7 @@ func (l *Ledger) Summarize(name string, sent int) Summary {
 			s.Phantom++
 		}
 	}
-	s.Lost = sent - len(l.outcomes)
+	s.Lost = sent - len(l.outcomes) // the hung ones included
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -174,10 +178,31 @@ func (l *Ledger) Executions(id string) int {
 // Call makes call number i of method through inv, with params that the
 // echoing agents return ({"i":N}), and records its outcome against its
 // intended start.
+// A call that has not returned HangAfter after it started gets no
+// outcome: it counts as lost (Summarize), and Call returns, so that a
+// hung request fails the scenario instead of hanging it.
 func (l *Ledger) Call(ctx context.Context, inv envelope.Invoker, method string, idempotent bool, i int, intended time.Time) {
 	want := fmt.Sprintf(`{"i":%d}`, i)
 	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: json.RawMessage(want)}
-	res, err := inv(ctx, req)
+	type ret struct {
+		res *envelope.Response
+		err error
+	}
+	done := make(chan ret, 1)
+	go func() {
+		res, err := inv(ctx, req)
+		done <- ret{res, err}
+	}()
+	hang := time.NewTimer(HangAfter)
+	defer hang.Stop()
+	var res *envelope.Response
+	var err error
+	select {
+	case r := <-done:
+		res, err = r.res, r.err
+	case <-hang.C:
+		return // no outcome: lost
+	}
 	o := Outcome{ID: req.ID, Method: method, Idempotent: idempotent, Intended: intended, End: time.Now(), Want: want}
 	if err != nil {
 		e := envelope.AsError(err)

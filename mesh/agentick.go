@@ -23,15 +23,15 @@ import (
 // The agentick surface (seed agentick-gateway-protocol): the gateway
 // protocol of @agentick/gateway, so that its clients work against a hub.
 //
-//	GET  /agentick/ws          WebSocket: {type:"connect", clientId} → {type:"connected", …};
+//	GET  / (upgrade), /agentick/ws  WebSocket: {type:"connect", clientId} → {type:"connected", …};
 //	                           {type:"req", id, method, params} → {type:"res", id, ok, payload|error};
 //	                           pushed {type:"event", event, category, sessionId, data}
 //	GET  /events?clientId=ID   the same client's event stream over SSE
 //	POST /invoke               {method, params[, id][, clientId]} → the res envelope
 //
-// The seed's WebSocket is at the root of the gateway; the hub's root is
-// NEXUS3's POST / and /ws is the mesh's own dialect, so it is mounted at
-// /agentick/ws.
+// The seed's WebSocket is at the root of the gateway: an upgrade on GET /
+// is agentick's (the root's POST is NEXUS3's, /ws the mesh's own
+// dialect); /agentick/ws is the same endpoint under an unambiguous name.
 //
 // It is a dialect at the edge, not a dispatcher: each agentick method is
 // translated into calls of the chat agent (package agents/chat; a session
@@ -1603,6 +1603,17 @@ func (gw *agentickGW) connected(ctx context.Context) []byte {
 // agentickRoutes mounts the agentick surface on mux.
 func (h *Hub) agentickRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /agentick/ws", h.serveAgentickWS)
+	// The seed's clients connect to ws://host:port: a WebSocket upgrade at
+	// the root is agentick's (the root's POST is NEXUS3's; the mesh's own
+	// WebSocket is /ws). A plain GET / is not a method the root serves.
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		if !websocket.IsWebSocketUpgrade(r) {
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "GET / serves only agentick's WebSocket upgrade; POST / is NEXUS3 JSON-RPC", http.StatusMethodNotAllowed)
+			return
+		}
+		h.serveAgentickWS(w, r)
+	})
 	mux.HandleFunc("GET /events", h.serveAgentickEvents)
 	mux.HandleFunc("POST /invoke", h.serveAgentickInvoke)
 }

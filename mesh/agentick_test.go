@@ -34,9 +34,14 @@ type agWS struct {
 	aside []map[string]any // events res read before its res
 }
 
+// dialAgentick connects where the seed says, ws://host:port.
 func dialAgentick(t *testing.T, m *meshtest.Mesh, hdr http.Header) (*agWS, *http.Response, error) {
+	return dialAgentickAt(t, "ws://"+m.Addr, hdr)
+}
+
+func dialAgentickAt(t *testing.T, url string, hdr http.Header) (*agWS, *http.Response, error) {
 	t.Helper()
-	ws, res, err := websocket.DefaultDialer.DialContext(t.Context(), "ws://"+m.Addr+"/agentick/ws", hdr)
+	ws, res, err := websocket.DefaultDialer.DialContext(t.Context(), url, hdr)
 	if err != nil {
 		return nil, res, err
 	}
@@ -1052,4 +1057,42 @@ func TestAgentickSendBound(t *testing.T) {
 		t.Errorf("close: HTTP %d %v", st, r)
 	}
 	waitAgentickGone(t)
+}
+
+// TestAgentickRoot: the seed's clients connect to ws://host:port; the
+// same endpoint answers at /agentick/ws; a plain GET / is refused 405
+// and POST / is still NEXUS3's.
+func TestAgentickRoot(t *testing.T) {
+	m := startNexus3(t, nil)
+	for _, url := range []string{"ws://" + m.Addr, "ws://" + m.Addr + "/", "ws://" + m.Addr + "/agentick/ws"} {
+		c, res, err := dialAgentickAt(t, url, nil)
+		if err != nil {
+			t.Fatalf("dial %s: %v (%v)", url, err, res)
+		}
+		c.write(`{"type":"connect","clientId":"root"}`)
+		if v := c.read(); v["type"] != "connected" || v["protocolVersion"] != "1.0" {
+			t.Errorf("%s: connect answered %v", url, v)
+		}
+		payload(t, "sessions via "+url, c.call("1", "sessions", nil))
+		c.ws.Close()
+	}
+	res, err := http.Get("http://" + m.Addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "POST" {
+		t.Errorf("plain GET / = %d (Allow %q); want 405, Allow: POST", res.StatusCode, res.Header.Get("Allow"))
+	}
+	if st, r := invoke(t, m, "", `{"method":"sessions"}`); st != 200 {
+		t.Errorf("POST /invoke after: %d %v", st, r)
+	}
+	res, err = http.Post("http://"+m.Addr+"/", "application/json", strings.NewReader(`{"jsonrpc":"2.0","method":"list_agents","id":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("NEXUS3 POST / = %d; want 200", res.StatusCode)
+	}
 }

@@ -390,14 +390,14 @@ func (h *Hub) ID() string { return h.cfg.ID }
 // Registry returns the hub's registry.
 func (h *Hub) Registry() registry.Registry { return h.reg }
 
-// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, NEXUS3's / and /agent/{id}, agentick's /agentick/ws, /events and /invoke, /multica, /v1 (OpenAI), /healthz, /livez, /readyz.
+// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /v1 (OpenAI), /healthz, /livez, /readyz.
 func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
 	mux.Handle("/mcp", h.mcpHandler())
 	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
-	// GET /agentick/ws, GET /events, POST /invoke (agentick.go)
+	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
 	h.agentickRoutes(mux)
 	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
 	h.openAIRoutes(mux)                            // GET /v1/models, POST /v1/chat/completions (openai.go)

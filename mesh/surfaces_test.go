@@ -367,7 +367,7 @@ var surfaceRows = []struct {
 		}
 	}, followsChat: true},
 	// agentick: POST /invoke, whose traceparent header carries the trace
-	// context. Its WebSocket (/agentick/ws) cannot carry one for any op:
+	// context. Its WebSocket (GET / upgrade) cannot carry one for any op:
 	// the seed's req frame is {type, id, method, params} and the gateway
 	// reads no trace field from it, so it is not a row. echo, echo-fail,
 	// list-agents, send and send-nobody go as custom methods (a method the

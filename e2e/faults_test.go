@@ -51,7 +51,13 @@ func writeFile(t *testing.T, name, text string) string {
 // hubAt runs meshd on addr and waits until /readyz answers 200.
 func hubAt(t *testing.T, addr string, args ...string) *hub {
 	t.Helper()
-	p := start(t, "meshd", append([]string{"--listen", addr}, args...)...)
+	return hubAtEnv(t, nil, addr, args...)
+}
+
+// hubAtEnv is hubAt with extra environment variables.
+func hubAtEnv(t *testing.T, extraEnv []string, addr string, args ...string) *hub {
+	t.Helper()
+	p := startWithEnv(t, extraEnv, "meshd", append([]string{"--listen", addr}, args...)...)
 	h := &hub{proc: p, addr: addr, ws: "ws://" + addr + "/ws", base: "http://" + addr}
 	client := &http.Client{Timeout: time.Second}
 	waitFor(t, "meshd on "+addr+" ready", 15*time.Second, func() bool {

@@ -32,6 +32,7 @@ type span struct {
 	attrs        map[string]string
 	statusError  bool
 	statusDetail string
+	start        time.Time
 }
 
 // receiver is a real OTLP/HTTP receiver: it decodes the protobuf export
@@ -64,7 +65,8 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			for _, s := range ss.Spans {
 				sp := span{service: service, name: s.Name, kind: s.Kind, trace: hex.EncodeToString(s.TraceId),
 					id: hex.EncodeToString(s.SpanId), parent: hex.EncodeToString(s.ParentSpanId), attrs: map[string]string{},
-					statusError: s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR, statusDetail: s.Status.GetMessage()}
+					statusError: s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR, statusDetail: s.Status.GetMessage(),
+					start: time.Unix(0, int64(s.StartTimeUnixNano))}
 				for _, a := range s.Attributes {
 					if sv := a.Value.GetStringValue(); sv != "" {
 						sp.attrs[a.Key] = sv

@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -153,4 +155,132 @@ func TestTraceAcrossPeerHop(t *testing.T) {
 	if inst != "echo-on-b" {
 		t.Errorf("hub A's attempt names instance %q; want echo-on-b", inst)
 	}
+}
+
+// ttlAttr returns a span's agentmesh.ttl_ms (the ttl header its server
+// received), or -1.
+func ttlAttr(s tracetest.SpanStub) int64 {
+	for _, kv := range s.Attributes {
+		if kv.Key == "agentmesh.ttl_ms" {
+			return kv.Value.AsInt64()
+		}
+	}
+	return -1
+}
+
+// TestTTLShrinksAcrossPeerHop: client → hub A → peer link → hub B →
+// agent; each hub forwards the ttl it received minus the time it held the
+// call (DESIGN: "each hop subtracts what it spent"). Hub A's bulkhead lets
+// one ttl.work call run at a time, so a second call waits in A's queue
+// while the first is held at the agent: that wait must come off the ttl B
+// and the agent see. Checked on the spans: a server span records the ttl
+// it received; a hub held the call from its server span's start to the
+// start of the attempt that went on. The ttl is relative, so time on the
+// wire is not (cannot be) subtracted; the bound allows 1 ms for clock
+// reading.
+func TestTTLShrinksAcrossPeerHop(t *testing.T) {
+	srv := etcdtest.Start(t)
+	newReg := func() *etcd.Registry {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/peerttl/"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	trA, trB, trAgent := newTracer(t, "hub-A"), newTracer(t, "hub-B"), newTracer(t, "agent")
+	rc := reliability.DefaultConfig()
+	rc.Bulkhead = reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 10, QueueTimeout: 20 * time.Second}
+	a := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-A", Reliability: &rc}, newReg(), mesh.WithTelemetry(trA.tel()))
+	b := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-B"}, newReg(), mesh.WithTelemetry(trB.tel()))
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	ag := agents.New("ttl", agents.WithID("ttl-on-b"), agents.WithTelemetry(trAgent.tel()))
+	ag.Handle("ttl.work", func(ctx context.Context, p json.RawMessage) (any, error) {
+		if string(p) == `"hold"` {
+			held <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return "done", nil
+	})
+	b.RunAgent(t, ag)
+	meshtest.WaitFor(t, 10*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("ttl-on-b") != nil })
+
+	cl := a.Client(t, mesh.WithoutReliability())
+	errs := make(chan error, 2)
+	call := func(p string) {
+		// Under the method's policy timeout (10 s), which would cap the
+		// ttl A forwards by itself.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs <- cl.Call(ctx, "ttl.work", p, nil)
+	}
+	go call("hold")
+	select {
+	case <-held:
+	case err := <-errs:
+		t.Fatalf("the first call ended before reaching the agent: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first call did not reach the agent within 10 s")
+	}
+	go call("queued") // waits in A's bulkhead behind the held call
+	time.Sleep(300 * time.Millisecond)
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("ttl.work: %v", err)
+		}
+	}
+
+	// Per process, the spans of ttl.work by kind and name.
+	byID := map[oteltrace.SpanID]tracetest.SpanStub{}
+	var agentSpans []tracetest.SpanStub
+	meshtest.WaitFor(t, 10*time.Second, func() bool {
+		clear(byID)
+		agentSpans = agentSpans[:0]
+		for _, tr := range []*tracer{trA, trB, trAgent} {
+			if err := tr.p.ForceFlush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range tr.exp.GetSpans() {
+				if !strings.HasPrefix(s.Name, "ttl.work") {
+					continue
+				}
+				byID[s.SpanContext.SpanID()] = s
+				if tr == trAgent {
+					agentSpans = append(agentSpans, s)
+				}
+			}
+		}
+		return len(agentSpans) == 2 && len(byID) == 2*5
+	})
+	const tol = time.Millisecond
+	maxHeld := time.Duration(0)
+	for _, ags := range agentSpans {
+		// agent server ← B attempt ← B server ← A attempt ← A server
+		bAtt, ok1 := byID[ags.Parent.SpanID()]
+		bSrv, ok2 := byID[bAtt.Parent.SpanID()]
+		aAtt, ok3 := byID[bSrv.Parent.SpanID()]
+		aSrv, ok4 := byID[aAtt.Parent.SpanID()]
+		if !ok1 || !ok2 || !ok3 || !ok4 || aSrv.SpanKind != oteltrace.SpanKindServer || bSrv.SpanKind != oteltrace.SpanKindServer {
+			t.Fatalf("the agent's span %s does not hang under B's and A's spans", ags.SpanContext.SpanID())
+		}
+		ttlA, ttlB, ttlAgent := ttlAttr(aSrv), ttlAttr(bSrv), ttlAttr(ags)
+		heldA, heldB := aAtt.StartTime.Sub(aSrv.StartTime), bAtt.StartTime.Sub(bSrv.StartTime)
+		maxHeld = max(maxHeld, heldA)
+		t.Logf("ttl at A %d ms, held %v; at B %d ms, held %v; at the agent %d ms", ttlA, heldA, ttlB, heldB, ttlAgent)
+		if ttlA <= 0 || ttlB <= 0 || ttlAgent <= 0 {
+			t.Errorf("a server saw no ttl: A %d, B %d, agent %d", ttlA, ttlB, ttlAgent)
+			continue
+		}
+		if got, limit := time.Duration(ttlB)*time.Millisecond, time.Duration(ttlA)*time.Millisecond-heldA+tol; got > limit {
+			t.Errorf("B received ttl %v; want <= A's %d ms minus the %v A held the call (+1 ms)", got, ttlA, heldA)
+		}
+		if got, limit := time.Duration(ttlAgent)*time.Millisecond, time.Duration(ttlB)*time.Millisecond-heldB+tol; got > limit {
+			t.Errorf("the agent received ttl %v; want <= B's %d ms minus the %v B held the call (+1 ms)", got, ttlB, heldB)
+		}
+	}
+	t.Logf("longest hold at hub A: %v (the queued call)", maxHeld)
 }

@@ -35,6 +35,7 @@ var (
 	keyInstance       = attribute.Key("agentmesh.instance")
 	keyCode           = attribute.Key("agentmesh.error.code")
 	keyNotSent        = attribute.Key("agentmesh.error.not_sent")
+	keyTTL            = attribute.Key("agentmesh.ttl_ms") // the ttl header a server received
 )
 
 // Prometheus label names: the OTel names, translated.

@@ -124,6 +124,8 @@ func (t *Telemetry) Attempt(next envelope.Invoker) envelope.Invoker {
 // Server wraps the serving of a call (hub ingress, agent handler): the
 // trace context is taken from the request's headers, a SERVER span covers
 // the work, and the server duration histogram and in-flight gauge move.
+// The span records the ttl header as received (agentmesh.ttl_ms), so that
+// a trace shows how the deadline shrank hop by hop (S07 checks it).
 func (t *Telemetry) Server(next envelope.Invoker) envelope.Invoker {
 	if t == nil || (!t.tracing && t.M == nil) {
 		return next
@@ -137,6 +139,9 @@ func (t *Telemetry) Server(next envelope.Invoker) envelope.Invoker {
 			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindServer))
 			if span.IsRecording() {
 				span.SetAttributes(t.startAttrs(req, label)...)
+				if req.Headers.TTL > 0 {
+					span.SetAttributes(keyTTL.Int64(req.Headers.TTL))
+				}
 			}
 			if req.Headers.TraceID == "" {
 				req.Headers.TraceID = span.SpanContext().TraceID().String()

@@ -89,3 +89,34 @@ func connBase(base context.Context, r *http.Request) context.Context {
 	}
 	return base
 }
+
+// newGlobalLimiter returns the hub-wide limiter of cfg, or nil.
+func newGlobalLimiter(cfg HubConfig) (*ratelimit.Limiter, error) {
+	if cfg.GlobalRate <= 0 {
+		return nil, nil
+	}
+	burst := cfg.GlobalBurst
+	if burst <= 0 {
+		burst = max(int(2*cfg.GlobalRate), 1)
+	}
+	return ratelimit.New(ratelimit.Config{Rate: cfg.GlobalRate, Burst: burst, MaxKeys: 1})
+}
+
+// limitGlobal answers OVERLOADED, with a retry-after hint, to a call over
+// the hub's total rate (HubConfig.GlobalRate). Agent control and calls a
+// peer hub forwards (the first hub counted them) are not counted.
+func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
+	if h.global == nil || req.Headers.Hops > 0 || isAgentControl(req.Method) {
+		return nil
+	}
+	if p := PrincipalOf(ctx); p.Peer() {
+		return nil
+	}
+	if ok, after := h.global.Allow(""); !ok {
+		ms := max(after.Milliseconds(), 1)
+		h.metrics().Refused("rate_limited_global")
+		return envelope.Errorf(envelope.CodeOverloaded, "the hub's rate limit is exceeded; retry in %d ms", ms).
+			WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+	}
+	return nil
+}

@@ -118,6 +118,12 @@ type HubConfig struct {
 	// authentication off too (connlimit.go).
 	ConnRate  float64
 	ConnBurst int
+	// GlobalRate and GlobalBurst bound the calls the whole hub admits
+	// per second, every caller together (burst default 2 × GlobalRate),
+	// after the per-identity and per-connection limits; past them a call
+	// gets OVERLOADED with a retry-after hint. 0: no limit.
+	GlobalRate  float64
+	GlobalBurst int
 }
 
 // DefaultHubConfig returns the defaults.
@@ -220,6 +226,7 @@ type Hub struct {
 	upgrader  websocket.Upgrader
 	guard     *guard
 	connLimit *ratelimit.Limiter // per connection (connlimit.go); nil: none
+	global    *ratelimit.Limiter // the whole hub's (connlimit.go); nil: none
 	idem      *idempotency
 	builtins  map[string]builtin
 	invoke    envelope.Invoker // dispatcher for callers
@@ -296,10 +303,15 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)
 	}
+	gl, err := newGlobalLimiter(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: global rate limit: %w", err)
+	}
 	h := &Hub{
 		idem:      newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
 		guard:     g,
 		connLimit: cl,
+		global:    gl,
 		cfg:       cfg,
 		log:       slog.New(slog.DiscardHandler),
 		conns:     map[closer]struct{}{},
@@ -669,6 +681,9 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 		}
 	}
 	if err := h.limitConn(ctx, req); err != nil {
+		return nil, err
+	}
+	if err := h.limitGlobal(ctx, req); err != nil {
 		return nil, err
 	}
 	if _, ok := ctx.Deadline(); !ok {

@@ -27,6 +27,7 @@ type idempotency struct {
 	window time.Duration
 	max    int
 
+	now   func() time.Time // time.Now; a test's clock
 	mu    sync.Mutex
 	keys  map[string]*idemEntry
 	order list.List // of *idemEntry, oldest first
@@ -43,7 +44,7 @@ type idemEntry struct {
 }
 
 func newIdempotency(window time.Duration, max int) *idempotency {
-	return &idempotency{window: window, max: max, keys: map[string]*idemEntry{}}
+	return &idempotency{window: window, max: max, now: time.Now, keys: map[string]*idemEntry{}}
 }
 
 func fingerprint(req *envelope.Request) [sha256.Size]byte {
@@ -63,7 +64,7 @@ func fingerprint(req *envelope.Request) [sha256.Size]byte {
 func (c *idempotency) do(ctx context.Context, caller string, req *envelope.Request, call func() (*envelope.Response, error)) (*envelope.Response, error) {
 	key := caller + "\x00" + req.Headers.IdempotencyKey
 	fp := fingerprint(req)
-	now := time.Now()
+	now := c.now()
 	c.mu.Lock()
 	c.expireLocked(now)
 	if e := c.keys[key]; e != nil {

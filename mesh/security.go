@@ -42,9 +42,10 @@ type Security struct {
 	// without Origin (agents, CLIs) is not a browser and passes; a browser
 	// from any origin not listed gets 403 before the upgrade.
 	Origins []string
-	// RatePerToken and BurstPerToken bound the calls each token (by its
-	// id) may make; past them a call gets OVERLOADED with a retry-after
-	// hint. 0: no limit.
+	// RatePerToken and BurstPerToken bound the calls each identity (the
+	// token's subject, so every token issued to one name shares it; its
+	// id when it has no subject) may make; past them a call gets
+	// OVERLOADED with a retry-after hint. 0: no limit.
 	RatePerToken  float64
 	BurstPerToken int
 	// FailedAuthRate and FailedAuthBurst budget failed authentications per
@@ -205,9 +206,13 @@ func (g *guard) authorize(p *Principal, req *envelope.Request) error {
 		return envelope.Errorf(envelope.CodePermissionDenied, "%s needs one of the roles %s", m, strings.Join(need, ", "))
 	}
 	if g.limiter != nil && !isAgentControl(m) {
-		if ok, after := g.limiter.Allow(p.ID); !ok {
+		key := "sub:" + p.Subject
+		if p.Subject == "" {
+			key = "jti:" + p.ID
+		}
+		if ok, after := g.limiter.Allow(key); !ok {
 			ms := max(after.Milliseconds(), 1)
-			return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this token exceeded; retry in %d ms", ms).
+			return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this identity exceeded; retry in %d ms", ms).
 				WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
 		}
 	}

@@ -54,6 +54,8 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		maxConns                   int
 		connRate                   float64
 		connBurst                  int
+		globalRate                 float64
+		globalBurst                int
 		tlsCert, tlsKey            string
 		clientCA, tlsCA            string
 		peerHeartbeat              time.Duration
@@ -172,7 +174,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
-				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, PeerHeartbeat: peerHeartbeat,
+				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, GlobalRate: globalRate, GlobalBurst: globalBurst, PeerHeartbeat: peerHeartbeat,
 				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
 			}, hubOpts...)
 			if err != nil {
@@ -307,8 +309,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringSliceVar(&authKeys, "auth-key", splitList(envOr("MESH_AUTH_KEY", "")), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token. Repeat it (or a comma list) for several keys during a rotation: all verify tokens, the first signs the hub's peer tokens; LABEL=FILE also knows the key by the kid LABEL (meshctl token issue --kid). SIGHUP reloads the files, skipping those that do not exist (at least one must load) [$MESH_AUTH_KEY]")
 	f.BoolVar(&allowRemote, "allow-remote", false, "allow --listen on a non-loopback address (requires --auth-key)")
 	f.StringSliceVar(&origins, "allowed-origins", splitList(envOr("MESH_ALLOWED_ORIGINS", "")), "browser origins allowed to open a WebSocket, e.g. https://console.example,https://*.example.com (default: none) [$MESH_ALLOWED_ORIGINS]")
-	f.Float64Var(&ratePerToken, "rate-limit", 0, "calls per second allowed per token, past which calls get OVERLOADED (0: no limit; needs --auth-key)")
-	f.IntVar(&burstPerToken, "rate-burst", 0, "burst allowed per token above --rate-limit (default 2 × --rate-limit)")
+	f.Float64Var(&ratePerToken, "rate-limit", 0, "calls per second allowed per identity (a token's subject: every token issued to one name shares it), past which calls get OVERLOADED with a retry-after hint (0: no limit; needs --auth-key)")
+	f.IntVar(&burstPerToken, "rate-burst", 0, "burst allowed per identity above --rate-limit (default 2 × --rate-limit)")
 	f.StringVar(&advertise, "advertise", envOr("MESH_ADVERTISE", ""), "host:port other hubs reach this one at (default: --listen) [$MESH_ADVERTISE]")
 	f.BoolVar(&checkOnly, "check", false, "validate the flags, environment, policy file, key files and certificates, then exit without listening (0: would start)")
 	f.StringVar(&adminAddr, "admin-addr", envOr("MESH_ADMIN_ADDR", ""), "also serve /metrics, /livez, /readyz and /debug/pprof on this address, away from the gateway port (e.g. 127.0.0.1:9464; beyond loopback it needs --allow-remote) [$MESH_ADMIN_ADDR]")
@@ -325,6 +327,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&tlsCA, "tls-ca", envOr("MESH_TLS_CA", ""), "CA bundle peer hubs' certificates must chain to (default: --client-ca, else the system's roots) [$MESH_TLS_CA]")
 	f.Float64Var(&connRate, "conn-rate-limit", 0, "calls per second allowed per connection (WebSocket link, HTTP keep-alive connection, Multica or agentick socket), past which calls get OVERLOADED with a retry-after hint; with or without --auth-key (0: no limit)")
 	f.IntVar(&connBurst, "conn-rate-burst", 0, "burst allowed per connection above --conn-rate-limit (default 2 × --conn-rate-limit)")
+	f.Float64Var(&globalRate, "global-rate-limit", 0, "calls per second the whole hub admits, every caller together, after the per-identity and per-connection limits; past it calls get OVERLOADED with a retry-after hint (0: no limit)")
+	f.IntVar(&globalBurst, "global-rate-burst", 0, "burst allowed above --global-rate-limit (default 2 × --global-rate-limit)")
 	f.IntVar(&maxConns, "max-conns", 10000, "open connections allowed; past it new ones get 503 at once (keep under ulimit -n)")
 	f.DurationVar(&dur, "drain-timeout", 10*time.Second, "how long to wait for calls in flight on shutdown")
 	cmd.SetOut(stdout)

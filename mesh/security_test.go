@@ -567,8 +567,8 @@ func TestIdempotencyKeyReplay(t *testing.T) {
 	t.Logf("52 replays of one keyed call, %d executions in all (1 + bob + 1 after the window)", runs.Load())
 }
 
-// TestBadTokenFlood is S24 (f), short: one source sends bad tokens at
-// ~1000/s; past its budget it is told to back off (429 OVERLOADED with
+// TestBadTokenFlood is S24 (f): one source sends bad tokens at ~1000/s
+// for 30 s (3 s with -short); past its budget it is told to back off (429 OVERLOADED with
 // Retry-After), while legitimate callers from a client with a valid token
 // keep 0 errors and their latency.
 func TestBadTokenFlood(t *testing.T) {
@@ -625,13 +625,18 @@ func TestBadTokenFlood(t *testing.T) {
 		wg.Wait()
 		return p99, errs
 	}
-	healthy, _ := flood("/livez", 3*time.Second)
-	flooded, errs := flood("/rpc", 3*time.Second)
+	d := 30 * time.Second // S24 (f) as written; -short (CI): 3 s per phase
+	if testing.Short() {
+		d = 3 * time.Second
+	}
+	healthy, _ := flood("/livez", d)
+	flooded, errs := flood("/rpc", d)
 	got := map[int]int64{}
 	codes.Range(func(k, v any) bool { got[k.(int)] = v.(*atomic.Int64).Load(); return true })
 	t.Logf("bad tokens: %v by HTTP status; legitimate p99 %v under a flood of /livez, %v under the flood of bad tokens, %d errors", got, healthy, flooded, errs)
-	if got[http.StatusTooManyRequests] == 0 || got[http.StatusUnauthorized] > 200 {
-		t.Errorf("bad attempts were not rate-limited: %v", got)
+	// The failed-auth budget: burst 100, then 20/s (slack for the phase overrunning d).
+	if budget := 100 + int64(30*d.Seconds()); got[http.StatusTooManyRequests] == 0 || got[http.StatusUnauthorized] > budget {
+		t.Errorf("bad attempts were not rate-limited: %v (budget %d answered 401)", got, budget)
 	}
 	if errs != 0 {
 		t.Errorf("legitimate calls failed during the flood: %d", errs)

@@ -36,21 +36,18 @@ type s17Params struct {
 }
 
 // s17FailOnRefused makes requests served over a registration the hub
-// refused fail the test (criterion 3). It is false while a known defect
-// stands: a hub binds an agent's link before its registry accepted the
-// registration, and routes an instance to a local binding whatever hub
-// its registry entry names. Hub A, cut from etcd, still lists an agent
+// refused fail the test (criterion 3). This test found the defect it
+// guards: a hub bound an agent's link before its registry accepted the
+// registration, and routed an instance to a local binding whatever hub
+// its registry entry named. Hub A, cut from etcd, still listed an agent
 // that deregistered on B or C (it missed the delete); when that agent
-// registers again on A, A sends it the calls meant for the stale entry
-// over the new link, although A then refuses the registration
-// (UNAVAILABLE: no etcd). Seen in 10 of 16 short runs here, 3 to 25
-// calls each, all on hub A during the cut, and in both full runs (1 and
-// 16 calls).
-// Routing to a binding only once it is ready (or when the entry names
-// this hub) removes it: with `ok && (v.(*binding).ready.Load() || in.Hub
-// == h.cfg.ID)` for `ok` in mesh.Hub.attempt, none in 4 short runs and
-// one full run. Set this to true with that fix.
-const s17FailOnRefused = false
+// registered again on A, A sent it the calls meant for the stale entry
+// over the new link, although A then refused the registration
+// (UNAVAILABLE: no etcd). Seen in 10 of 16 short runs, 3 to 25 calls
+// each, and in both full runs (1 and 16 calls). mesh.Hub.attempt now
+// routes to a binding only once it is ready, or when the entry names
+// this hub.
+const s17FailOnRefused = true
 
 const (
 	s17Cut       = 3 * time.Second // hub A's etcd connection dropped this long

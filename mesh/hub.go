@@ -813,7 +813,11 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	release := in.Acquire()
 	var res *envelope.Response
 	outcome := error(nil) // what the breaker is told
-	if v, ok := h.bindings.Load(in.InstanceID); ok {
+	// A binding not ready yet is a registration this hub has not had
+	// accepted by the registry: while the registry names another hub for
+	// the instance (a stale entry, e.g. during an etcd cut), calls go
+	// there, not over the link of a registration that may be refused.
+	if v, ok := h.bindings.Load(in.InstanceID); ok && (v.(*binding).ready.Load() || in.Hub == h.cfg.ID) {
 		res, err = v.(*binding).link.Call(ctx, req)
 		outcome = err
 	} else if in.Hub != h.cfg.ID {

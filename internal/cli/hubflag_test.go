@@ -73,8 +73,9 @@ func TestHubFlagRepeatedAndCommaSeparated(t *testing.T) {
 }
 
 // TestHubFlagListReachesTheClient: with a dead hub first and a live one
-// second, in either form, meshctl agents is answered by the live hub: the
-// whole list reaches the client, which tries the hubs in turn.
+// second, in either form (spaces after the commas too), meshctl agents is
+// answered by the live hub: the whole list reaches the client, which
+// tries the hubs in turn.
 func TestHubFlagListReachesTheClient(t *testing.T) {
 	t.Setenv("MESH_HUB", "")
 	m := meshtest.Start(t, mesh.HubConfig{})
@@ -85,7 +86,7 @@ func TestHubFlagListReachesTheClient(t *testing.T) {
 	}
 	dead := "ws://" + ln.Addr().String() + "/ws"
 	ln.Close() // nothing listens there now: a refused dial
-	for _, form := range [][]string{{"--hub", dead, "--hub", m.WS}, {"--hub", dead + "," + m.WS}} {
+	for _, form := range [][]string{{"--hub", dead, "--hub", m.WS}, {"--hub", dead + "," + m.WS}, {"--hub", dead + ", " + m.WS + " "}} {
 		r := meshctl(t, "", append([]string{"agents", "-o", "json"}, form...)...)
 		var list []mesh.AgentInfo
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil || len(list) != 1 || list[0].AgentID != "echo-hubflag" {

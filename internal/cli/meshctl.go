@@ -68,6 +68,10 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	return root
 }
 
+// hubList is --hub with each URL trimmed and empty ones dropped
+// ("--hub 'a, b'" as well as "--hub a,b").
+func (g *ctlFlags) hubList() []string { return splitList(strings.Join(g.hubs, ",")) }
+
 func splitList(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -106,7 +110,7 @@ func (g *ctlFlags) client(extra ...mesh.ClientOption) (*mesh.Client, error) {
 	}
 	opts := append([]mesh.ClientOption{mesh.WithTimeout(g.timeout), mesh.WithOrigin("meshctl"), mesh.WithReliability(file.Config),
 		mesh.WithToken(g.token), mesh.WithTLS(tlsCfg)}, extra...)
-	c, err := mesh.NewClient(g.hubs, opts...)
+	c, err := mesh.NewClient(g.hubList(), opts...)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -479,12 +483,12 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 				return n
 			})
 			if len(list) == 1 {
-				return list[0].Run(cmd.Context(), g.hubs...)
+				return list[0].Run(cmd.Context(), g.hubList()...)
 			}
 			errs := make([]error, len(list))
 			var wg sync.WaitGroup
 			for k, a := range list {
-				wg.Go(func() { errs[k] = a.Run(cmd.Context(), g.hubs...) })
+				wg.Go(func() { errs[k] = a.Run(cmd.Context(), g.hubList()...) })
 			}
 			wg.Wait()
 			return errors.Join(errs...)

@@ -103,6 +103,15 @@ func (e *Error) WithAttempts(n int) *Error {
 	return &cp
 }
 
+// WithMaybeSent returns a copy of e without the not-sent mark: an
+// earlier attempt of the same call may have reached a handler, so the
+// call as a whole may have run although its last attempt did not.
+func (e *Error) WithMaybeSent() *Error {
+	cp := *e
+	cp.notSent = false
+	return &cp
+}
+
 // Attempts returns how many attempts the retry loop that gave e up made
 // (0 when no retry loop has decided on it).
 func (e *Error) Attempts() int { return e.attempts }

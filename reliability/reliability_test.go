@@ -287,14 +287,20 @@ func TestRetryDecisions(t *testing.T) {
 		errs       []error
 		wantCalls  int
 		wantErr    envelope.Code
+		notSent    bool // the final error says no attempt reached a handler
 	}{
-		{"idempotent retried until success", true, []error{unavail(), unavail()}, 3, envelope.CodeOK},
-		{"not idempotent not retried", false, []error{unavail()}, 1, envelope.CodeUnavailable},
-		{"not sent retried even if not idempotent", false, []error{notSent(), notSent()}, 3, envelope.CodeOK},
-		{"invalid params never retried", true, []error{envelope.NewError(envelope.CodeInvalidParams, "x")}, 1, envelope.CodeInvalidParams},
-		{"rpc error never retried", true, []error{envelope.NewError(envelope.CodeRPCError, "x")}, 1, envelope.CodeRPCError},
-		{"attempts exhausted", true, []error{unavail(), unavail(), unavail(), unavail()}, 4, envelope.CodeUnavailable},
-		{"final downstream not retried", true, []error{envelope.NewError(envelope.CodeUnavailable, "x").WithAttempts(3)}, 1, envelope.CodeUnavailable},
+		{"idempotent retried until success", true, []error{unavail(), unavail()}, 3, envelope.CodeOK, false},
+		{"not idempotent not retried", false, []error{unavail()}, 1, envelope.CodeUnavailable, false},
+		{"not sent retried even if not idempotent", false, []error{notSent(), notSent()}, 3, envelope.CodeOK, false},
+		{"invalid params never retried", true, []error{envelope.NewError(envelope.CodeInvalidParams, "x")}, 1, envelope.CodeInvalidParams, false},
+		{"rpc error never retried", true, []error{envelope.NewError(envelope.CodeRPCError, "x")}, 1, envelope.CodeRPCError, false},
+		{"attempts exhausted", true, []error{unavail(), unavail(), unavail(), unavail()}, 4, envelope.CodeUnavailable, false},
+		{"final downstream not retried", true, []error{envelope.NewError(envelope.CodeUnavailable, "x").WithAttempts(3)}, 1, envelope.CodeUnavailable, false},
+		{"every attempt not sent: not sent", true, []error{notSent(), notSent(), notSent(), notSent()}, 4, envelope.CodeUnavailable, true},
+		// An earlier attempt may have run: the call as a whole is not
+		// "not sent", though its last attempt was (a false "not sent"
+		// would let a caller retry a call that ran).
+		{"sent once, then not sent: maybe sent", true, []error{unavail(), notSent(), notSent(), notSent()}, 4, envelope.CodeUnavailable, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -309,6 +315,9 @@ func TestRetryDecisions(t *testing.T) {
 				}
 				if s.calls != tc.wantCalls {
 					t.Errorf("calls = %d; want %d", s.calls, tc.wantCalls)
+				}
+				if err != nil && envelope.AsError(err).NotSent() != tc.notSent {
+					t.Errorf("final error not sent = %v; want %v", envelope.AsError(err).NotSent(), tc.notSent)
 				}
 				for i, rc := range s.seen {
 					if rc != i {

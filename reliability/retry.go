@@ -136,6 +136,7 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 			timer.Stop()
 		}
 	}()
+	sent := false // an attempt may have reached a handler
 	for n := 0; ; n++ {
 		req.Headers.RetryCount = n
 		if n > 0 {
@@ -147,6 +148,9 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 			return res, nil
 		}
 		e := envelope.AsError(err)
+		if !e.NotSent() {
+			sent = true
+		}
 		ok, reason := decide(p, e, n)
 		if ok {
 			if delays == nil {
@@ -183,7 +187,11 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 		if n > 0 || reason != "attempts" {
 			o.report(req.Method, reason)
 		}
-		return nil, e.WithAttempts(n + 1)
+		out := e.WithAttempts(n + 1)
+		if sent && out.NotSent() {
+			out = out.WithMaybeSent() // the last attempt was not sent, an earlier one may have run
+		}
+		return nil, out
 	}
 }
 
@@ -216,6 +224,7 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 	ctx, cancel := context.WithCancel(ctx)
 	results := make(chan hedgeResult, 2)
 	outstanding := 0
+	sent := false // an attempt may have reached a handler
 	launch := func(n int) {
 		r := *req
 		r.Headers.RetryCount = n
@@ -251,6 +260,9 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 				return r.res, nil
 			}
 			last = envelope.AsError(r.err)
+			if !last.NotSent() {
+				sent = true
+			}
 			if outstanding > 0 {
 				continue // the other attempt may still win
 			}
@@ -260,7 +272,11 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 				launch(1)
 				continue
 			}
-			return nil, last.WithAttempts(r.n + 1)
+			out := last.WithAttempts(r.n + 1)
+			if sent && out.NotSent() {
+				out = out.WithMaybeSent() // the other attempt may have run
+			}
+			return nil, out
 		case <-ctx.Done():
 			e := envelope.AsError(ctx.Err())
 			if last != nil {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"slices"
@@ -158,7 +160,17 @@ func normalize(msgs []any) []any {
 // provider's own figures aside).
 func TestMulticaSeedRPC(t *testing.T) {
 	var hub *mesh.Hub
-	m := startNexus3(t, &hub)
+	// The provider scripted with the seed's answer and model; what it
+	// cannot script is its own name ("scripted") and figures.
+	sp := &essayProvider{}
+	sp.Model = "claude-sonnet-4-20250514"
+	sp.Reply = func(req *chat.Request) (string, bool) {
+		if n := len(req.Messages); n > 0 && chat.TextOf(req.Messages[n-1].Content) == "Hello" {
+			return "Hi! How can I help?", true
+		}
+		return "", false
+	}
+	m := startNexus3With(t, sp, &hub)
 	const agent = "019abc12-3def-7000-8000-000000000001"
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
@@ -202,10 +214,9 @@ func TestMulticaSeedRPC(t *testing.T) {
 	gp, wp := got["payload"].(map[string]any), want["payload"].(map[string]any)
 	gm, wm := normalize(gp["messages"].([]any)), normalize(wp["messages"].([]any))
 	// What the seed's example cannot know: the total of its session (42
-	// there, the 2 messages of this one here), the provider's answer and
+	// there, the 2 messages of this one here), the provider's name and
 	// figures, the timestamps.
 	wp["total"] = 2.0
-	wm[1].(map[string]any)["content"] = []any{map[string]any{"type": "text", "text": `You said: "Hello" (1 messages in context)`}}
 	for i := range gm {
 		g, w := gm[i].(map[string]any), wm[i].(map[string]any)
 		if ts, ok := g["timestamp"].(float64); !ok || time.Since(time.UnixMilli(int64(ts))) > time.Minute {
@@ -215,8 +226,8 @@ func TestMulticaSeedRPC(t *testing.T) {
 		if u, ok := g["usage"].(map[string]any); ok && len(u) == 3 && u["totalTokens"] == u["input"].(float64)+u["output"].(float64) {
 			g["usage"] = w["usage"]
 		}
-		if _, ok := g["model"].(string); ok && g["provider"] == "scripted" {
-			g["model"], g["provider"] = w["model"], w["provider"]
+		if g["provider"] == "scripted" {
+			g["provider"] = w["provider"]
 		}
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -901,5 +912,144 @@ func TestMulticaTurnsNotCrossed(t *testing.T) {
 	// goes to the one device whose turn it came in.
 	if dc+ec < 3 {
 		t.Errorf("compactions relayed: %d + %d; want one per compaction, at least 3", dc, ec)
+	}
+}
+
+// TestMulticaStreamSeedExamples replays the streaming seed's examples that
+// need a tool that succeeds and a thinking model: the agent has a "Bash"
+// tool (here it runs only `ls`, on a directory holding the seed's
+// file1.txt and file2.txt), so `Bash {"command":"ls -la"}` ends as the
+// seed shows: {type tool_execution_end, toolCallId, result
+// "file1.txt\nfile2.txt\n", isError false}; and a turn with thinking
+// streams message_update snapshots holding a {type thinking, thinking}
+// block beside the text, as the seed's message_update shows.
+func TestMulticaStreamSeedExamples(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"file1.txt", "file2.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bash := chat.Tool{
+		Spec: chat.ToolSpec{Name: "Bash", Description: "Runs ls on the test's directory",
+			Parameters: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}`)},
+		Run: func(ctx context.Context, call chat.ToolCall, args json.RawMessage) (string, error) {
+			var a struct{ Command string }
+			if err := json.Unmarshal(args, &a); err != nil || !strings.HasPrefix(a.Command, "ls") {
+				return "", fmt.Errorf("this Bash runs only ls")
+			}
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				return "", err
+			}
+			var b strings.Builder
+			for _, e := range entries {
+				b.WriteString(e.Name() + "\n")
+			}
+			return b.String(), nil
+		},
+	}
+	m := startChatHub(t, &essayProvider{}, chat.NewTools(bash), nil)
+	const agent = "019def34-0000-7000-8000-000000000002"
+	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
+		t.Fatal(err)
+	}
+	d := connect(t, m, "web-2")
+
+	d.write(`{"id":"t1","uid":null,"from":"web-2","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/tool Bash {\"command\":\"ls -la\"}"}}`)
+	var start, end map[string]any
+	for _, p := range streamEvents(t, d, agent) {
+		switch ev := p["event"].(map[string]any); ev["type"] {
+		case "tool_execution_start":
+			start = ev
+		case "tool_execution_end":
+			end = ev
+		}
+	}
+	if start == nil || end == nil {
+		t.Fatal("no tool execution in the stream")
+	}
+	id, _ := start["toolCallId"].(string)
+	// The seed's two events, the tool call's id aside.
+	var wantStart, wantEnd map[string]any
+	_ = json.Unmarshal([]byte(`{"type":"tool_execution_start","toolCallId":"toolu_01ABC...","toolName":"Bash","args":{"command":"ls -la"}}`), &wantStart)
+	_ = json.Unmarshal([]byte(`{"type":"tool_execution_end","toolCallId":"toolu_01ABC...","result":"file1.txt\nfile2.txt\n","isError":false}`), &wantEnd)
+	wantStart["toolCallId"], wantEnd["toolCallId"] = id, id
+	if id == "" || !reflect.DeepEqual(start, wantStart) {
+		t.Errorf("tool_execution_start = %v; want %v", start, wantStart)
+	}
+	if !reflect.DeepEqual(end, wantEnd) {
+		t.Errorf("tool_execution_end = %v; want the seed's %v", end, wantEnd)
+	}
+
+	d.write(`{"id":"t2","uid":null,"from":"web-2","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/think Let me consider..."}}`)
+	withThinking := 0
+	for _, p := range streamEvents(t, d, agent) {
+		ev := p["event"].(map[string]any)
+		if ev["type"] != "message_update" {
+			continue
+		}
+		kinds := map[string]bool{}
+		for _, b := range ev["message"].(map[string]any)["content"].([]any) {
+			blk := b.(map[string]any)
+			switch blk["type"] {
+			case "thinking":
+				if th, ok := blk["thinking"].(string); !ok || len(blk) != 2 {
+					t.Errorf("thinking block %v; want {type thinking, thinking: string}", blk)
+				} else if th != "" {
+					kinds["thinking"] = true
+				}
+			case "text":
+				if _, ok := blk["text"].(string); !ok || len(blk) != 2 {
+					t.Errorf("text block %v; want {type text, text: string}", blk)
+				}
+				kinds["text"] = true
+			}
+		}
+		if kinds["thinking"] && kinds["text"] {
+			withThinking++
+		}
+	}
+	if withThinking == 0 {
+		t.Error("no message_update held a thinking block beside the text, as the seed's does")
+	}
+}
+
+// TestMulticaStreamCompactionTokens: compaction in token mode reaches the
+// device with the seed's full compaction_end, token figures included:
+// {type compaction_end, removed, kept, tokensRemoved, tokensKept, reason
+// "tokens"}, the figures consistent with each other.
+func TestMulticaStreamCompactionTokens(t *testing.T) {
+	m := meshtest.Start(t, mesh.HubConfig{})
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir(), TokenBudget: 600, KeepTokens: 200, MaxMessages: -1}, &chat.Scripted{}, nil)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt))
+	const agent = "019def34-0000-7000-8000-0000000000c2"
+	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
+		t.Fatal(err)
+	}
+	d := connect(t, m, "compactor-t")
+	var got []map[string]any
+	for i := 0; i < 12 && len(got) == 0; i++ {
+		d.write(`{"id":"k` + fmt.Sprint(i) + `","uid":null,"from":"compactor-t","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/long 60"}}`)
+		for _, p := range streamEvents(t, d, agent) {
+			if ev := p["event"].(map[string]any); strings.HasPrefix(ev["type"].(string), "compaction_") {
+				got = append(got, p)
+			}
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("compaction events %v; want compaction_start and compaction_end", got)
+	}
+	t.Logf("compaction (tokens): %s", mustJSON(t, got))
+	end := got[1]["event"].(map[string]any)
+	if !reflect.DeepEqual(keys(end), []string{"kept", "reason", "removed", "tokensKept", "tokensRemoved", "type"}) ||
+		end["type"] != "compaction_end" || end["reason"] != "tokens" || got[1]["streamId"] != "compaction:"+agent {
+		t.Fatalf("compaction_end %v; want the seed's {type, removed, kept, tokensRemoved, tokensKept, reason: tokens}", got[1])
+	}
+	removed, kept := end["removed"].(float64), end["kept"].(float64)
+	tr, tk := end["tokensRemoved"].(float64), end["tokensKept"].(float64)
+	if removed < 1 || kept < 1 || tr <= 0 || tk <= 0 || tk > 200 {
+		t.Errorf("compaction_end figures removed %v kept %v tokensRemoved %v tokensKept %v; want positive, tokensKept <= KeepTokens (200)", removed, kept, tr, tk)
 	}
 }

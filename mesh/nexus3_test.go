@@ -35,15 +35,52 @@ func (p *essayProvider) Stream(ctx context.Context, req *chat.Request, update fu
 	return p.Scripted.Stream(ctx, req, update)
 }
 
+// nexus3SeedReplies scripts the provider with the NEXUS3 seed's example
+// conversation, answered from the context the agent keeps: a greeting,
+// and a name told in one message and asked for in a later one (an agent
+// that lost its context would answer that it does not know it).
+func nexus3SeedReplies(req *chat.Request) (string, bool) {
+	n := len(req.Messages)
+	if n == 0 {
+		return "", false
+	}
+	const told = "My name is "
+	switch last := chat.TextOf(req.Messages[n-1].Content); {
+	case last == "Hello":
+		return "Hello! How can I help you?", true
+	case strings.HasPrefix(last, told):
+		return "Nice to meet you, " + strings.TrimPrefix(last, told) + "!", true
+	case last == "What is my name?":
+		for i := n - 2; i >= 0; i-- {
+			if t := chat.TextOf(req.Messages[i].Content); req.Messages[i].Role == chat.RoleUser && strings.HasPrefix(t, told) {
+				return "Your name is " + strings.TrimPrefix(t, told) + ".", true
+			}
+		}
+		return "I do not know your name.", true
+	}
+	return "", false
+}
+
 // startNexus3 runs a hub with a chat agent (scripted provider, sessions in
 // a temporary directory).
 func startNexus3(t *testing.T, hub **mesh.Hub, opts ...mesh.HubOption) *meshtest.Mesh {
+	t.Helper()
+	return startNexus3With(t, &essayProvider{}, hub, opts...)
+}
+
+func startNexus3With(t *testing.T, p chat.Provider, hub **mesh.Hub, opts ...mesh.HubOption) *meshtest.Mesh {
+	t.Helper()
+	return startChatHub(t, p, nil, hub, opts...)
+}
+
+// startChatHub runs a hub with a chat agent of provider p and tools.
+func startChatHub(t *testing.T, p chat.Provider, tools *chat.Tools, hub **mesh.Hub, opts ...mesh.HubOption) *meshtest.Mesh {
 	t.Helper()
 	m := meshtest.Start(t, mesh.HubConfig{}, opts...)
 	if hub != nil {
 		*hub = m.Hub
 	}
-	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &essayProvider{}, nil)
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, p, tools)
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	m.RunAgent(t, chat.NewService(rt))
 	return m
@@ -136,7 +173,9 @@ func sortedStrings(s []string) []string {
 // (same paths, same bodies) over real HTTP and checks the answers the seed
 // shows, ids and timestamps aside.
 func TestNexus3SeedExamples(t *testing.T) {
-	m := startNexus3(t, nil)
+	p := &essayProvider{}
+	p.Reply = nexus3SeedReplies
+	m := startNexus3With(t, p, nil)
 	u := m.HTTP
 
 	// Create an Agent.
@@ -156,8 +195,9 @@ func TestNexus3SeedExamples(t *testing.T) {
 
 	// Send Message to Agent.
 	r := result(t, "send", curl(t, u, "/agent/worker-1", true, `{"jsonrpc":"2.0","method":"send","params":{"content":"Hello"},"id":2}`), 2)
-	if !reflect.DeepEqual(keys(r), []string{"content", "request_id"}) || r["content"] != `You said: "Hello" (1 messages in context)` || r["request_id"] == "" {
-		t.Errorf("send result = %v; want {content, request_id}", r)
+	// {"content":"Hello! How can I help you?","request_id":"a1b2c3d4"}
+	if !reflect.DeepEqual(keys(r), []string{"content", "request_id"}) || r["content"] != "Hello! How can I help you?" || r["request_id"] == "" {
+		t.Errorf("send result = %v; want the seed's {content: Hello! How can I help you?, request_id}", r)
 	}
 
 	// List All Agents.
@@ -184,12 +224,12 @@ func TestNexus3SeedExamples(t *testing.T) {
 	same(t, "create chat", curl(t, u, "/", false, `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"chat"},"id":1}`),
 		200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"chat","url":"/agent/chat"}}`)
 	r = result(t, "first message", curl(t, u, "/agent/chat", false, `{"jsonrpc":"2.0","method":"send","params":{"content":"My name is Alice"},"id":2}`), 2)
-	if r["content"] != `You said: "My name is Alice" (1 messages in context)` {
-		t.Errorf("first message = %v", r)
+	if r["content"] != "Nice to meet you, Alice!" || r["request_id"] == "" {
+		t.Errorf("first message = %v; want the seed's Nice to meet you, Alice!", r)
 	}
 	r = result(t, "second message", curl(t, u, "/agent/chat", false, `{"jsonrpc":"2.0","method":"send","params":{"content":"What is my name?"},"id":3}`), 3)
-	if r["content"] != `You said: "What is my name?" (3 messages in context)` { // the agent keeps the context
-		t.Errorf("second message = %v", r)
+	if r["content"] != "Your name is Alice." { // the agent keeps the context
+		t.Errorf("second message = %v; want the seed's Your name is Alice.", r)
 	}
 	same(t, "destroy chat", curl(t, u, "/", false, `{"jsonrpc":"2.0","method":"destroy_agent","params":{"agent_id":"chat"},"id":4}`),
 		200, `{"jsonrpc":"2.0","id":4,"result":{"success":true,"agent_id":"chat"}}`)

@@ -76,6 +76,11 @@ type Scripted struct {
 	ChunkSize int
 	Delay     time.Duration
 	Model     string // default "scripted-1"
+	// Reply, if set, is asked first: when it returns ok, its text is the
+	// answer (streamed like any other), else the rules above apply. It
+	// scripts the provider for a demo or a test (e.g. a protocol's
+	// documented example conversation).
+	Reply func(req *Request) (text string, ok bool)
 }
 
 // Name implements Provider.
@@ -93,7 +98,11 @@ func (s *Scripted) Stream(ctx context.Context, req *Request, update func(Content
 	}
 	var thinking, text string
 	var calls []ContentBlock
-	if len(req.Messages) > 0 {
+	scripted := false
+	if s.Reply != nil {
+		text, scripted = s.Reply(req)
+	}
+	if len(req.Messages) > 0 && !scripted {
 		last := req.Messages[len(req.Messages)-1]
 		in := strings.TrimSpace(TextOf(last.Content))
 		switch {

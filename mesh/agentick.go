@@ -45,7 +45,8 @@ import (
 //
 // Methods and their backing:
 //
-//	send              chat.get_context (chat.create on first use), then a turn chat.send in the background → {messageId}
+//	send              chat.get_context (chat.create on first use), then a turn chat.send in the background → {messageId};
+//	                  the turn names the conversation it was sent to, so a reset in between cancels it
 //	abort             chat.cancel of the turn this gateway started
 //	status            mesh.methods, chat.list, chat.get_context
 //	history           chat.getAgentMessages (ids "msg-N", N the index in the history)
@@ -53,13 +54,14 @@ import (
 //	apps              mesh.methods: app "chat" when an agent serves chat.send
 //	sessions          chat.list
 //	subscribe         chat.events (tail, then long polls: Hub.FollowChat)
-//	unsubscribe       the gateway's own subscription
+//	unsubscribe       the gateway's own subscription: nothing of the session reaches the client after its answer
 //	channel           chat.get_context, then the gateway's own channel fan-out
 //	channel-subscribe chat.get_context, then the gateway's own subscription
 //	schema            mesh.schema, translated
 //	tool-catalog      mesh.schema: the methods agents serve, which a session reaches with its mesh_call tool
 //	tool-dispatch     that method, called with input
-//	reset             METHOD_ERROR: a chat session's history is durable; the runtime cannot reset it
+//	reset             chat.reset: the sends in flight are cancelled (the running turn and those waiting here
+//	                  end with result aborted), the session file is moved aside, the history starts empty
 //	tool-confirm      NOT_FOUND_RESOURCE: the chat runtime runs tools without confirmation, so no call awaits one
 //
 // Roles: every mesh call it makes is authorised by the ingress as usual
@@ -568,6 +570,7 @@ type agSub struct {
 	mu      sync.Mutex
 	last    uint64 // seq of the last chat event delivered
 	ended   bool
+	stopped bool // unsubscribed: deliver nothing more
 	pending []agPending
 	text    map[string]string // streamId → text delivered so far
 }
@@ -588,7 +591,11 @@ func (s *agSub) offer(frame []byte, barrier uint64) {
 	s.pending = append(s.pending, agPending{barrier, frame})
 }
 
+// deliver pushes frame to the client (s.mu held).
 func (s *agSub) deliver(frame []byte) {
+	if s.stopped {
+		return
+	}
 	if frame != nil && !s.c.push(frame) {
 		go s.c.kill() // too slow: its queue is full
 	}
@@ -685,7 +692,7 @@ func (s *agSub) onChat(e ChatEvent) bool {
 		s.last = e.Seq
 	}
 	s.flush()
-	return s.c.ctx.Err() == nil
+	return s.c.ctx.Err() == nil && !s.stopped
 }
 
 // contentText joins the text blocks of a chat message's content.
@@ -750,14 +757,31 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 	return nil
 }
 
+// unsubscribe stops following session for c. Nothing of the session is
+// delivered after it returns: the follower may still hold a page of
+// events, and the gateway's events may be waiting for their barrier, so
+// the subscription is stopped under its lock (what it delivered before
+// is queued ahead of unsubscribe's answer) and leaves the session's
+// subscribers at once.
 func (gw *agentickGW) unsubscribe(c *agClient, session string) {
 	c.mu.Lock()
 	s := c.subs[session]
 	delete(c.subs, session)
 	c.mu.Unlock()
-	if s != nil {
-		s.cancel()
+	if s == nil {
+		return
 	}
+	s.mu.Lock()
+	s.stopped = true
+	s.pending = nil
+	s.mu.Unlock()
+	s.cancel()
+	gw.mu.Lock()
+	if ss := gw.sessions[session]; ss != nil {
+		delete(ss.subs, s)
+		gw.tidy(session)
+	}
+	gw.mu.Unlock()
 }
 
 // emit sends a gateway event of session to its subscribers here, after
@@ -843,6 +867,7 @@ type agContext struct {
 	HistoryCount int    `json:"history_count"`
 	CreatedAt    string `json:"created_at"`
 	Busy         bool   `json:"busy"`
+	Conversation int    `json:"conversation"` // resets so far
 }
 
 // ensureSession checks that the session exists, creating it when create
@@ -857,8 +882,12 @@ func (gw *agentickGW) ensureSession(ctx context.Context, name string, create boo
 		return nil, agentickFromMesh(err, false)
 	}
 	_, err = gw.call(ctx, "chat.create", map[string]string{"agent_id": name})
-	if err != nil && !strings.Contains(envelope.AsError(err).Message, "already exists") {
-		return nil, agentickFromMesh(err, false)
+	if err != nil {
+		if !strings.Contains(envelope.AsError(err).Message, "already exists") {
+			return nil, agentickFromMesh(err, false)
+		}
+		// Made meanwhile by another caller: its context, as above.
+		return gw.ensureSession(ctx, name, false)
 	}
 	return &agContext{AgentID: name}, nil
 }
@@ -978,10 +1007,7 @@ func (gw *agentickGW) invoke(ctx context.Context, c *agClient, method string, ra
 	case "history":
 		return gw.history(ctx, p)
 	case "reset":
-		if _, e := p.session(); e != nil {
-			return nil, e
-		}
-		return nil, agErr(agMethodError, "reset is not supported: a chat session's history is durable in the chat runtime; close it and use a new sessionId")
+		return gw.reset(ctx, p)
 	case "close":
 		return gw.closeSession(ctx, p)
 	case "apps":
@@ -1069,7 +1095,8 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 			return nil, agErr(agValidationType, "attachments are not supported: the chat runtime takes text only")
 		}
 	}
-	if _, e := gw.ensureSession(ctx, name, true); e != nil {
+	info, e := gw.ensureSession(ctx, name, true)
+	if e != nil {
 		return nil, e
 	}
 	if c != nil {
@@ -1095,13 +1122,16 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 	// The turn outlives the request: it runs with the gateway's context
 	// and the caller's principal.
 	tctx := context.WithoutCancel(ctx)
-	go gw.turn(tctx, s, name, id, msg)
+	go gw.turn(tctx, s, name, id, msg, info.Conversation)
 	return map[string]string{"messageId": id}, nil
 }
 
 // turn runs one send: execution_start, the chat turn (its events come
-// through the subscriptions), result and execution_end.
-func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg string) {
+// through the subscriptions), result and execution_end. conv is the
+// session's conversation when it was sent: after a reset since, the chat
+// agent refuses the send (CANCELLED) instead of running it in the new,
+// empty conversation.
+func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
 	defer gw.wg.Done()
 	defer func() {
 		gw.mu.Lock()
@@ -1126,7 +1156,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	var out struct {
 		Content string `json:"content"`
 	}
-	err := gw.callInto(ctx, "chat.send", map[string]string{"agentId": name, "content": msg, "request_id": id}, &out)
+	err := gw.callInto(ctx, "chat.send", map[string]any{"agentId": name, "content": msg, "request_id": id, "conversation": conv}, &out)
 	gw.mu.Lock()
 	s.running = ""
 	gw.activity[name] = time.Now()
@@ -1171,6 +1201,40 @@ func (gw *agentickGW) abort(ctx context.Context, p *agParams) (any, *agError) {
 		return nil, agErr(agStateComplete, "execution %s already complete", running)
 	}
 	return nil, nil
+}
+
+// reset clears a session's conversation (chat.reset). It cancels rather
+// than refuses a running turn, as chat.reset does: a reset is meant for
+// the whole conversation, the turn's answer would belong to the old one,
+// and the seed's codes have none for "busy". The sends waiting here
+// behind the running one are refused by the chat agent when their turn
+// comes, as they name the conversation they were sent to (their result
+// says aborted); sends made after the reset run on the empty history. A
+// closed session (its file remains) is STATE_ALREADY_COMPLETE, an
+// unknown one NOT_FOUND_RESOURCE.
+func (gw *agentickGW) reset(ctx context.Context, p *agParams) (any, *agError) {
+	name, e := p.session()
+	if e != nil {
+		return nil, e
+	}
+	if _, err := gw.call(ctx, "chat.reset", map[string]string{"agent_id": name}); err != nil {
+		if envelope.CodeOf(err) != envelope.CodeAgentNotFound {
+			return nil, agentickFromMesh(err, false)
+		}
+		// Not in the pool: closed before (its history is kept), or never there.
+		_, herr := gw.call(ctx, "chat.getAgentMessages", map[string]any{"agentId": name, "limit": 1})
+		switch {
+		case herr == nil:
+			return nil, agErr(agStateComplete, "session %s is closed", name)
+		case envelope.CodeOf(herr) == envelope.CodeAgentNotFound:
+			return nil, agErr(agNotFoundResource, "session not found: %s", name)
+		}
+		return nil, agentickFromMesh(herr, false)
+	}
+	gw.mu.Lock()
+	gw.activity[name] = time.Now()
+	gw.mu.Unlock()
+	return map[string]bool{"ok": true}, nil
 }
 
 func (gw *agentickGW) status(ctx context.Context, p *agParams) (any, *agError) {
@@ -1393,8 +1457,8 @@ var agentickBuiltins = func() map[string]agSchemaMethod {
 		"history": {Description: "Get history", Builtin: true,
 			Params:   obj(sid+`,"limit":{"type":"integer","minimum":1,"maximum":1000},"before":{"type":"string"}`, "sessionId"),
 			Response: obj(`"messages":{"type":"array"},"hasMore":{"type":"boolean"}`, "messages", "hasMore"), Errors: nf},
-		"reset": {Description: "Reset session (not supported: chat history is durable)", Builtin: true, Params: obj(sid, "sessionId"), Response: ok,
-			Errors: []string{agValidationReq, agMethodError}},
+		"reset": {Description: "Reset session: cancel its running and waiting sends, move its history aside (chat.reset) and start it empty", Builtin: true,
+			Params: obj(sid, "sessionId"), Response: ok, Errors: append(slices.Clone(nf), agStateComplete, agMethodError)},
 		"close": {Description: "Close session", Builtin: true, Params: obj(sid, "sessionId"), Response: ok,
 			Errors: append(slices.Clone(nf), agStateComplete)},
 		"apps":        {Description: "List apps", Builtin: true, Response: obj(`"apps":{"type":"array"}`, "apps"), Errors: []string{agGuardDenied, agInternalError}},
@@ -1410,7 +1474,7 @@ var agentickBuiltins = func() map[string]agSchemaMethod {
 			Errors:   []string{agGuardDenied, agInternalError}},
 		"tool-catalog": {Description: "List session tools: the mesh methods a session reaches with its mesh_call tool", Builtin: true,
 			Params: obj(sid, "sessionId"), Response: obj(`"tools":{"type":"array"}`, "tools"), Errors: nf},
-		"tool-confirm": {Description: "Respond to tool confirmation (the chat runtime asks for none)", Builtin: true,
+		"tool-confirm": {Description: "Respond to tool confirmation. Always NOT_FOUND_RESOURCE here: the chat runtime runs its tools without asking for confirmation, so no tool call ever awaits one", Builtin: true,
 			Params:   obj(sid+`,"callId":{"type":"string"},"confirmed":{"type":"boolean"},"reason":{"type":"string"}`, "sessionId", "callId", "confirmed"),
 			Response: ok, Errors: nf},
 		"tool-dispatch": {Description: "Dispatch tool directly: call the mesh method named tool with input", Builtin: true,

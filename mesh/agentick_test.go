@@ -584,7 +584,7 @@ func TestAgentickInvoke(t *testing.T) {
 		t.Errorf("invoke id = %v; want mine", v["id"])
 	}
 	ok("channel publish", `{"method":"channel","params":{"sessionId":"inv","channel":"ui","payload":{"x":1}}}`)
-	fail("reset", `{"method":"reset","params":{"sessionId":"inv"}}`, 500, "METHOD_ERROR")
+	fail("reset unknown", `{"method":"reset","params":{"sessionId":"never"}}`, 404, "NOT_FOUND_RESOURCE")
 	fail("tool-confirm", `{"method":"tool-confirm","params":{"sessionId":"inv","callId":"c1","confirmed":true}}`, 404, "NOT_FOUND_RESOURCE")
 	fail("subscribe without a stream", `{"method":"subscribe","params":{"sessionId":"inv"},"clientId":"nobody"}`, 404, "NOT_FOUND_RESOURCE")
 	fail("abort with nothing running", `{"method":"abort","params":{"sessionId":"inv"}}`, 409, "STATE_ALREADY_COMPLETE")
@@ -643,7 +643,7 @@ func TestAgentickErrorCodes(t *testing.T) {
 		{"attachments", `{"method":"send","params":{"sessionId":"e1","message":"hi","attachments":[{"type":"image","data":"x","mimeType":"image/png"}]}}`, 400, "VALIDATION_TYPE"},
 		{"abort idle", `{"method":"abort","params":{"sessionId":"e1"}}`, 409, "STATE_ALREADY_COMPLETE"},
 		{"handler error", `{"method":"boom.fail"}`, 500, "METHOD_ERROR"},
-		{"reset", `{"method":"reset","params":{"sessionId":"e1"}}`, 500, "METHOD_ERROR"},
+		{"reset without sessionId", `{"method":"reset","params":{}}`, 400, "VALIDATION_REQUIRED"},
 		{"mesh unavailable", `{"method":"boom.down"}`, 503, "INTERNAL_ERROR"},
 	} {
 		st, r := invoke(t, m, "", c.body)

@@ -129,6 +129,7 @@ type Agent struct {
 	firstKept      int
 	summary        string
 	compactions    int
+	conversation   int // resets of this agent (in this pool)
 	shouldShutdown bool
 	closed         bool
 	running        map[string]context.CancelFunc // request id → cancel, queued or running
@@ -402,6 +403,69 @@ func (a *Agent) Cancel(requestID string) bool {
 	return ok
 }
 
+// ResetResult is the answer of reset.
+type ResetResult struct {
+	AgentID string `json:"agent_id"`
+	// Removed is the number of messages the history held.
+	Removed int `json:"removed"`
+	// Cancelled is the number of sends (running or queued) reset cancelled.
+	Cancelled int `json:"cancelled"`
+	// MovedTo is the base name the old session file was renamed to, in
+	// the same directory ("" when there was nothing to move).
+	MovedTo string `json:"moved_to,omitempty"`
+}
+
+// Reset clears the agent's conversation: it cancels the sends in flight
+// (the running turn and the queued ones, as Destroy does: a reset is a
+// whole-conversation operation, and the mesh has no code for "busy" that
+// a caller would not retry blindly), waits for the running turn to end
+// (until ctx ends: then CANCELLED, and nothing changed), moves the
+// session file aside as ID.jsonl.reset-UNIXMS (so the old conversation,
+// the cancelled turn's partial answer included, stays on disk) and starts
+// an empty one with the same id, creation time and system prompt: no
+// history, no summary, no compactions, so its tokens are those of the
+// system prompt and tools alone. The event log goes on (seqs never
+// repeat); sends that arrive while it runs wait and then run on the empty
+// history, unless they name the conversation before (SendIn).
+func (a *Agent) Reset(ctx context.Context) (*ResetResult, error) {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil, agentNotFound(a.id)
+	}
+	res := &ResetResult{AgentID: a.id}
+	for id, cancel := range a.running {
+		cancel()
+		delete(a.running, id)
+		res.Cancelled++
+	}
+	a.mu.Unlock()
+	select {
+	case a.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, envelope.Errorf(envelope.CodeCancelled, "reset of %s: the running turn did not end in time; nothing was reset", a.id)
+	}
+	defer func() { <-a.turn }()
+	a.mu.Lock()
+	closed, prompt := a.closed, a.systemPrompt
+	res.Removed = len(a.history)
+	a.mu.Unlock()
+	if closed {
+		return nil, agentNotFound(a.id)
+	}
+	aside, err := a.file.moveAside(a.rt.cfg.DataDir, a.id, time.Now(),
+		entry{Type: entrySession, AgentID: a.id, CreatedAt: a.createdAt.UnixMilli(), SystemPrompt: &prompt})
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInternal, "cannot move the session file aside", err)
+	}
+	res.MovedTo = filepath.Base(aside)
+	a.mu.Lock()
+	a.history, a.firstKept, a.summary, a.compactions = nil, 0, "", 0
+	a.conversation++
+	a.mu.Unlock()
+	return res, nil
+}
+
 // Tokens is the answer of get_tokens.
 type Tokens struct {
 	System    int `json:"system"`
@@ -445,6 +509,9 @@ type ContextInfo struct {
 	ShouldShutdown bool   `json:"should_shutdown"`
 	Busy           bool   `json:"busy"` // a turn is running
 	Tokens         Tokens `json:"tokens"`
+	// Conversation counts the resets of the agent since it joined the
+	// pool: a send may name the conversation it was meant for (SendIn).
+	Conversation int `json:"conversation"`
 }
 
 // Context describes the agent's context.
@@ -456,6 +523,7 @@ func (a *Agent) Context() ContextInfo {
 		AgentID: a.id, MessageCount: a.contextLen(), HistoryCount: len(a.history), SystemPrompt: a.systemPrompt,
 		Summary: a.summary, Compactions: a.compactions, MaxMessages: a.rt.cfg.MaxMessages,
 		CreatedAt: a.createdAt.Format(time.RFC3339Nano), ShouldShutdown: a.shouldShutdown, Busy: busy, Tokens: a.tokens(),
+		Conversation: a.conversation,
 	}
 }
 
@@ -472,6 +540,19 @@ type SendResult struct {
 // send (Cancel, or ctx) fails with CANCELLED; what was streamed so far is
 // kept in the history as an assistant message with stopReason "aborted".
 func (a *Agent) Send(ctx context.Context, content, requestID string) (*SendResult, error) {
+	return a.send(ctx, content, requestID, nil)
+}
+
+// SendIn is Send for the conversation conversation (ContextInfo's): if
+// the agent was reset since, so that the message would open the new
+// conversation instead of going on with the one it was written for, it
+// fails with CANCELLED without running (when its turn comes: a reset
+// while it waits counts).
+func (a *Agent) SendIn(ctx context.Context, conversation int, content, requestID string) (*SendResult, error) {
+	return a.send(ctx, content, requestID, &conversation)
+}
+
+func (a *Agent) send(ctx context.Context, content, requestID string, conversation *int) (*SendResult, error) {
 	if requestID == "" {
 		requestID = newHexID() + newHexID()
 	}
@@ -509,13 +590,16 @@ func (a *Agent) Send(ctx context.Context, content, requestID string) (*SendResul
 	}
 	defer func() { <-a.turn }()
 	a.mu.Lock()
-	closed := a.closed
+	closed, conv := a.closed, a.conversation
 	a.mu.Unlock()
 	if closed {
 		return nil, agentNotFound(a.id)
 	}
 	if ctx.Err() != nil {
 		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+	}
+	if conversation != nil && *conversation != conv {
+		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s was sent to conversation %d of %s, which was reset (now %d); not run", requestID, *conversation, a.id, conv)
 	}
 	a.turnReq = requestID // read by publish, on this goroutine, while the token is held
 	defer func() { a.turnReq = "" }()

@@ -71,7 +71,8 @@ func declareSchemas(a *agents.Agent) {
 	a.SetSchema("chat.send", mesh.MethodSchema{
 		Description: "Run one turn: the message goes to the provider (and the tools it calls); the answer streams as events (chat.events) and is returned whole. Sends to one agent run one at a time, in order.",
 		Params: paramsWith(`"content":{"type":"string","description":"the user's message"},
-			"request_id":{"type":"string","description":"names the turn for chat.cancel and in its events (default: a new id)"}`, "content"),
+			"request_id":{"type":"string","description":"names the turn for chat.cancel and in its events (default: a new id)"},
+			"conversation":{"type":"integer","minimum":0,"description":"the conversation the message is meant for (chat.get_context's): after a chat.reset since, the send is CANCELLED without running"}`, "content"),
 		Result: resultOf[SendResult](),
 		Errors: append(notFound, envelope.CodeCancelled.String(), envelope.CodeOverloaded.String(), envelope.CodeUnavailable.String(), envelope.CodeRPCError.String()),
 	})
@@ -82,6 +83,12 @@ func declareSchemas(a *agents.Agent) {
 			"reason":{"type":"string","enum":["not_found_or_completed"]}},"required":["cancelled","request_id"]}`),
 		Errors:     notFound,
 		Idempotent: true,
+	})
+	a.SetSchema("chat.reset", mesh.MethodSchema{
+		Description: "Clear the agent's conversation: the sends in flight are cancelled, the session file is moved aside (ID.jsonl.reset-UNIXMS, kept) and an empty history starts, with the same id and system prompt and no compaction state.",
+		Params:      paramsWith(""),
+		Result:      resultOf[ResetResult](),
+		Errors:      append(notFound, envelope.CodeCancelled.String(), envelope.CodeInternal.String()),
 	})
 	a.SetSchema("chat.shutdown", mesh.MethodSchema{
 		Description: "Mark the agent to shut down: it takes no more sends.",

@@ -19,8 +19,9 @@ import (
 // An agent's (NEXUS3's Dispatcher, plus Multica's getAgentMessages and the
 // event long poll); each takes agentId (or agent_id):
 //
-//	chat.send             {agentId, content, request_id?}   → {content, request_id}
+//	chat.send             {agentId, content, request_id?, conversation?} → {content, request_id}
 //	chat.cancel           {agentId, request_id}             → {cancelled, request_id[, reason]}
+//	chat.reset            {agentId}                         → {agent_id, removed, cancelled, moved_to}: an empty conversation
 //	chat.shutdown         {agentId}                         → {success}
 //	chat.get_tokens       {agentId}                         → {system, tools, messages, total, budget, available}
 //	chat.get_context      {agentId}                         → {message_count, history_count, …}
@@ -33,7 +34,7 @@ import (
 // (conversations), not mesh instances: one chat agent process serves the
 // whole pool, so run one per mesh (or address one with mesh.To).
 var Methods = []string{
-	"chat.create", "chat.destroy", "chat.list", "chat.send", "chat.cancel", "chat.shutdown",
+	"chat.create", "chat.destroy", "chat.list", "chat.send", "chat.cancel", "chat.reset", "chat.shutdown",
 	"chat.get_tokens", "chat.get_context", "chat.getAgentMessages", "chat.events",
 }
 
@@ -106,6 +107,9 @@ func NewService(rt *Runtime, opts ...agents.Option) *agents.Agent {
 		if in.Content == nil {
 			return nil, envelope.NewError(envelope.CodeInvalidParams, "Missing required parameter: content")
 		}
+		if in.Conversation != nil {
+			return ag.SendIn(ctx, *in.Conversation, *in.Content, in.RequestID)
+		}
 		return ag.Send(ctx, *in.Content, in.RequestID)
 	})
 	a.Handle("chat.cancel", func(ctx context.Context, p json.RawMessage) (any, error) {
@@ -121,6 +125,14 @@ func NewService(rt *Runtime, opts ...agents.Option) *agents.Agent {
 			return map[string]any{"cancelled": true, "request_id": in.RequestID}, nil
 		}
 		return map[string]any{"cancelled": false, "request_id": in.RequestID, "reason": "not_found_or_completed"}, nil
+	})
+	a.Handle("chat.reset", func(ctx context.Context, p json.RawMessage) (any, error) {
+		var in idParams
+		ag, err := per("chat.reset", p, &in)
+		if err != nil {
+			return nil, err
+		}
+		return ag.Reset(ctx)
 	})
 	a.Handle("chat.shutdown", func(ctx context.Context, p json.RawMessage) (any, error) {
 		var in idParams
@@ -201,8 +213,9 @@ func (p *idParams) agentID() string {
 
 type sendParams struct {
 	idParams
-	Content   *string `json:"content"`
-	RequestID string  `json:"request_id"`
+	Content      *string `json:"content"`
+	RequestID    string  `json:"request_id"`
+	Conversation *int    `json:"conversation"`
 }
 
 type cancelParams struct {

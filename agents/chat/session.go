@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
+	"time"
 )
 
 // A session file is JSON lines, one entry a line, appended and synced one
@@ -18,6 +20,10 @@ import (
 //	{"type":"session","agentId":"a1","createdAt":1700000000000,"systemPrompt":"…"}
 //	{"type":"message","message":{"role":"user","content":[…],"timestamp":…}}
 //	{"type":"compaction","firstKept":24,"summary":"…","reason":"tokens"}
+//
+// A reset (chat.reset) renames the file to ID.jsonl.reset-UNIXMS (-N
+// added when that name is taken) and starts a new one whose session line
+// names it in resetFrom; files moved aside are never read or removed.
 //
 // The history is every message line in order; the context the provider
 // sees starts at the last compaction's firstKept (after its summary, if
@@ -43,6 +49,9 @@ type entry struct {
 	FirstKept    int      `json:"firstKept,omitempty"`
 	Summary      string   `json:"summary,omitempty"`
 	Reason       string   `json:"reason,omitempty"`
+	// ResetFrom, on the first line of a file started by a reset, names
+	// the file the earlier conversation was moved to.
+	ResetFrom string `json:"resetFrom,omitempty"`
 }
 
 // maxLine bounds one line of a session file (a message with images can be
@@ -254,4 +263,73 @@ func (s *sessionFile) close() error {
 	err := s.f.Close()
 	s.f = nil
 	return err
+}
+
+// moveAside renames the session file of id under dir (the file s writes)
+// to a name of its own beside it, ID.jsonl.reset-UNIXMS (with -N added
+// when taken: nothing is overwritten), and makes s write a new file at
+// the session's path whose first line is first (its resetFrom set to the
+// old file's new base name). It returns the new path of the old file. On
+// failure the old file is put back and s still writes it.
+func (s *sessionFile) moveAside(dir, id string, now time.Time, first entry) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return "", errors.New("session file closed")
+	}
+	p := sessionPath(dir, id)
+	aside := ""
+	for n := 0; aside == ""; n++ {
+		c := p + ".reset-" + strconv.FormatInt(now.UnixMilli(), 10)
+		if n > 0 {
+			c += "-" + strconv.Itoa(n)
+		}
+		switch _, err := os.Lstat(c); {
+		case errors.Is(err, os.ErrNotExist):
+			aside = c
+		case err != nil:
+			return "", err
+		case n >= 1000:
+			return "", fmt.Errorf("no free name for %s", c)
+		}
+	}
+	first.ResetFrom = filepath.Base(aside)
+	line, err := encodeLine(first)
+	if err != nil {
+		return "", err
+	}
+	// The open file follows its rename; until the new file is complete,
+	// putting the name back undoes everything.
+	if err := os.Rename(p, aside); err != nil {
+		return "", err
+	}
+	nf, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		if _, err = nf.Write(line); err == nil {
+			err = nf.Sync()
+		}
+		if err != nil {
+			nf.Close()
+			_ = os.Remove(p)
+		}
+	}
+	if err != nil {
+		if rerr := os.Rename(aside, p); rerr != nil {
+			return "", fmt.Errorf("%w (and the old file stays at %s: %v)", err, aside, rerr)
+		}
+		return "", err
+	}
+	syncDir(filepath.Dir(p))
+	_ = s.f.Close()
+	s.f = nf
+	return aside, nil
+}
+
+// syncDir makes a directory's entries (a rename, a new file) durable,
+// where the system allows it.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
 }

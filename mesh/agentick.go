@@ -1434,6 +1434,14 @@ type agSchemaMethod struct {
 	Roles       []string        `json:"roles,omitempty"`
 }
 
+// agentickBacking names the mesh method behind each built-in whose
+// authorisation it inherits (see the method table at the top).
+var agentickBacking = map[string]string{
+	"send": "chat.send", "abort": "chat.cancel", "history": "chat.getAgentMessages", "reset": "chat.reset",
+	"close": "chat.destroy", "sessions": "chat.list", "status": "chat.list", "subscribe": "chat.events",
+	"channel": "chat.get_context", "channel-subscribe": "chat.get_context",
+}
+
 // agentickBuiltins describe the seed's built-in methods.
 var agentickBuiltins = func() map[string]agSchemaMethod {
 	obj := func(props string, required ...string) json.RawMessage {
@@ -1507,11 +1515,20 @@ func (gw *agentickGW) schema(ctx context.Context) (any, *agError) {
 	}
 	methods := map[string]agSchemaMethod{}
 	for name, m := range agentickBuiltins {
+		// The role table may guard the agentick method itself; else the
+		// mesh method behind it decides (the ingress checks it on every
+		// call the gateway makes).
 		m.Roles = gw.h.rolesOf("agentick."+name, nil)
+		if back := agentickBacking[name]; m.Roles == nil && back != "" {
+			m.Roles = gw.h.rolesOf(back, nil)
+		}
 		methods[name] = m
 	}
 	for name, m := range ms.Methods {
-		if m.Builtin || m.Pattern {
+		// The mesh's own built-ins are callable here as custom methods
+		// (mesh.agents, mesh.methods, …): listed, builtin true. Agent
+		// control (agent.register, …) is not reachable from a gateway.
+		if m.Pattern || strings.HasPrefix(name, "agent.") {
 			continue
 		}
 		if _, ok := methods[name]; ok {
@@ -1524,7 +1541,7 @@ func (gw *agentickGW) schema(ctx context.Context) (any, *agError) {
 			}
 		}
 		slices.Sort(errs)
-		methods[name] = agSchemaMethod{Description: m.Description, Params: m.Params, Response: m.Response, Errors: errs, Roles: m.Roles}
+		methods[name] = agSchemaMethod{Description: m.Description, Builtin: m.Builtin, Params: m.Params, Response: m.Response, Errors: errs, Roles: m.Roles}
 	}
 	return map[string]any{"protocolVersion": agentickVersion, "methods": methods, "events": agentickEvents, "errors": agentickErrors}, nil
 }

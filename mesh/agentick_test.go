@@ -753,8 +753,21 @@ func TestAgentickAuth(t *testing.T) {
 	}
 	// The schema shows the roles of the role table.
 	_, sch := invoke(t, m, writer, `{"method":"schema"}`)
-	if roles := sch["payload"].(map[string]any)["methods"].(map[string]any)["tool-catalog"].(map[string]any)["roles"]; !reflect.DeepEqual(roles, []any{"tools"}) {
+	methods := sch["payload"].(map[string]any)["methods"].(map[string]any)
+	if roles := methods["tool-catalog"].(map[string]any)["roles"]; !reflect.DeepEqual(roles, []any{"tools"}) {
 		t.Errorf("schema roles of tool-catalog %v; want [tools]", roles)
+	}
+	// close inherits chat.destroy's roles (the method behind it); the
+	// mesh's built-ins are listed (callable here as custom methods),
+	// builtin true, admin ones with their role; agent control is not.
+	if roles := methods["close"].(map[string]any)["roles"]; !reflect.DeepEqual(roles, []any{"writer"}) {
+		t.Errorf("schema roles of close %v; want [writer] (chat.destroy's)", roles)
+	}
+	if ma, ok := methods["mesh.agents"].(map[string]any); !ok || ma["builtin"] != true || !reflect.DeepEqual(ma["roles"], []any{"admin"}) {
+		t.Errorf("schema entry of mesh.agents %v; want builtin, roles [admin]", methods["mesh.agents"])
+	}
+	if _, ok := methods["agent.register"]; ok {
+		t.Error("schema lists agent.register, which no gateway client can call")
 	}
 	// Over the WebSocket with a token (as a subprotocol, as browsers can).
 	c, _, err := dialAgentick(t, m, http.Header{"Sec-WebSocket-Protocol": {"bearer." + reader}})

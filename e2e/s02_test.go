@@ -148,7 +148,10 @@ type s02Params struct {
 // that hit a frozen instance end with TIMEOUT at their deadline ± 50 ms;
 // after SIGCONT the same processes are back in rotation within 2
 // heartbeats; the late answers are dropped and counted in
-// agentmesh_late_responses_total; no call is pending on the hub at the end.
+// agentmesh_late_responses_total; no call is pending on the hub at the end;
+// leak check (leak_test.go) 2× the 2.5 s timeout after the load: nothing
+// pending on the hub, the 8 agents or the client, goroutines <= baseline
+// + 20 on each of them and the test process, hub heap after GC <= +10 %.
 func TestS02FrozenAgent(t *testing.T) {
 	p := s02Params{name: "S02", heartbeat: 1500 * time.Millisecond, load: 60 * time.Second,
 		freezeAt: 10 * time.Second, freeze: 20 * time.Second, blipAt: 45 * time.Second, blip: 2 * time.Second,
@@ -167,11 +170,11 @@ func TestS02FrozenAgent(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(policies), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := startHub(t, "--config", cfgFile, "--heartbeat", p.heartbeat.String())
+	h := startHub(t, "--config", cfgFile, "--heartbeat", p.heartbeat.String(), "--admin-addr", "127.0.0.1:0")
 	var kvs, chaoses []*proc
 	for i := range 4 {
-		kvs = append(kvs, start(t, "meshctl", "agent", "run", "kv", "--id", fmt.Sprintf("kv-%d", i), "--hub", h.ws))
-		chaoses = append(chaoses, start(t, "meshctl", "agent", "run", "chaos", "--id", fmt.Sprintf("chaos-%d", i), "--hub", h.ws))
+		kvs = append(kvs, start(t, "meshctl", "agent", "run", "kv", "--id", fmt.Sprintf("kv-%d", i), "--hub", h.ws, "--metrics-addr", "127.0.0.1:0"))
+		chaoses = append(chaoses, start(t, "meshctl", "agent", "run", "chaos", "--id", fmt.Sprintf("chaos-%d", i), "--hub", h.ws, "--metrics-addr", "127.0.0.1:0"))
 	}
 	frozen := []*proc{kvs[0], chaoses[0]}
 	frozenIDs := []string{"kv-0", "chaos-0"}
@@ -215,6 +218,18 @@ func TestS02FrozenAgent(t *testing.T) {
 		return v.Key
 	}
 	pickRaw := func(r json.RawMessage) string { return string(r) }
+	// Warm up both methods, then take the leak check's baselines: the hub
+	// and all 8 agent processes (the frozen ones are the same processes
+	// after SIGCONT, so they keep theirs).
+	for i := range 40 {
+		_ = c.Call(t.Context(), "memory.get", map[string]any{"key": fmt.Sprintf("k%d", i%4)}, nil)
+		_ = c.Call(t.Context(), "chaos.echo", i, nil)
+	}
+	leakProcs := []leakProc{leakHub(t, "hub", h.proc)}
+	for i := range 4 {
+		leakProcs = append(leakProcs, leakAgent(t, fmt.Sprintf("kv-%d", i), kvs[i]), leakAgent(t, fmt.Sprintf("chaos-%d", i), chaoses[i]))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 
 	// The faults, on their own goroutine, timed from the load's start.
 	type faultTimes struct {
@@ -308,6 +323,7 @@ func TestS02FrozenAgent(t *testing.T) {
 	}
 	late := scrapeMetric(h.base, "agentmesh_late_responses_total")
 	pending := scrapeMetric(h.base, "agentmesh_pending_requests")
+	leakFig := leaks.check(t, 2*p.memTimeout, c) // 2× the largest timeout after the load
 
 	// Sort the calls out.
 	lastRemoval := removed["kv-0"]
@@ -386,7 +402,8 @@ func TestS02FrozenAgent(t *testing.T) {
 		RoutedWhileRemoved int              `json:"routedWhileRemoved"`
 		LateResponses      float64          `json:"lateResponses"`
 		HubPending         float64          `json:"hubPendingAtEnd"`
-	}{Summary: s, RemovalMs: map[string]int64{}, RejoinMs: map[string]int64{},
+		Leak               leakFigures      `json:"leak"`
+	}{Leak: leakFig, Summary: s, RemovalMs: map[string]int64{}, RejoinMs: map[string]int64{},
 		AnsweredAtRemoval: atRemoval, WorstRemovalGapMs: ms(worstRemovalGap), FrozenTimeouts: timeouts,
 		WorstTimeoutDevMs: ms(worstTimeoutDev), RoutedWhileRemoved: routedWhileOut, LateResponses: late, HubPending: pending}
 	for _, id := range frozenIDs {

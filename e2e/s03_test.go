@@ -106,7 +106,11 @@ func pct(ds []time.Duration, q float64) time.Duration {
 //     waits mesh.LostDelay (uniform 0-2 s) and dials the next hub, so the
 //     16 links of the full variant spread their attempts (before that
 //     change, when clients redialled at once, 81 % and 88 % of them fell
-//     in the first window).
+//     in the first window);
+//   - leak check (leak_test.go) 2× the 3 s timeout after the load: nothing
+//     pending on the hubs, the agents or the clients; goroutines <=
+//     baseline + 20 on hubs A and C, the agents and the test process, heap
+//     after GC <= +10 % on A and C (B, restarted, is checked for pending only).
 func TestS03HubKillFailover(t *testing.T) {
 	p := s03Params{name: "S03", perHub: 6, clientsPerHub: 10, rate: 500, load: 60 * time.Second,
 		killAt: 20 * time.Second, restartAt: 40 * time.Second, checkJitter: true}
@@ -137,7 +141,8 @@ func TestS03HubKillFailover(t *testing.T) {
 	// test itself, so that it can run on the fault goroutine.
 	launchHub := func(n string) (*proc, error) {
 		h := start(t, "meshd", "--listen", addrs[n], "--id", "hub-"+n, "--heartbeat", "500ms",
-			"--registry", "etcd", "--etcd-endpoints", srv.Endpoint, "--etcd-prefix", "/s03/", "--config", cfgFile)
+			"--registry", "etcd", "--etcd-endpoints", srv.Endpoint, "--etcd-prefix", "/s03/", "--config", cfgFile,
+			"--admin-addr", "127.0.0.1:0")
 		hc := &http.Client{Timeout: time.Second}
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			if h.exitedYet() {
@@ -172,10 +177,10 @@ func TestS03HubKillFailover(t *testing.T) {
 		hl := strings.Join(urls(n), ",")
 		agentProcs = append(agentProcs,
 			start(t, "meshctl", "agent", "run", "echo", "--instances", fmt.Sprint(half), "--id", "echo-"+n,
-				"--hub", hl, "--log-level", "debug"),
+				"--hub", hl, "--log-level", "debug", "--metrics-addr", "127.0.0.1:0"),
 			start(t, "meshctl", "agent", "run", "chaos", "--instances", fmt.Sprint(half), "--id", "chaos-"+n,
 				"--hub", hl, "--log-level", "debug", "--latency", "10ms", "--jitter", "20ms",
-				"--ledger", filepath.Join(ledgerDir, "chaos-"+n+".log")))
+				"--ledger", filepath.Join(ledgerDir, "chaos-"+n+".log"), "--metrics-addr", "127.0.0.1:0"))
 	}
 	nAgents := 3 * p.perHub
 
@@ -243,6 +248,23 @@ func TestS03HubKillFailover(t *testing.T) {
 		}
 		return true
 	})
+
+	// Warm up every client (echo.echo only: chaos.echo executions would
+	// count in the ledger files), then take the leak check's baselines:
+	// the 3 hubs and the 6 agent processes.
+	for range 10 {
+		for _, c := range clients {
+			_ = c.Call(t.Context(), "echo.echo", 1, nil)
+		}
+	}
+	var leakProcs []leakProc
+	for _, n := range names {
+		leakProcs = append(leakProcs, leakHub(t, "hub-"+n, hubs[n]))
+	}
+	for i, ap := range agentProcs {
+		leakProcs = append(leakProcs, leakAgent(t, fmt.Sprintf("%s-%s", []string{"echo", "chaos"}[i%2], names[i/2]), ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 
 	// The fault and what it sees. The fault goroutine writes fr; the test
 	// reads it after <-faultDone.
@@ -397,6 +419,11 @@ func TestS03HubKillFailover(t *testing.T) {
 	}
 	s := led.Summarize(p.name, sent)
 	s.Print(os.Stdout)
+	// Leak check, 2× the 3 s timeout after the load. Hub B was killed and
+	// started again during the load: only its pending is checked (a
+	// baseline retaken then would be under load, not after a warm-up).
+	leaks.pendingOnly(leakHub(t, "hub-B", hubs["B"]), "killed and restarted during the load")
+	leakFig := leaks.check(t, 6*time.Second, append(slices.Clone(clients), slices.Collect(maps.Values(ctl))...)...)
 	var idem, idemOK, non, nonOK int
 	failedBy := map[envelope.Code]int{}
 	failedNear := 0 // failures whose intended start was within -3..+5 s of the kill
@@ -516,7 +543,7 @@ func TestS03HubKillFailover(t *testing.T) {
 		"reconnectP50Ms": ms(pct(moved, 0.5)), "reconnectP99Ms": ms(pct(moved, 0.99)), "reconnectMaxMs": ms(pct(moved, 1)),
 		"agentRegisteredP99Ms": ms(pct(agentReg, 0.99)), "routingStoppedMs": ms(fr.routingStopped),
 		"balancedMs": ms(fr.balanced), "endOnB": fr.endOnB, "attempts": nAttempts, "clientAttempts": clientAttempts, "peakWindowAttempts": peak,
-		"peakWindowMs": peakAt * 100, "peakShare": peakShare,
+		"peakWindowMs": peakAt * 100, "peakShare": peakShare, "leak": leakFig,
 	}
 	b, _ := json.Marshal(fig)
 	scenario.Emit(b)

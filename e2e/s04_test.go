@@ -95,13 +95,17 @@ func cpuTicks(pid int) (int64, bool) {
 // no link redials sooner than 100 ms after a failed attempt, nor waits
 // longer than the 5 s cap; calls during the outage fail fast with
 // UNAVAILABLE (p99 <= 50 ms); hub CPU not above 90 % for more than 2 s in
-// a row after the restart.
+// a row after the restart. Leak check (leak_test.go) 2× the 5 s timeout
+// after the load: nothing pending on the hub, the agents or the clients;
+// goroutines <= baseline + 20 on the hub, the agents and the test process,
+// hub heap after GC reported against +10 %, the hub's baselines retaken
+// 1.5 s after all 200 agents are registered again following its restart.
 func TestS04ReconnectStorm(t *testing.T) {
 	const nAgents, perProc, nClients = 200, 50, 50
 	addr := freeAddrs(t, 1)[0]
 	ws, base := "ws://"+addr+"/ws", "http://"+addr
 	runHub := func() *proc {
-		p := start(t, "meshd", "--listen", addr, "--heartbeat", "1s")
+		p := start(t, "meshd", "--listen", addr, "--heartbeat", "1s", "--admin-addr", "127.0.0.1:0")
 		waitFor(t, "hub ready", 10*time.Second, func() bool {
 			return httpStatus(&http.Client{Timeout: time.Second}, base+"/readyz") == http.StatusOK
 		})
@@ -111,7 +115,7 @@ func TestS04ReconnectStorm(t *testing.T) {
 	var agentProcs []*proc
 	for k := range nAgents / perProc {
 		agentProcs = append(agentProcs, start(t, "meshctl", "agent", "run", "echo", "--instances", strconv.Itoa(perProc),
-			"--id", fmt.Sprintf("echo-%d", k), "--hub", ws, "--log-level", "debug"))
+			"--id", fmt.Sprintf("echo-%d", k), "--hub", ws, "--log-level", "debug", "--metrics-addr", "127.0.0.1:0"))
 	}
 	rec := &attempts{at: map[string][]time.Time{}}
 	var clients []*mesh.Client
@@ -141,6 +145,21 @@ func TestS04ReconnectStorm(t *testing.T) {
 		return true
 	})
 
+	// Warm up every client, then take the leak check's baselines: the hub
+	// and the 4 agent processes.
+	for range 4 {
+		for _, c := range clients {
+			_ = c.Call(t.Context(), "echo.echo", 1, nil)
+		}
+	}
+	leakProcs := []leakProc{leakHub(t, "hub", h)}
+	for k, ap := range agentProcs {
+		leakProcs = append(leakProcs, leakAgent(t, fmt.Sprintf("echo-%d", k), ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
+	var retakeErr error // the restarted hub's baseline
+	retaken := false
+
 	led := scenario.NewLedger()
 	var killedAt, restartedAt time.Time
 	var back time.Duration // kill → all 200 registered again
@@ -163,13 +182,24 @@ func TestS04ReconnectStorm(t *testing.T) {
 			if back == 0 && registered() == nAgents {
 				back = time.Since(killedAt)
 			}
+			if back != 0 && !retaken && time.Since(killedAt) > back+1500*time.Millisecond {
+				// The hub is a new process: its leak baselines are
+				// retaken 1.5 s after every agent is back (the
+				// registration storm's link workers gone), under the
+				// scenario's light load (~1 call in flight).
+				retaken = true
+				var lp leakProc
+				if lp, retakeErr = leakHubErr("hub", h); retakeErr == nil {
+					retakeErr = leaks.take(lp)
+				}
+			}
 			if now := time.Now(); now.Sub(lastT) >= time.Second {
 				if cur, ok := cpuTicks(pid); ok {
 					cpu = append(cpu, float64(cur-last)/now.Sub(lastT).Seconds())
 					last, lastT = cur, now
 				}
 			}
-			if back != 0 && time.Since(killedAt) > 12*time.Second {
+			if back != 0 && retaken && time.Since(killedAt) > 12*time.Second {
 				return
 			}
 		}
@@ -185,6 +215,13 @@ func TestS04ReconnectStorm(t *testing.T) {
 	agentDials(rec, logs...)
 	s := led.Summarize("S04", sent)
 	s.Print(os.Stdout)
+	if retakeErr != nil {
+		t.Errorf("restarted hub's leak baseline: %v", retakeErr)
+	}
+	if !retaken { // the baseline is the dead process's
+		leaks.pendingOnly(leakHub(t, "hub", h), "restarted, its agents not all back")
+	}
+	leakFig := leaks.check(t, 10*time.Second, clients...) // 2× the 5 s timeout
 
 	// Attempts after the kill, in 100 ms windows over the first 10 s.
 	var all []time.Time
@@ -251,7 +288,7 @@ func TestS04ReconnectStorm(t *testing.T) {
 		"meanPer100msActive": mean, "activeWindows": last - first + 1, "meanPer100msFirst10s": mean10,
 		"minGapMs": float64(minGap.Microseconds()) / 1000, "maxGapMs": float64(maxGap.Microseconds()) / 1000,
 		"reregisteredMs": back.Milliseconds(), "outageFailures": codes, "outageP99Ms": float64(outP99.Microseconds()) / 1000,
-		"hubCPUMaxPct": maxCPU, "hubCPUHotSeconds": maxHot,
+		"hubCPUMaxPct": maxCPU, "hubCPUHotSeconds": maxHot, "leak": leakFig,
 	})
 	scenario.Emit(stats)
 	t.Logf("S04: %d calls, %d ok, failed %v; all %d agents registered again %v after the kill; %d links made %d attempts in the first 10 s, "+

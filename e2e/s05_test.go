@@ -36,7 +36,10 @@ const s05Config = `policies:
 // calls in flight to C are answered UNAVAILABLE at detection; m keeps
 // >= 99 % success; n fails fast with UNAVAILABLE (p99 <= 50 ms after
 // detection); after heal the peer links are back and every hub's routing
-// table equals etcd's content within 5 s; lost = 0, misdelivered = 0.
+// table equals etcd's content within 5 s; lost = 0, misdelivered = 0;
+// leak check (leak_test.go) 2× the 5 s timeout after the load: nothing
+// pending on the hubs, the 5 agents or the clients, goroutines <= baseline
+// + 20 on each and on the test process, hub heap after GC <= +10 %.
 //
 // The short variant (-short) runs 5 s healthy, a 10 s partition (the
 // scenario's is 20 s) and 7 s after heal; the full one 20 s, 20 s, 20 s.
@@ -54,15 +57,15 @@ func TestS05PartitionBetweenHubs(t *testing.T) {
 	}
 	defer proxy.Close()
 	common := []string{"--heartbeat", "500ms", "--registry", "etcd", "--etcd-endpoints", srv.Endpoint,
-		"--etcd-prefix", "/s05/", "--config", cfg}
+		"--etcd-prefix", "/s05/", "--config", cfg, "--admin-addr", "127.0.0.1:0"}
 	a := hubAt(t, freeAddr(t), append(common, "--id", "hub-A")...)
 	b := hubAt(t, freeAddr(t), append(common, "--id", "hub-B")...)
 	c := hubAt(t, addrC, append(common, "--id", "hub-C", "--advertise", proxy.Addr())...)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "m-A1", "--hub", a.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "m-A2", "--hub", a.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "m-C1", "--hub", c.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "m-C2", "--hub", c.ws)
-	start(t, "meshctl", "agent", "run", "chaos", "--id", "n-C1", "--latency", "100ms", "--hub", c.ws)
+	agentProcs := map[string]*proc{}
+	for id, h := range map[string]*hub{"m-A1": a, "m-A2": a, "m-C1": c, "m-C2": c} {
+		agentProcs[id] = start(t, "meshctl", "agent", "run", "echo", "--id", id, "--hub", h.ws, "--metrics-addr", "127.0.0.1:0")
+	}
+	agentProcs["n-C1"] = start(t, "meshctl", "agent", "run", "chaos", "--id", "n-C1", "--latency", "100ms", "--hub", c.ws, "--metrics-addr", "127.0.0.1:0")
 
 	clients := map[string]*mesh.Client{}
 	for name, h := range map[string]*hub{"A": a, "B": b} {
@@ -86,6 +89,16 @@ func TestS05PartitionBetweenHubs(t *testing.T) {
 			}
 		}
 	}
+	// Warm up, then take the leak check's baselines: the 3 hubs and the 5
+	// agent processes.
+	for i := range 60 {
+		_ = clients[[]string{"A", "B"}[i%2]].Call(t.Context(), []string{"echo.echo", "chaos.echo"}[i%3/2], i, nil)
+	}
+	leakProcs := []leakProc{leakHub(t, "hub-A", a.proc), leakHub(t, "hub-B", b.proc), leakHub(t, "hub-C", c.proc)}
+	for id, ap := range agentProcs {
+		leakProcs = append(leakProcs, leakAgent(t, id, ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 	peerLinks := map[string]float64{"A": metric(a.base, `agentmesh_links{kind="peer"}`), "B": metric(b.base, `agentmesh_links{kind="peer"}`)}
 	if peerLinks["A"] < 1 || peerLinks["B"] < 1 {
 		t.Fatalf("agentmesh_links{kind=\"peer\"} before the fault: %v; want >= 1 on A and B", peerLinks)
@@ -130,6 +143,8 @@ func TestS05PartitionBetweenHubs(t *testing.T) {
 	}
 	s.Print(os.Stdout)
 
+	leakFig := leaks.check(t, 10*time.Second, clients["A"], clients["B"]) // 2× the 5 s timeout
+	scenario.Emit(map[string]any{"scenario": s.Scenario + "-leak", "leak": leakFig})
 	acc, open, dropped := proxy.Stats()
 	t.Logf("S05: proxy accepted %d connections (%d open at the end, %d chunks dropped)", acc, open, dropped)
 	s05Verdict(t, s05Run{name: "S05", sent: sent, s: s, cs: &cs, a: a, b: b,

@@ -29,7 +29,10 @@ import (
 // under a new lease within 2 s, and the killed agent never reappears; no
 // "keepalive response queue is full" log line (a warning of the etcd
 // client, which logs into meshd's log: hub A's holds the client's
-// warnings about the cut, or the check is blind); lost = 0.
+// warnings about the cut, or the check is blind); lost = 0; leak check
+// (leak_test.go) 2× the 5 s timeout after the load: nothing pending on the
+// hubs, the 3 surviving agents or the clients, goroutines <= baseline + 20
+// on each and on the test process, hub heap after GC <= +10 %.
 //
 // The short variant (-short) uses heartbeat 1 s (lease TTL 3 s), a 9 s cut
 // (3 × TTL) between 4 s healthy and 7 s after; the full one heartbeat
@@ -48,14 +51,15 @@ func TestS06HubCutFromEtcd(t *testing.T) {
 	}
 	defer proxy.Close()
 	cfg := writeFile(t, "mesh.yaml", s05Config)
-	common := []string{"--heartbeat", heartbeat.String(), "--registry", "etcd", "--etcd-prefix", "/s06/", "--config", cfg}
+	common := []string{"--heartbeat", heartbeat.String(), "--registry", "etcd", "--etcd-prefix", "/s06/", "--config", cfg, "--admin-addr", "127.0.0.1:0"}
 	a := hubAt(t, freeAddr(t), append(common, "--id", "hub-A", "--etcd-endpoints", "http://"+proxy.Addr())...)
 	b := hubAt(t, freeAddr(t), append(common, "--id", "hub-B", "--etcd-endpoints", srv.Endpoint)...)
 	c := hubAt(t, freeAddr(t), append(common, "--id", "hub-C", "--etcd-endpoints", srv.Endpoint)...)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-A1", "--hub", a.ws)
-	a2 := start(t, "meshctl", "agent", "run", "echo", "--id", "echo-A2", "--hub", a.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-B1", "--hub", b.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "echo-C1", "--hub", c.ws)
+	agentProcs := map[string]*proc{}
+	for id, h := range map[string]*hub{"echo-A1": a, "echo-A2": a, "echo-B1": b, "echo-C1": c} {
+		agentProcs[id] = start(t, "meshctl", "agent", "run", "echo", "--id", id, "--hub", h.ws, "--metrics-addr", "127.0.0.1:0")
+	}
+	a2 := agentProcs["echo-A2"]
 
 	names := []string{"A", "B", "C"}
 	hubs := map[string]*hub{"A": a, "B": b, "C": c}
@@ -77,6 +81,17 @@ func TestS06HubCutFromEtcd(t *testing.T) {
 		}
 		return true
 	})
+
+	// Warm up, then take the leak check's baselines: the 3 hubs and the 4
+	// agent processes.
+	for i := range 60 {
+		_ = clients[names[i%3]].Call(t.Context(), "echo.echo", i, nil)
+	}
+	leakProcs := []leakProc{leakHub(t, "hub-A", a.proc), leakHub(t, "hub-B", b.proc), leakHub(t, "hub-C", c.proc)}
+	for id, ap := range agentProcs {
+		leakProcs = append(leakProcs, leakAgent(t, id, ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 
 	// Faults, and a watcher of the hubs' and etcd's views every 100 ms.
 	var cutAt, healAt time.Time
@@ -151,6 +166,10 @@ func TestS06HubCutFromEtcd(t *testing.T) {
 		s.Scenario = "S06"
 	}
 	s.Print(os.Stdout)
+
+	leaks.drop("echo-A2", "killed during the cut, not started again")
+	leakFig := leaks.check(t, 10*time.Second, clients["A"], clients["B"], clients["C"]) // 2× the 5 s timeout
+	scenario.Emit(map[string]any{"scenario": s.Scenario + "-leak", "leak": leakFig})
 
 	rate := map[string]float64{}
 	for _, n := range names {

@@ -41,7 +41,10 @@ import (
 // remaining time minus the time the hubs held the call, checked on
 // sampled spans (checkTTLs: 20 % of the client's calls are traced, the
 // hubs and agents follow the client's sampling and export to a real OTLP
-// receiver; a server span records the ttl it received).
+// receiver; a server span records the ttl it received); leak check
+// (leak_test.go) 2× the 2 s timeout after the load: nothing pending on the
+// hubs, the 2 agents or the client, goroutines <= baseline + 20 on each
+// and on the test process, hub heap after GC reported against +10 %.
 //
 // Short variant (-short): 4 s healthy, (a) for 10 s (the scenario's is
 // 20 s), 4 s, (c) for 1 s, 6 s after; full: 10 s, 20 s, 5 s, 1 s, 14 s.
@@ -72,12 +75,13 @@ bulkhead: { maxConcurrent: 400, queueSize: 1000, queueTimeout: 30s }
 	defer otlp.Close()
 	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL, "OTEL_BSP_SCHEDULE_DELAY=200"}
 	common := []string{"--heartbeat", "500ms", "--registry", "etcd", "--etcd-endpoints", srv.Endpoint,
-		"--etcd-prefix", "/s07/", "--config", cfg}
+		"--etcd-prefix", "/s07/", "--config", cfg, "--admin-addr", "127.0.0.1:0"}
 	a := hubAtEnv(t, otelEnv, freeAddr(t), append(common, "--id", "hub-A")...)
-	hubAtEnv(t, otelEnv, freeAddr(t), append(common, "--id", "hub-B")...)
+	b := hubAtEnv(t, otelEnv, freeAddr(t), append(common, "--id", "hub-B")...)
 	c := hubAtEnv(t, otelEnv, addrC, append(common, "--id", "hub-C", "--advertise", proxy.Addr())...)
+	agentProcs := map[string]*proc{}
 	for _, id := range []string{"echo-C1", "echo-C2"} {
-		startWithEnv(t, otelEnv, "meshctl", "agent", "run", "echo", "--id", id, "--hub", c.ws)
+		agentProcs[id] = startWithEnv(t, otelEnv, "meshctl", "agent", "run", "echo", "--id", id, "--hub", c.ws, "--metrics-addr", "127.0.0.1:0")
 	}
 	tp, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "s07-client", Endpoint: otlp.URL, SampleRatio: 0.2}, nil)
 	if err != nil {
@@ -95,6 +99,14 @@ bulkhead: { maxConcurrent: 400, queueSize: 1000, queueTimeout: 30s }
 		ids, _ := agentsOf(t.Context(), cl)
 		return len(ids) == 2 && cl.Call(t.Context(), "echo.echo", 1, nil) == nil
 	})
+	// The leak check's baselines: the 3 hubs and the 2 agent processes
+	// (no warm-up beyond the calls above: every call of cl is traced and
+	// checked by checkTTLs).
+	leakProcs := []leakProc{leakHub(t, "hub-A", a.proc), leakHub(t, "hub-B", b.proc), leakHub(t, "hub-C", c.proc)}
+	for id, ap := range agentProcs {
+		leakProcs = append(leakProcs, leakAgent(t, id, ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 
 	var delayAt, delayEnd, dropAt, dropEnd time.Time
 	faults := make(chan struct{})
@@ -131,6 +143,9 @@ bulkhead: { maxConcurrent: 400, queueSize: 1000, queueTimeout: 30s }
 		s.Scenario = "S07"
 	}
 	s.Print(os.Stdout)
+
+	leakFig := leaks.check(t, 4*time.Second, cl) // 2× the 2 s timeout
+	scenario.Emit(map[string]any{"scenario": s.Scenario + "-leak", "leak": leakFig})
 
 	late := cs.where(func(c call) bool { return c.End.Sub(c.Start) > 2100*time.Millisecond })
 	healthyCalls := cs.where(func(c call) bool { return c.Intended.Before(delayAt) })

@@ -47,7 +47,10 @@ type s18cRep struct {
 // (A and B) and from etcd within 2 × TTL + election timeout of the death
 // (frozen agent: 2 × 1.5 s + 1 s; dead hub: 2 × 5 s + 1 s), every
 // repetition; the hubs keep routing the other agents throughout (echo.echo
-// success >= 99.9 %, lost 0, misdelivered 0).
+// success >= 99.9 %, lost 0, misdelivered 0); leak check (leak_test.go)
+// 2× the 2 s timeout after the load: nothing pending on hubs A and B, the
+// steady agents or the clients, goroutines <= baseline + 20 on each and on
+// the test process, hub heap after GC reported against +10 %.
 //
 // Short variant: 4 repetitions (two of each); full: 20.
 func TestS18cLeaderLossDuringExpiry(t *testing.T) {
@@ -67,11 +70,11 @@ func TestS18cLeaderLossDuringExpiry(t *testing.T) {
 	agentTTL := 3 * heartbeat
 	ec := etcdtest.StartCluster(t, 3)
 	common := []string{"--heartbeat", heartbeat.String(), "--hub-ttl", hubTTL.String(), "--registry", "etcd",
-		"--etcd-endpoints", strings.Join(ec.Endpoints(), ","), "--etcd-prefix", "/s18c/"}
+		"--etcd-endpoints", strings.Join(ec.Endpoints(), ","), "--etcd-prefix", "/s18c/", "--admin-addr", "127.0.0.1:0"}
 	a := startHub(t, append(common, "--id", "hub-A")...)
 	b := startHub(t, append(common, "--id", "hub-B")...)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "steady-A", "--hub", a.ws)
-	start(t, "meshctl", "agent", "run", "echo", "--id", "steady-B", "--hub", b.ws)
+	steadyA := start(t, "meshctl", "agent", "run", "echo", "--id", "steady-A", "--hub", a.ws, "--metrics-addr", "127.0.0.1:0")
+	steadyB := start(t, "meshctl", "agent", "run", "echo", "--id", "steady-B", "--hub", b.ws, "--metrics-addr", "127.0.0.1:0")
 	clients := map[string]*mesh.Client{}
 	for name, h := range map[string]*hub{"A": a, "B": b} {
 		cl, err := mesh.NewClient([]string{h.ws}, mesh.WithoutReliability(), mesh.WithWaitForReady())
@@ -95,6 +98,15 @@ func TestS18cLeaderLossDuringExpiry(t *testing.T) {
 	waitFor(t, "hubs A and B to see both steady agents", 15*time.Second, func() bool {
 		return onBoth("steady-A", true)() && onBoth("steady-B", true)()
 	})
+
+	// Warm up, then take the leak check's baselines: hubs A and B and the
+	// two steady agents. The victims and hub V live within one repetition
+	// each (killed there): they are not in the check.
+	for i := range 60 {
+		_ = clients[[]string{"A", "B"}[i%2]].Call(t.Context(), "echo.echo", i, nil)
+	}
+	leaks := leakBaseline(t, leakHub(t, "hub-A", a.proc), leakHub(t, "hub-B", b.proc),
+		leakAgent(t, "steady-A", steadyA), leakAgent(t, "steady-B", steadyB))
 
 	// The steady load, until the repetitions are done.
 	led := scenario.NewLedger()
@@ -193,10 +205,12 @@ func TestS18cLeaderLossDuringExpiry(t *testing.T) {
 	if !testing.Short() {
 		s.Scenario = "S18c"
 	}
+	leakFig := leaks.check(t, 4*time.Second, clients["A"], clients["B"]) // 2× the 2 s timeout
 	line, _ := json.Marshal(struct {
 		scenario.Summary
-		Repetitions []s18cRep `json:"repetitions"`
-	}{s, results})
+		Repetitions []s18cRep   `json:"repetitions"`
+		Leak        leakFigures `json:"leak"`
+	}{s, results, leakFig})
 	scenario.Emit(line)
 	all := cs.where(func(call) bool { return true })
 	t.Logf("S18c: %d calls of echo.echo to the steady agents, %d ok, failed %v, lost %d, misdelivered %d, p99 %.1f ms",

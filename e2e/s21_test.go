@@ -201,6 +201,10 @@ type s21Params struct {
 // (b) A raw WebSocket client pings 20 times a second. Pass: the hub closes
 // it (1008) within 5 s and counts it in agentmesh_link_ping_abuse_total;
 // the agents' links and the client's calls are unaffected meanwhile.
+// Leak check (leak_test.go) 2× the 5 s timeout after the load: nothing
+// pending on the hub, the 4 agents or the client, goroutines <= baseline +
+// 20 on each and on the test process, hub heap after GC reported against
+// +10 %.
 func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	p := s21Params{name: "S21", ping: 5 * time.Second, heartbeat: 10 * time.Second, load: 60 * time.Second,
 		holeAt: 10 * time.Second, hole: 20 * time.Second, abuseAt: 40 * time.Second, deadBound: 12 * time.Second, redialIn: 5 * time.Second}
@@ -215,7 +219,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := startHub(t, "--config", cfgFile, "--heartbeat", p.heartbeat.String(), "--link-ping", p.ping.String())
+	h := startHub(t, "--config", cfgFile, "--heartbeat", p.heartbeat.String(), "--link-ping", p.ping.String(), "--admin-addr", "127.0.0.1:0")
 	proxy := newBlackholeProxy(t, h.addr)
 	var agents []*proc
 	for i := range 4 {
@@ -223,7 +227,8 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 		if i == 0 {
 			hub = "ws://" + proxy.addr() + "/ws"
 		}
-		agents = append(agents, start(t, "meshctl", "agent", "run", "echo", "--id", fmt.Sprintf("echo-%d", i), "--hub", hub, "--link-ping", p.ping.String()))
+		agents = append(agents, start(t, "meshctl", "agent", "run", "echo", "--id", fmt.Sprintf("echo-%d", i), "--hub", hub, "--link-ping", p.ping.String(),
+			"--metrics-addr", "127.0.0.1:0"))
 	}
 	rc := reliability.DefaultConfig()
 	bo := reliability.BackoffConfig{Strategy: reliability.Exponential, Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: true}
@@ -238,6 +243,17 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 		var list []mesh.AgentInfo
 		return c.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 4
 	})
+	// Warm up, then take the leak check's baselines: the hub and the 4
+	// agent processes (echo-0 keeps its process through the blackhole: it
+	// only redials).
+	for i := range 40 {
+		_ = c.Call(t.Context(), "echo.echo", i, nil)
+	}
+	leakProcs := []leakProc{leakHub(t, "hub", h.proc)}
+	for i, ap := range agents {
+		leakProcs = append(leakProcs, leakAgent(t, fmt.Sprintf("echo-%d", i), ap))
+	}
+	leaks := leakBaseline(t, leakProcs...)
 
 	type faultTimes struct {
 		holed, healed, abuseStart, abuseClosed time.Time
@@ -271,6 +287,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	})
 	<-faultsDone
 	s := led.Summarize(p.name, sent)
+	leakFig := leaks.check(t, 10*time.Second, c) // 2× the 5 s timeout
 
 	hubLog := h.stderr.String()
 	dead := firstAfter(hubLogTimes(hubLog, "agent link lost; deregistered", "echo-0"), ft.holed)
@@ -323,17 +340,18 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	}
 	summary := struct {
 		scenario.Summary
-		HubDeadMs       int64   `json:"hubDeclaredDeadAfterHoleMs"`
-		AgentDeadMs     int64   `json:"agentDetectedAfterHoleMs"`
-		ReconnectMs     int64   `json:"reconnectedAfterHealMs"`
-		AnsweredAtDeath int     `json:"answeredAtDeath"`
-		WorstGapMs      float64 `json:"worstDeathGapMs"`
-		AbuseClosedMs   int64   `json:"abuseClosedAfterMs"`
-		AbuseCounted    float64 `json:"pingAbuseCounted"`
-		FailedInAbuse   int     `json:"failedDuringAbuse"`
-		ReconnInAbuse   int     `json:"agentRegistrationsDuringAbuse"`
+		HubDeadMs       int64       `json:"hubDeclaredDeadAfterHoleMs"`
+		AgentDeadMs     int64       `json:"agentDetectedAfterHoleMs"`
+		ReconnectMs     int64       `json:"reconnectedAfterHealMs"`
+		AnsweredAtDeath int         `json:"answeredAtDeath"`
+		WorstGapMs      float64     `json:"worstDeathGapMs"`
+		AbuseClosedMs   int64       `json:"abuseClosedAfterMs"`
+		AbuseCounted    float64     `json:"pingAbuseCounted"`
+		FailedInAbuse   int         `json:"failedDuringAbuse"`
+		ReconnInAbuse   int         `json:"agentRegistrationsDuringAbuse"`
+		Leak            leakFigures `json:"leak"`
 	}{s, since(dead, ft.holed), since(agentLost, ft.holed), since(back, ft.healed), answeredAtDeath, ms(worstGap),
-		since(ft.abuseClosed, ft.abuseStart), abuse, failedInAbuse, registeredInAbuse}
+		since(ft.abuseClosed, ft.abuseStart), abuse, failedInAbuse, registeredInAbuse, leakFig}
 	b, _ := json.Marshal(summary)
 	scenario.Emit(b)
 	t.Logf("%s: %d calls, %d ok, failed %v; hub declared the link dead %d ms after the blackhole (bound %v), agent %d ms; "+

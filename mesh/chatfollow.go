@@ -103,6 +103,21 @@ func (h *Hub) FollowChat(ctx context.Context, agentID string, after uint64, fn f
 			if ctx.Err() != nil {
 				return dropped, nil
 			}
+			if e := envelope.AsError(err); e.Code == envelope.CodeOverloaded && e.NotSent() {
+				// A rate limit (the hub's, the identity's, the
+				// connection's) refused this poll: the follow goes on
+				// from the same seq after the limiter's hint instead of
+				// ending the subscription; the agent's ring keeps the
+				// events meanwhile (what it drops is counted).
+				t := time.NewTimer(min(max(e.RetryAfter(), 50*time.Millisecond), 5*time.Second))
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return dropped, nil
+				}
+				continue
+			}
 			return dropped, err
 		}
 		dropped += p.Dropped

@@ -51,14 +51,11 @@ func newConnLimiter(cfg HubConfig) (*ratelimit.Limiter, error) {
 // its connection's rate. Agent control (register, heartbeat) and calls a
 // peer hub forwards (many callers share a peer link) are not counted.
 func (h *Hub) limitConn(ctx context.Context, req *envelope.Request) error {
-	if h.connLimit == nil || req.Headers.Hops > 0 || isAgentControl(req.Method) {
+	if h.connLimit == nil || h.exemptFromLimits(ctx, req) {
 		return nil
 	}
 	key := connOf(ctx)
 	if key == "" {
-		return nil
-	}
-	if p := PrincipalOf(ctx); p.Peer() {
 		return nil
 	}
 	if ok, after := h.connLimit.Allow(key); !ok {
@@ -106,10 +103,7 @@ func newGlobalLimiter(cfg HubConfig) (*ratelimit.Limiter, error) {
 // the hub's total rate (HubConfig.GlobalRate). Agent control and calls a
 // peer hub forwards (the first hub counted them) are not counted.
 func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
-	if h.global == nil || req.Headers.Hops > 0 || isAgentControl(req.Method) {
-		return nil
-	}
-	if p := PrincipalOf(ctx); p.Peer() {
+	if h.global == nil || h.exemptFromLimits(ctx, req) {
 		return nil
 	}
 	if ok, after := h.global.Allow(""); !ok {
@@ -119,4 +113,22 @@ func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
 			WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
 	}
 	return nil
+}
+
+// exemptFromLimits reports whether the per-connection and global limits
+// pass req: agent control, and calls a peer hub forwards (many callers
+// share a peer link, and the hub they entered counted them). With
+// authentication on, only a peer hub's token makes a call forwarded: a
+// client's hops header proves nothing. Without it, the header is all
+// there is to go by, so a client that sets it escapes these limits (at
+// the price of one attempt and local instances only); hubs that must
+// hold their limits against their clients run with --auth-key.
+func (h *Hub) exemptFromLimits(ctx context.Context, req *envelope.Request) bool {
+	if isAgentControl(req.Method) {
+		return true
+	}
+	if h.guard.on() {
+		return PrincipalOf(ctx).Peer()
+	}
+	return req.Headers.Hops > 0
 }

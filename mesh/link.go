@@ -39,7 +39,7 @@ type Link struct {
 	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
 	goaway     chan struct{} // closed when the peer sent a goaway frame
 	goawayOnce sync.Once
-	sentGoAway atomic.Bool
+	sentGoAway sync.Once // SendGoAway's frame, queued once; callers wait for it
 
 	maxServing int
 	nserving   atomic.Int64
@@ -141,14 +141,15 @@ func (l *Link) goingAway() bool {
 }
 
 // SendGoAway tells the peer, once, that this side takes no new requests
-// on the link (a draining hub). It does not close the link.
+// on the link (a draining hub). It does not close the link. It returns
+// once the frame is queued, also when another goroutine queued it, so
+// that a frame its caller queues next follows the goaway.
 func (l *Link) SendGoAway() {
-	if l.sentGoAway.Swap(true) {
-		return
-	}
-	b := getBuf()
-	*b = envelope.AppendGoAwayFrame(*b)
-	l.c.send(b)
+	l.sentGoAway.Do(func() {
+		b := getBuf()
+		*b = envelope.AppendGoAwayFrame(*b)
+		l.c.send(b)
+	})
 }
 
 // Done is closed when the link has closed.

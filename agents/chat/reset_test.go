@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -145,6 +146,59 @@ func TestResetAsideNeverOverwrites(t *testing.T) {
 		if err != nil || !strings.Contains(string(b), `"createdAt":`+strconv.Itoa(i+1)) {
 			t.Errorf("aside %s = %s, %v; want the file of round %d", n, b, err, i+1)
 		}
+	}
+}
+
+// TestResetLeavesNoGap: a stray .new file of a reset that crashed is
+// replaced; after a reset the session's name holds the new file, the old
+// one is aside, nothing else is left; and the session's name never went
+// missing (the old file is linked aside before the new one is renamed
+// over it), which a watcher polling the name checks throughout.
+func TestResetLeavesNoGap(t *testing.T) {
+	dir := t.TempDir()
+	f, _, err := openSession(dir, "gap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	p := sessionPath(dir, "gap")
+	if err := os.WriteFile(p+".new", []byte("half a line of a crashed reset"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	missing := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				missing <- n
+				return
+			default:
+			}
+			if _, err := os.Lstat(p); err != nil {
+				n++
+			}
+		}
+	}()
+	for i := range 50 {
+		if err := f.append(entry{Type: entrySession, AgentID: "gap", CreatedAt: int64(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.moveAside(dir, "gap", time.UnixMilli(1700000000000), entry{Type: entrySession, AgentID: "gap"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	if n := <-missing; n != 0 {
+		t.Errorf("the session's file was missing %d times while it was reset; want never", n)
+	}
+	if _, err := os.Lstat(p + ".new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a .new file is left: %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "sessions"))
+	if len(entries) != 51 { // gap.jsonl and 50 aside
+		t.Errorf("%d files in the sessions directory; want 51", len(entries))
 	}
 }
 

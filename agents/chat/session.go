@@ -298,25 +298,32 @@ func (s *sessionFile) moveAside(dir, id string, now time.Time, first entry) (str
 	if err != nil {
 		return "", err
 	}
-	// The open file follows its rename; until the new file is complete,
-	// putting the name back undoes everything.
-	if err := os.Rename(p, aside); err != nil {
+	// Crash-safe: the new file is written whole under a temporary name;
+	// the old file then gets its second name (a hard link), and the new
+	// one replaces it under the session's name (an atomic rename). At
+	// every moment the session's name holds one whole file, the old or
+	// the new; a crash leaves at worst a stray .new file (removed by the
+	// next reset) or the old file under both names.
+	tmp := p + ".new"
+	_ = os.Remove(tmp)
+	nf, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
 		return "", err
 	}
-	nf, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if _, err = nf.Write(line); err == nil {
+		err = nf.Sync()
+	}
 	if err == nil {
-		if _, err = nf.Write(line); err == nil {
-			err = nf.Sync()
-		}
-		if err != nil {
-			nf.Close()
-			_ = os.Remove(p)
+		err = os.Link(p, aside)
+	}
+	if err == nil {
+		if err = os.Rename(tmp, p); err != nil {
+			_ = os.Remove(aside)
 		}
 	}
 	if err != nil {
-		if rerr := os.Rename(aside, p); rerr != nil {
-			return "", fmt.Errorf("%w (and the old file stays at %s: %v)", err, aside, rerr)
-		}
+		nf.Close()
+		_ = os.Remove(tmp)
 		return "", err
 	}
 	syncDir(filepath.Dir(p))

@@ -391,3 +391,46 @@ func TestResetOverTheMesh(t *testing.T) {
 		t.Errorf("schema of chat.reset = %+v", ms)
 	}
 }
+
+// TestResetWindow: a send that registers after Reset cancelled the sends
+// in flight, and finds the turn free before Reset takes it, yields the
+// turn and runs after the reset, on the empty history (not on the old
+// one, into the file moved aside).
+func TestResetWindow(t *testing.T) {
+	dir := t.TempDir()
+	rt := newRT(t, Config{DataDir: dir}, &Scripted{}, nil)
+	a := mustCreate(t, rt, "w1", "")
+	if _, err := a.Send(t.Context(), "before", ""); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	resetWindowHook = func(*Agent) {
+		resetWindowHook = nil
+		go func() {
+			_, err := a.Send(context.Background(), "in the window", "")
+			sent <- err
+		}()
+		// Time for the send to register and take the free turn.
+		for range 100 {
+			if len(a.turn) == 1 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	defer func() { resetWindowHook = nil }()
+	res, err := a.Reset(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("the send in the window: %v", err)
+	}
+	if h := a.Context().HistoryCount; h != 2 {
+		t.Errorf("history after the reset and the send: %d messages; want 2 (the send ran on the empty history)", h)
+	}
+	aside, _ := os.ReadFile(filepath.Join(dir, "sessions", res.MovedTo))
+	if strings.Contains(string(aside), "in the window") {
+		t.Error("the send in the window ran on the old history (it is in the file moved aside)")
+	}
+}

@@ -129,7 +129,9 @@ type Agent struct {
 	firstKept      int
 	summary        string
 	compactions    int
-	conversation   int // resets of this agent (in this pool)
+	conversation   int           // resets of this agent (in this pool)
+	resetting      int           // Resets under way; sends that get the turn meanwhile yield it
+	resetDone      chan struct{} // closed when resetting is back to 0
 	shouldShutdown bool
 	closed         bool
 	running        map[string]context.CancelFunc // request id → cancel, queued or running
@@ -415,6 +417,10 @@ type ResetResult struct {
 	MovedTo string `json:"moved_to,omitempty"`
 }
 
+// resetWindowHook, set by a test, runs in Reset between cancelling the
+// sends in flight and taking the turn.
+var resetWindowHook func(*Agent)
+
 // Reset clears the agent's conversation: it cancels the sends in flight
 // (the running turn and the queued ones, as Destroy does: a reset is a
 // whole-conversation operation, and the mesh has no code for "busy" that
@@ -439,7 +445,24 @@ func (a *Agent) Reset(ctx context.Context) (*ResetResult, error) {
 		delete(a.running, id)
 		res.Cancelled++
 	}
+	// From here until it is done, a send that gets the turn first (it
+	// registered after the loop above) yields it and waits, so that it
+	// runs on the empty history.
+	if a.resetting++; a.resetDone == nil {
+		a.resetDone = make(chan struct{})
+	}
 	a.mu.Unlock()
+	if h := resetWindowHook; h != nil {
+		h(a)
+	}
+	defer func() {
+		a.mu.Lock()
+		if a.resetting--; a.resetting == 0 {
+			close(a.resetDone)
+			a.resetDone = nil
+		}
+		a.mu.Unlock()
+	}()
 	select {
 	case a.turn <- struct{}{}:
 	case <-ctx.Done():
@@ -581,13 +604,30 @@ func (a *Agent) send(ctx context.Context, content, requestID string, conversatio
 		a.waiting.Add(-1)
 		return nil, envelope.Errorf(envelope.CodeOverloaded, "agent %s has %d sends waiting already", a.id, a.rt.cfg.MaxQueue)
 	}
-	select {
-	case a.turn <- struct{}{}:
-		a.waiting.Add(-1)
-	case <-ctx.Done():
-		a.waiting.Add(-1)
-		return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+	for {
+		select {
+		case a.turn <- struct{}{}:
+		case <-ctx.Done():
+			a.waiting.Add(-1)
+			return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+		}
+		a.mu.Lock()
+		done := a.resetDone
+		a.mu.Unlock()
+		if done == nil {
+			break
+		}
+		// A reset is under way (this send came after it cancelled the
+		// sends in flight): it goes first, this send runs after it.
+		<-a.turn
+		select {
+		case <-done:
+		case <-ctx.Done():
+			a.waiting.Add(-1)
+			return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled before it ran", requestID)
+		}
 	}
+	a.waiting.Add(-1)
 	defer func() { <-a.turn }()
 	a.mu.Lock()
 	closed, conv := a.closed, a.conversation

@@ -136,6 +136,12 @@ func TestS09RetrySemantics(t *testing.T) {
 			go func() { <-ran; l.Close() }()
 			call(t, c, led, "s09b.work", false, i)
 			l.Close()
+			// The next call must find only the next instance: while this
+			// one is still listed, a call can pick it, fail not sent on
+			// its closed link and, with the retry budget spent, end not
+			// sent without reaching any handler (true, but not case b).
+			id := fmt.Sprintf("b%d", i)
+			meshtest.WaitFor(t, 5*time.Second, func() bool { return m.Hub.Registry().Snapshot().Instance(id) == nil })
 		}
 		s := led.Summarize("S09b", k)
 		report(t, s)

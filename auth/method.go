@@ -1,6 +1,12 @@
 package auth
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
 
 // MaxNameLen bounds method names and patterns, as the registry does.
 const MaxNameLen = 256
@@ -122,10 +128,28 @@ const (
 	RolePeer  = "hub"
 )
 
-// ValidRole reports whether r is a role name a token may carry: 1 to 64
-// bytes of ASCII letters, digits, "_", "-", ".", ":". A role table naming
-// any other string would guard its methods with a role no token can hold.
-func ValidRole(r string) bool { return validRole(r) }
+// CheckRoleTable checks a role table (method pattern → roles that may
+// call it): each key a method name, "prefix.*" or "*", each list
+// non-empty, each role one a token can carry (1 to 64 bytes of ASCII
+// letters, digits, "_", "-", ".", ":"; a role no token can hold would
+// lock its methods away). All problems are reported, keys in order.
+func CheckRoleTable(roles map[string][]string) error {
+	var errs []error
+	for _, pat := range slices.Sorted(maps.Keys(roles)) {
+		switch {
+		case !ValidPattern(pat):
+			errs = append(errs, fmt.Errorf("roles[%s]: not a method name, \"prefix.*\" or \"*\"", pat))
+		case len(roles[pat]) == 0:
+			errs = append(errs, fmt.Errorf("roles[%s]: lists no role (a method open to every caller needs no entry)", pat))
+		}
+		for _, r := range roles[pat] {
+			if !validRole(r) {
+				errs = append(errs, fmt.Errorf("roles[%s]: role %q is not 1 to 64 ASCII letters, digits or _-.: (no token could hold it)", pat, r))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // validRole: 1 to 64 bytes of ASCII letters, digits, "_", "-", ".", ":".
 func validRole(r string) bool {

@@ -359,13 +359,10 @@ func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope
 		c.mu.Unlock()
 		if l != nil {
 			res, err := l.Call(ctx, req)
-			if err == nil || !l.goingAway() || redirects >= len(c.hubs)-1 {
-				return res, err
-			}
 			// The hub sent goaway while this call was on its way and
 			// refused it unexecuted: it goes to the next hub, once the
 			// client has moved there. That is a redirect, not a retry.
-			if e, ok := err.(*envelope.Error); !ok || !e.NotSent() {
+			if err == nil || !l.goingAway() || !envelope.AsError(err).NotSent() || redirects >= len(c.hubs)-1 {
 				return res, err
 			}
 			c.mu.Lock()

@@ -282,30 +282,28 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) {
 		rc.busy.Add(-int64(len(calls)))
 		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
-		var out []byte
+		b := getBuf()
+		if batch {
+			*b = append(*b, '[')
+		}
+		answered := 0
 		for i := range calls {
 			if calls[i].Notification {
 				continue
 			}
-			if !batch {
-				out = envelope.AppendJSONRPCError(out, calls[i].ID, e)
-				break
+			if answered > 0 {
+				*b = append(*b, ',')
 			}
-			if out == nil {
-				out = append(out, '[')
-			} else {
-				out = append(out, ',')
-			}
-			out = envelope.AppendJSONRPCError(out, calls[i].ID, e)
+			*b = envelope.AppendJSONRPCError(*b, calls[i].ID, e)
+			answered++
 		}
-		if out == nil {
-			return // notifications only: nothing to answer
+		if answered == 0 {
+			putBuf(b) // notifications only: nothing to answer
+			return
 		}
 		if batch {
-			out = append(out, ']')
+			*b = append(*b, ']')
 		}
-		b := getBuf()
-		*b = append(*b, out...)
 		rc.c.send(b)
 		return
 	}

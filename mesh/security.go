@@ -341,18 +341,10 @@ type rolePrefix struct {
 
 func newRoleTable(m map[string][]string) (roleTable, error) {
 	t := roleTable{exact: map[string][]string{}}
+	if err := auth.CheckRoleTable(m); err != nil {
+		return t, fmt.Errorf("mesh: %w", err)
+	}
 	for pat, roles := range m {
-		if !auth.ValidPattern(pat) {
-			return t, fmt.Errorf("mesh: roles: %q is not a method name, \"prefix.*\" or \"*\"", pat)
-		}
-		if len(roles) == 0 {
-			return t, fmt.Errorf("mesh: roles: %q lists no role", pat)
-		}
-		for _, r := range roles {
-			if !auth.ValidRole(r) {
-				return t, fmt.Errorf("mesh: roles: %q: role %q is not 1 to 64 ASCII letters, digits or _-.: (no token could hold it)", pat, r)
-			}
-		}
 		switch {
 		case pat == "*":
 			t.any = roles

@@ -6,9 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 	"strings"
 	"time"
 
@@ -70,31 +68,10 @@ func Load(path string) (File, error) {
 	if err := f.Validate(); err != nil {
 		return f, fmt.Errorf("config %s: %w", path, err)
 	}
-	if err := validateRoles(f.Roles); err != nil {
+	if err := auth.CheckRoleTable(f.Roles); err != nil {
 		return f, fmt.Errorf("config %s: %w", path, err)
 	}
 	return f, nil
-}
-
-// validateRoles checks the roles section as the hub will compile it, so
-// that meshd --check refuses a table the hub would refuse at start (or,
-// worse, one that would guard a method with a role no token can hold).
-func validateRoles(roles map[string][]string) error {
-	var errs []error
-	for _, pat := range slices.Sorted(maps.Keys(roles)) {
-		switch {
-		case !auth.ValidPattern(pat):
-			errs = append(errs, fmt.Errorf("roles[%s]: not a method name, \"prefix.*\" or \"*\"", pat))
-		case len(roles[pat]) == 0:
-			errs = append(errs, fmt.Errorf("roles[%s]: lists no role (a method open to every caller needs no entry)", pat))
-		}
-		for _, r := range roles[pat] {
-			if !auth.ValidRole(r) {
-				errs = append(errs, fmt.Errorf("roles[%s]: role %q is not 1 to 64 ASCII letters, digits or _-.: (no token could hold it)", pat, r))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 var durationType = reflect.TypeFor[time.Duration]()

@@ -20,6 +20,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,8 +53,17 @@ func main() {
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
+	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
 	flag.Parse()
 	if *role != "" {
+		if f := os.Getenv("BENCH_CPUPROFILE"); f != "" {
+			stop, err := startProfile(f)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, *role+":", err)
+				os.Exit(1)
+			}
+			defer stop()
+		}
 		if err := runRole(*role, *addr); err != nil {
 			fmt.Fprintln(os.Stderr, *role+":", err)
 			os.Exit(1)
@@ -215,9 +226,29 @@ type proc struct {
 	cmd *exec.Cmd
 }
 
+// profileDir, when set (-cpuprofile), receives a CPU profile of every
+// process of every cell; profileCell names the cell being set up.
+var profileDir, profileCell string
+
+// startProfile writes a CPU profile to path until the returned func runs.
+func startProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
 func startRole(role, addr string) (*proc, error) {
 	cmd := exec.Command(os.Args[0], "-role", role, "-addr", addr)
 	cmd.Stderr = os.Stderr
+	if profileDir != "" {
+		cmd.Env = append(os.Environ(), "BENCH_CPUPROFILE="+filepath.Join(profileDir, profileCell+"-"+role+".pprof"))
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -305,11 +336,19 @@ type system struct {
 }
 
 func measure(s system, c int, d time.Duration) (Cell, error) {
+	profileCell = fmt.Sprintf("%s-c%d", s.name, c)
 	call, procs, teardown, err := s.setup(c)
 	if err != nil {
 		return Cell{}, err
 	}
 	defer teardown()
+	if profileDir != "" {
+		stop, err := startProfile(filepath.Join(profileDir, profileCell+"-client.pprof"))
+		if err != nil {
+			return Cell{}, err
+		}
+		defer stop()
+	}
 	// Warm up: connections, JIT of caches, the hub's first snapshot.
 	warm := time.Now().Add(300 * time.Millisecond)
 	var wg sync.WaitGroup

@@ -145,7 +145,17 @@ func EachFrame(data []byte, lim Limits, fn func(Frame, *Error)) {
 		fn(Frame{}, err)
 		return
 	}
-	eachElement(data[i:], func(v []byte) { fn(decodeValidFrame(v)) })
+	eachFrame(data[i:], fn)
+}
+
+// eachFrame decodes the frames of a batch (a valid JSON array), walking
+// each element once: the decoder finds where the frame ends.
+func eachFrame(arr []byte, fn func(Frame, *Error)) {
+	eachElementEnd(arr, func(rest []byte) int {
+		f, n, err := decodeFrameEnd(rest)
+		fn(f, err)
+		return n
+	})
 }
 
 // EachCheckedFrame is EachFrame for a message that has already passed
@@ -158,7 +168,7 @@ func EachCheckedFrame(data []byte, fn func(Frame, *Error)) {
 		fn(decodeValidFrame(data))
 		return
 	}
-	eachElement(data[i:], func(v []byte) { fn(decodeValidFrame(v)) })
+	eachFrame(data[i:], fn)
 }
 
 // DecodeFrame decodes one native frame. On error the returned Frame still
@@ -173,15 +183,23 @@ func DecodeFrame(data []byte, lim Limits) (Frame, *Error) {
 
 // decodeValidFrame decodes a frame already checked against the limits.
 func decodeValidFrame(data []byte) (Frame, *Error) {
-	var f Frame
+	f, _, err := decodeFrameEnd(data)
+	return f, err
+}
+
+// decodeFrameEnd decodes the frame at the start of data (valid JSON,
+// checked against the limits, possibly followed by more) and returns the
+// length of its object, or -1 when it could not be walked to its end.
+func decodeFrameEnd(data []byte) (f Frame, n int, _ *Error) {
+	n = -1
 	if kindOf(data) != '{' {
-		return f, NewError(CodeInvalidRequest, "a frame must be a JSON object")
+		return f, n, NewError(CodeInvalidRequest, "a frame must be a JSON object")
 	}
 	var typ string
 	var params, result, errObj, headers, metrics []byte
 	var id, origin, dest, method, version string
 	var ts int64
-	err := eachMember(data, func(key string, v []byte) *Error {
+	n, err := eachMemberEnd(data, func(key string, v []byte) *Error {
 		var e *Error
 		switch key {
 		case "type":
@@ -226,12 +244,12 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		f.Type = FrameGoAway
 	}
 	if err != nil {
-		return f, err
+		return f, n, err
 	}
 	switch f.Type {
 	case FrameRequest:
 		if method == "" {
-			return f, NewError(CodeInvalidRequest, "method is missing")
+			return f, n, NewError(CodeInvalidRequest, "method is missing")
 		}
 		r := &f.Request
 		r.ID, r.Origin, r.Destination, r.Timestamp, r.Method, r.Version = id, origin, dest, ts, method, version
@@ -240,7 +258,7 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		}
 		if headers != nil {
 			if e := decodeHeaders(headers, &r.Headers); e != nil {
-				return f, e
+				return f, n, e
 			}
 		}
 	case FrameResponse:
@@ -248,18 +266,18 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 		r.ID, r.Origin, r.Destination, r.Timestamp = id, origin, dest, ts
 		if headers != nil {
 			if e := decodeHeaders(headers, &r.Headers); e != nil {
-				return f, e
+				return f, n, e
 			}
 		}
 		if metrics != nil {
 			if e := decodeMetrics(metrics, &r.Metrics); e != nil {
-				return f, e
+				return f, n, e
 			}
 		}
 		if errObj != nil && errObj[0] != 'n' {
 			e, derr := decodeErrorObject(errObj)
 			if derr != nil {
-				return f, derr
+				return f, n, derr
 			}
 			f.Err = e
 		} else {
@@ -269,9 +287,9 @@ func decodeValidFrame(data []byte) (Frame, *Error) {
 	case FrameGoAway:
 		f.Seq = 0 // a goaway is about the whole link
 	default:
-		return f, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
+		return f, n, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
 	}
-	return f, nil
+	return f, n, nil
 }
 
 func appendHeaders(b []byte, h *Headers) []byte {

@@ -38,7 +38,7 @@ func (l Limits) check(data []byte) *Error {
 	if len(data) > l.MaxBytes {
 		return Errorf(CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), l.MaxBytes)
 	}
-	valid, tooDeep := scanJSON(data, l.MaxDepth)
+	valid, tooDeep, badUTF8 := scanJSON(data, l.MaxDepth)
 	if tooDeep {
 		return Errorf(CodeInvalidRequest, "JSON nesting exceeds the limit of %d levels", l.MaxDepth)
 	}
@@ -48,22 +48,32 @@ func (l Limits) check(data []byte) *Error {
 	// JSON text is UTF-8 (RFC 8259 §8.1). encoding/json would turn invalid
 	// bytes into U+FFFD, other decoders refuse them or pass them on: the
 	// hub reads a message exactly one way, so it refuses them (S26).
-	if !utf8.Valid(data) {
+	// scanJSON checked the strings, the only place non-ASCII can be.
+	if badUTF8 {
 		return NewError(CodeParseError, "message is not valid UTF-8")
 	}
 	return nil
 }
 
 // stringEnd returns the index just past the string that starts with the
-// quote at data[i] (len(data) if it is unterminated).
+// quote at data[i] (len(data) if it is unterminated). It jumps from quote
+// to quote (bytes.IndexByte is vectorised); a quote preceded by an odd run
+// of backslashes is escaped.
 func stringEnd(data []byte, i int) int {
-	for i++; i < len(data); i++ {
-		switch data[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
+	for i++; i < len(data); {
+		j := bytes.IndexByte(data[i:], '"')
+		if j < 0 {
+			break
 		}
+		q := i + j
+		k := q - 1
+		for k >= i && data[k] == '\\' {
+			k--
+		}
+		if (q-1-k)%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
 	}
 	return len(data)
 }
@@ -119,13 +129,21 @@ func trimValue(data []byte) []byte {
 // encoding/json) and a key that appears twice is an error, since decoders
 // disagree on which one wins.
 func eachMember(obj []byte, fn func(key string, val []byte) *Error) *Error {
+	_, err := eachMemberEnd(obj, fn)
+	return err
+}
+
+// eachMemberEnd is eachMember for an object that may be followed by more
+// JSON (the next element of a batch): it returns the index just past the
+// object's closing brace, or -1 with an error.
+func eachMemberEnd(obj []byte, fn func(key string, val []byte) *Error) (int, *Error) {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
-		return NewError(CodeInvalidRequest, "expected a JSON object")
+		return -1, NewError(CodeInvalidRequest, "expected a JSON object")
 	}
 	i = skipSpace(obj, i+1)
 	if i < len(obj) && obj[i] == '}' {
-		return nil
+		return i + 1, nil
 	}
 	// Small objects (every envelope) check duplicates in a stack array; big
 	// ones switch to a map so that a hostile object stays linear.
@@ -136,7 +154,7 @@ func eachMember(obj []byte, fn func(key string, val []byte) *Error) *Error {
 		ke := stringEnd(obj, i)
 		key, ok := keyString(obj[i:ke])
 		if !ok {
-			return NewError(CodeParseError, "bad object key")
+			return -1, NewError(CodeParseError, "bad object key")
 		}
 		dup := false
 		if big != nil {
@@ -160,21 +178,45 @@ func eachMember(obj []byte, fn func(key string, val []byte) *Error) *Error {
 			}
 		}
 		if dup {
-			return Errorf(CodeInvalidRequest, "duplicate key %q", key)
+			return -1, Errorf(CodeInvalidRequest, "duplicate key %q", key)
 		}
 		i = skipSpace(obj, ke)
 		i = skipSpace(obj, i+1) // ':'
 		ve := valueEnd(obj, i)
 		if err := fn(key, obj[i:ve]); err != nil {
-			return err
+			return -1, err
 		}
 		i = skipSpace(obj, ve)
 		if i < len(obj) && obj[i] == '}' {
-			return nil
+			return i + 1, nil
 		}
 		i = skipSpace(obj, i+1) // ','
 	}
-	return nil
+	return len(obj), nil
+}
+
+// eachElementEnd calls fn for each element of the JSON array arr (valid
+// JSON) with the rest of the array from that element on; fn returns the
+// length of the element when it found it while decoding it, or -1 to have
+// it scanned. A batch of frames is then walked once, not twice.
+func eachElementEnd(arr []byte, fn func(rest []byte) int) {
+	i := skipSpace(arr, 0)
+	i = skipSpace(arr, i+1) // '['
+	if i < len(arr) && arr[i] == ']' {
+		return
+	}
+	for i < len(arr) {
+		n := fn(arr[i:])
+		ve := i + n
+		if n < 0 {
+			ve = valueEnd(arr, i)
+		}
+		i = skipSpace(arr, ve)
+		if i < len(arr) && arr[i] == ']' {
+			return
+		}
+		i = skipSpace(arr, i+1)
+	}
 }
 
 // eachElement calls fn for each element of the JSON array arr (valid JSON).

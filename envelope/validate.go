@@ -1,12 +1,17 @@
 package envelope
 
+import (
+	"encoding/binary"
+	"unicode/utf8"
+)
+
 // scanJSON reports whether data is exactly one JSON value (RFC 8259, with
 // white space around it) and whether its arrays and objects nest deeper
 // than maxDepth; on the first problem it stops. It replaces two passes
 // (a depth count and encoding/json.Valid's byte-at-a-time state machine)
 // with one, and allocates nothing for messages nested up to 128 deep.
 // Like encoding/json it does not check that strings are valid UTF-8.
-func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
+func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
 	var small [128]byte
 	stack := small[:0]
 	i := skipSpace(data, 0)
@@ -14,12 +19,12 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
 	for {
 		// A value starts at i.
 		if i >= n {
-			return false, false
+			return false, false, false
 		}
 		switch c := data[i]; {
 		case c == '{' || c == '[':
 			if len(stack) >= maxDepth {
-				return false, true
+				return false, true, false
 			}
 			stack = append(stack, c)
 			i = skipSpace(data, i+1)
@@ -29,54 +34,54 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
 				goto after
 			}
 			if c == '{' {
-				if i = scanKey(data, i); i < 0 {
-					return false, false
+				if i = scanKey(data, i, &badUTF8); i < 0 {
+					return false, false, false
 				}
 			}
 			continue
 		case c == '"':
-			if i = scanString(data, i); i < 0 {
-				return false, false
+			if i = scanString(data, i, &badUTF8); i < 0 {
+				return false, false, false
 			}
 		case c == '-' || (c >= '0' && c <= '9'):
 			if i = scanNumber(data, i); i < 0 {
-				return false, false
+				return false, false, false
 			}
 		case c == 't':
 			if !hasLiteral(data, i, "true") {
-				return false, false
+				return false, false, false
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(data, i, "false") {
-				return false, false
+				return false, false, false
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(data, i, "null") {
-				return false, false
+				return false, false, false
 			}
 			i += 4
 		default:
-			return false, false
+			return false, false, false
 		}
 	after:
 		// A value ended at i: close containers, or move to the next value.
 		for {
 			i = skipSpace(data, i)
 			if len(stack) == 0 {
-				return i == n, false
+				return i == n, false, badUTF8
 			}
 			if i >= n {
-				return false, false
+				return false, false, false
 			}
 			top := stack[len(stack)-1]
 			switch data[i] {
 			case ',':
 				i = skipSpace(data, i+1)
 				if top == '{' {
-					if i = scanKey(data, i); i < 0 {
-						return false, false
+					if i = scanKey(data, i, &badUTF8); i < 0 {
+						return false, false, false
 					}
 				}
 			case top + 2:
@@ -84,7 +89,7 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
 				i++
 				continue
 			default:
-				return false, false
+				return false, false, false
 			}
 			break
 		}
@@ -93,11 +98,11 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep bool) {
 
 // scanKey checks `"key" :` at i and returns the index after the colon and
 // the white space that follows, or -1.
-func scanKey(data []byte, i int) int {
+func scanKey(data []byte, i int, badUTF8 *bool) int {
 	if i >= len(data) || data[i] != '"' {
 		return -1
 	}
-	if i = scanString(data, i); i < 0 {
+	if i = scanString(data, i, badUTF8); i < 0 {
 		return -1
 	}
 	i = skipSpace(data, i)
@@ -108,16 +113,33 @@ func scanKey(data []byte, i int) int {
 }
 
 // scanString checks the string starting with the quote at i and returns
-// the index after its closing quote, or -1.
-func scanString(data []byte, i int) int {
+// the index after its closing quote, or -1. Runs of eight plain ASCII
+// bytes (no quote, backslash or control character) are skipped a word at
+// a time. Non-ASCII text is checked to be UTF-8 here (JSON has it nowhere
+// else), so the message needs no separate pass: badUTF8 is set, and the
+// scan goes on, since a message that is also invalid JSON or too deep is
+// refused for that.
+func scanString(data []byte, i int, badUTF8 *bool) int {
 	n := len(data)
 	for i++; i < n; i++ {
+		for i+8 <= n && plain8(binary.LittleEndian.Uint64(data[i:])) {
+			i += 8
+		}
+		if i >= n {
+			break
+		}
 		c := data[i]
 		switch {
 		case c == '"':
 			return i + 1
 		case c < 0x20:
 			return -1
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				*badUTF8 = true
+			}
+			i += size - 1
 		case c == '\\':
 			i++
 			if i >= n {
@@ -141,6 +163,23 @@ func scanString(data []byte, i int) int {
 		}
 	}
 	return -1
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// plain8 reports whether all eight bytes in x are ASCII and none is a
+// quote, a backslash or a control character (below 0x20): the bit tricks of
+// "Bit Twiddling Hacks" (hasless, haszero), exact for "is there one".
+func plain8(x uint64) bool {
+	less := (x - ones*0x20) &^ x
+	q := x ^ (ones * '"')
+	bs := x ^ (ones * '\\')
+	quote := (q - ones) &^ q
+	slash := (bs - ones) &^ bs
+	return (less|quote|slash|x)&highs == 0
 }
 
 func isHex(c byte) bool {

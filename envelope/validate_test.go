@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestScanJSONAgreesWithEncodingJSON(t *testing.T) {
@@ -12,19 +13,22 @@ func TestScanJSONAgreesWithEncodingJSON(t *testing.T) {
 		` { "a" : [ 1 , { "b" : null } ] , "c" : "d" } `, `[[[[]]]]`, `{"a":{}}`, `[1,[2,[3]]]`,
 		``, ` `, `{`, `}`, `[`, `]`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[,1]`, `{,}`, `{1:2}`,
 		`01`, `-`, `1.`, `.1`, `1e`, `1e+`, `+1`, `0x1`, `tru`, `nul`, `True`, `"abc`, `"a` + "\n" + `b"`,
-		`"\x"`, `"\u12"`, `"\u12G4"`, `[1 2]`, `{"a":1 "b":2}`, `1 2`, `[]]`, `{}}`, `"\ud83d\ude00"`,
+		`"\x"`, `"\u12"`, `"\u12G4"`, `[1 2]`, `{"a":1 "b":2}`, `1 2`, `[]]`, `{}}`, `"\ud83d\ude00"`, `"é€😀"`, "\"\xe2\x82\"", "[\"a\xc0\xafb\", 1]", "{\"\xed\xa0\x80\":1}",
 		"\"\xff\xfe\"", `[1]x`, `[` + strings.Repeat(`"x",`, 100) + `1]`,
 	}
 	for _, c := range cases {
-		valid, deep := scanJSON([]byte(c), 64)
+		valid, deep, bad := scanJSON([]byte(c), 64)
 		if want := json.Valid([]byte(c)); valid != want || deep {
 			t.Errorf("scanJSON(%q) = %v (deep %v); encoding/json says %v", c, valid, deep, want)
 		}
+		if valid && bad == utf8.ValidString(c) {
+			t.Errorf("scanJSON(%q): bad UTF-8 %v", c, bad)
+		}
 	}
-	if _, deep := scanJSON([]byte(strings.Repeat("[", 65)+strings.Repeat("]", 65)), 64); !deep {
+	if _, deep, _ := scanJSON([]byte(strings.Repeat("[", 65)+strings.Repeat("]", 65)), 64); !deep {
 		t.Error("65 levels not reported too deep at a 64 limit")
 	}
-	if v, deep := scanJSON([]byte(strings.Repeat("[", 64)+strings.Repeat("]", 64)), 64); !v || deep {
+	if v, deep, _ := scanJSON([]byte(strings.Repeat("[", 64)+strings.Repeat("]", 64)), 64); !v || deep {
 		t.Error("64 levels refused at a 64 limit")
 	}
 	if n := testing.AllocsPerRun(100, func() { scanJSON([]byte(`{"a":[1,2,{"b":"c"}]}`), 64) }); n != 0 {
@@ -37,12 +41,16 @@ func FuzzScanJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		valid, deep := scanJSON(data, 10000)
+		valid, deep, bad := scanJSON(data, 10000)
 		if deep {
 			return
 		}
 		if want := json.Valid(data); valid != want {
 			t.Fatalf("scanJSON(%q) = %v; encoding/json.Valid = %v", data, valid, want)
+		}
+		// The strings' UTF-8 check stands for the whole message's.
+		if valid && bad == utf8.Valid(data) {
+			t.Fatalf("scanJSON(%q): bad UTF-8 %v, utf8.Valid %v", data, bad, utf8.Valid(data))
 		}
 	})
 }

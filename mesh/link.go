@@ -33,8 +33,13 @@ type Link struct {
 
 	ctx    context.Context // cancelled when the link closes
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // workers serving incoming requests
-	work   chan task      // hands a request to an idle worker
+	// base carries ctx's values without its cancellation: the parent of
+	// every served request's context. A child of ctx would register with
+	// it and leave it again, under ctx's lock, once per request; closing
+	// the link cancels every served request through the serving map.
+	base context.Context
+	wg   sync.WaitGroup // workers serving incoming requests
+	work chan task      // hands a request to an idle worker
 
 	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
 	goaway     chan struct{} // closed when the peer sent a goaway frame
@@ -105,6 +110,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		o(l)
 	}
 	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
+	l.base = context.WithoutCancel(l.ctx)
 	l.c.start(l.onMessage, l.connClosed)
 	return l
 }
@@ -376,7 +382,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.reply(seq, nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
 		return
 	}
-	ctx, cancel := req.WithTTL(l.ctx, 0)
+	ctx, cancel := req.WithTTL(l.base, 0)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -460,8 +466,15 @@ func (l *Link) connClosed(err error) {
 	l.closed = true
 	pending := l.pending
 	l.pending = map[uint64]chan linkResult{}
+	serving := make([]context.CancelFunc, 0, len(l.serving))
+	for _, cancel := range l.serving {
+		serving = append(serving, cancel)
+	}
 	l.mu.Unlock()
 	l.cancel()
+	for _, cancel := range serving {
+		cancel() // served requests' contexts derive from l.base, not l.ctx
+	}
 	for _, ch := range pending {
 		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err), lost: true}
 	}

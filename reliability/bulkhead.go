@@ -112,7 +112,10 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	b.mu.Unlock()
 
 	var timeout <-chan time.Time
-	if b.cfg.QueueTimeout > 0 {
+	// No timer of its own when the caller's deadline comes first: ctx
+	// ends the wait then, and a timer per queued call costs an allocation
+	// and two heap operations under the runtime's timer lock.
+	if d, ok := ctx.Deadline(); b.cfg.QueueTimeout > 0 && (!ok || time.Until(d) > b.cfg.QueueTimeout) {
 		t := time.NewTimer(b.cfg.QueueTimeout)
 		defer t.Stop()
 		timeout = t.C

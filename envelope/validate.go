@@ -2,22 +2,36 @@ package envelope
 
 import (
 	"encoding/binary"
+	"runtime"
 	"unicode/utf8"
 )
+
+// yieldEvery is how many bytes scanJSON scans between yields.
+const yieldEvery = 64 << 10
 
 // scanJSON reports whether data is exactly one JSON value (RFC 8259, with
 // white space around it) and whether its arrays and objects nest deeper
 // than maxDepth; on the first problem it stops. It replaces two passes
 // (a depth count and encoding/json.Valid's byte-at-a-time state machine)
 // with one, and allocates nothing for messages nested up to 128 deep.
-// Like encoding/json it does not check that strings are valid UTF-8.
+// Strings are checked to be UTF-8 (badUTF8), which encoding/json does not.
+//
+// A large message yields its P every yieldEvery bytes: scanning a
+// megabyte takes about a millisecond, and a flood of them (S26) would
+// otherwise hold both of a small machine's Ps for the scheduler's 10 ms
+// quantum while other connections' small calls wait.
 func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
 	var small [128]byte
 	stack := small[:0]
 	i := skipSpace(data, 0)
 	n := len(data)
+	yieldAt := yieldEvery
 	for {
 		// A value starts at i.
+		if i >= yieldAt {
+			runtime.Gosched()
+			yieldAt = i + yieldEvery
+		}
 		if i >= n {
 			return false, false, false
 		}

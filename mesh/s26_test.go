@@ -997,12 +997,15 @@ func runS26Attackers(ctx context.Context, m s26Target, sched s26Schedule) (*s26S
 	}
 	cctx, cancel := context.WithDeadline(ctx, sched.end().Add(30*time.Second))
 	defer cancel()
-	// The attackers run at the lowest CPU priority (nice 19): on this
-	// 2-core machine they stand for clients on other machines, and their
-	// own CPU (generating ~1,000 messages/s, a third of them megabytes)
-	// must not be charged to the hub. Their traffic is the same; the
-	// kernel's loopback work of it still runs on the hub's cores.
-	cmd := exec.CommandContext(cctx, "nice", "-n", "19", os.Args[0], "-test.run=^$")
+	// The attackers run under SCHED_IDLE (chrt --idle, util-linux): on
+	// this 2-core machine they stand for clients on other machines, and
+	// their own CPU (generating ~1,000 messages/s, a third of them
+	// megabytes) must not be charged to the hub. Their traffic is the
+	// same; the kernel's loopback work of it still runs on the hub's
+	// cores. (nice 19, used before, still let them hold a core for a
+	// scheduler slice while a hub thread waited: the hub's threads were
+	// runnable but off CPU ~500 ms per second of attack.)
+	cmd := exec.CommandContext(cctx, "chrt", "--idle", "0", os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), s26AttackerEnv+"="+string(cfg))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -13,7 +13,13 @@ c=${C:-16}
 bin=$(mktemp -d); trap 'kill $pid 2>/dev/null || true; rm -rf "$bin"' EXIT
 go build -o "$bin" ./cmd/meshd ./cmd/meshctl
 addr=127.0.0.1:$((20000 + RANDOM % 10000))
-"$bin/meshd" --demo --listen "$addr" --log-level warn & pid=$!
+# The hub gets CPU 0 and each load generator CPU 1 (PIN=0 turns this
+# off): on 2 shared cores a generator that itself burns more CPU would
+# otherwise take it from the hub and measure a slower hub, not measure it
+# wrongly. Pinned, both tools load the same hub the same way.
+pin_hub=() pin_gen=()
+if [ "${PIN:-1}" = 1 ] && [ "$(nproc)" -ge 2 ]; then pin_hub=(taskset -c 0) pin_gen=(taskset -c 1); fi
+"${pin_hub[@]}" "$bin/meshd" --demo --listen "$addr" --log-level warn & pid=$!
 for _ in $(seq 50); do curl -sf "http://$addr/readyz" >/dev/null && break; sleep 0.1; done
 body='{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"data":"hello"}}'
 # warm both paths up
@@ -21,7 +27,7 @@ hey -n 2000 -c "$c" -m POST -T application/json -d "$body" "http://$addr/rpc" >/
 "$bin/meshctl" bench echo.echo '{"data":"hello"}' -n 2000 -c "$c" --hub "http://$addr/rpc" >/dev/null
 out=$(mktemp)
 run_hey() {
-  hey -n "$n" -c "$c" -m POST -T application/json -d "$body" "http://$addr/rpc" |
+  "${pin_gen[@]}" hey -n "$n" -c "$c" -m POST -T application/json -d "$body" "http://$addr/rpc" |
     awk -v r="$1" '/Requests\/sec/ {rps=$2} /  50% in/ {p50=$3*1000} /  99% in/ {p99=$3*1000}
       END {printf "hey %s %f %f %f\n", r, rps, p50, p99}' >>"$out"
 }
@@ -29,7 +35,7 @@ run_meshctl() {
   # The report goes to a file and is read afterwards: python3 started at
   # the head of a pipe burns ~0.4 s of CPU (pyenv's shim) while the load
   # runs, which on 2 cores took 20 % off meshctl's figure.
-  "$bin/meshctl" bench echo.echo '{"data":"hello"}' -n "$n" -c "$c" --hub "http://$addr/rpc" -o json >"$bin/report.json"
+  "${pin_gen[@]}" "$bin/meshctl" bench echo.echo '{"data":"hello"}' -n "$n" -c "$c" --hub "http://$addr/rpc" -o json >"$bin/report.json"
   python3 -c "import json,sys; d=json.load(open('$bin/report.json')); l=d['latencies']; print('meshctl $1', d['rps'], l['50th'], l['99th'])" >>"$out"
 }
 # ABBA order: hey first in odd rounds, meshctl first in even ones, so that

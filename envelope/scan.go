@@ -221,20 +221,11 @@ func eachElementEnd(arr []byte, fn func(rest []byte) int) {
 
 // eachElement calls fn for each element of the JSON array arr (valid JSON).
 func eachElement(arr []byte, fn func(val []byte)) {
-	i := skipSpace(arr, 0)
-	i = skipSpace(arr, i+1) // '['
-	if i < len(arr) && arr[i] == ']' {
-		return
-	}
-	for i < len(arr) {
-		ve := valueEnd(arr, i)
-		fn(arr[i:ve])
-		i = skipSpace(arr, ve)
-		if i < len(arr) && arr[i] == ']' {
-			return
-		}
-		i = skipSpace(arr, i+1)
-	}
+	eachElementEnd(arr, func(rest []byte) int {
+		n := valueEnd(rest, 0)
+		fn(rest[:n])
+		return n
+	})
 }
 
 // keyString returns an object key for comparison during eachMember. A key

@@ -34,16 +34,25 @@ func DecodeJSONRPC(data []byte, lim Limits) (calls []RPCCall, batch bool, err *E
 		i := skipSpace(data, 0)
 		return nil, i < len(data) && data[i] == '[' && lim.check(data) == nil, err
 	}
+	calls, batch = DecodeCheckedJSONRPC(data)
+	return calls, batch, nil
+}
+
+// DecodeCheckedJSONRPC is DecodeJSONRPC for a message that has already
+// passed PrecheckJSONRPC with the same limits (a reader checks each
+// message in its read buffer): it decodes without scanning the message a
+// second time.
+func DecodeCheckedJSONRPC(data []byte) (calls []RPCCall, batch bool) {
 	data = trimValue(data)
 	if data[0] != '[' {
 		c := decodeRPCRequest(data)
-		return []RPCCall{c}, false, nil
+		return []RPCCall{c}, false
 	}
 	n := 0
 	eachElement(data, func([]byte) { n++ })
 	calls = make([]RPCCall, 0, n)
 	eachElement(data, func(v []byte) { calls = append(calls, decodeRPCRequest(v)) })
-	return calls, true, nil
+	return calls, true
 }
 
 func decodeRPCRequest(v []byte) RPCCall {

@@ -113,6 +113,46 @@ func TestJSONRPCLimits(t *testing.T) {
 	if _, _, err := envelope.DecodeJSONRPC([]byte(big), envelope.Limits{}); err == nil {
 		t.Error("a batch over DefaultMaxBatch was accepted")
 	}
+}
+
+// TestJSONRPCBatchLimit: a batch of DefaultMaxBatch calls is decoded, one
+// more is refused, elements nested inside a call do not count, and the
+// refusal comes at the first element too many: what follows it is not
+// scanned (a batch of 100,000 is refused after a thousand elements).
+func TestJSONRPCBatchLimit(t *testing.T) {
+	call := `{"jsonrpc":"2.0","method":"m","params":[` + strings.Repeat("0,", 2*envelope.DefaultMaxBatch) + `0],"id":1}`
+	batch := func(n int, tail string) []byte {
+		return []byte("[" + strings.Repeat(call+",", n-1) + call + tail)
+	}
+	lim := envelope.Limits{MaxBytes: 64 << 20}
+	calls, isBatch, err := envelope.DecodeJSONRPC(batch(envelope.DefaultMaxBatch, "]"), lim)
+	if err != nil || !isBatch || len(calls) != envelope.DefaultMaxBatch {
+		t.Fatalf("a batch of the maximum: %d calls, batch %v, err %v", len(calls), isBatch, err)
+	}
+	for _, c := range calls {
+		if c.Err != nil {
+			t.Fatalf("call refused: %v", c.Err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"one over", batch(envelope.DefaultMaxBatch+1, "]")},
+		{"one over, then broken JSON", batch(envelope.DefaultMaxBatch+1, `,{"unterminated`)},
+		{"one over, then nesting past the limit", batch(envelope.DefaultMaxBatch+1, ","+strings.Repeat("[", 100)+"]")},
+	} {
+		_, _, err := envelope.DecodeJSONRPC(tc.in, lim)
+		if err == nil || err.Code != envelope.CodeInvalidRequest || !strings.Contains(err.Message, "batch exceeds the limit of 1000") {
+			t.Errorf("%s: %v; want INVALID_REQUEST, batch over the limit", tc.name, err)
+		}
+		if pre := envelope.PrecheckJSONRPC(tc.in, lim); pre == nil || pre.Code != err.Code {
+			t.Errorf("%s: precheck %v, decoder %v", tc.name, pre, err)
+		}
+	}
+	if _, _, err := envelope.DecodeJSONRPC([]byte(" [ ] "), lim); err == nil || err.Code != envelope.CodeInvalidRequest || err.Message != "empty batch" {
+		t.Errorf("empty batch: %v", err)
+	}
 	if _, _, err := envelope.DecodeJSONRPC([]byte(`{"jsonrpc":"2.0","method":"m"`), envelope.Limits{}); err == nil || err.Code != envelope.CodeParseError {
 		t.Errorf("truncated JSON: %v; want PARSE_ERROR", err)
 	}

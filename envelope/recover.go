@@ -18,20 +18,12 @@ func (l Limits) Check(data []byte) *Error { return l.check(data) }
 // a whole (size, nesting, JSON, UTF-8, an empty or oversized batch), or
 // nil when DecodeJSONRPC will decode it into calls.
 func PrecheckJSONRPC(data []byte, lim Limits) *Error {
-	if err := lim.check(data); err != nil {
+	if err := lim.checkBatch(data, DefaultMaxBatch); err != nil {
 		return err
 	}
 	data = trimValue(data)
-	if data[0] != '[' {
-		return nil
-	}
-	n := 0
-	eachElement(data, func([]byte) { n++ })
-	if n == 0 {
+	if data[0] == '[' && data[skipSpace(data, 1)] == ']' {
 		return NewError(CodeInvalidRequest, "empty batch")
-	}
-	if n > DefaultMaxBatch {
-		return Errorf(CodeInvalidRequest, "batch of %d requests exceeds the limit of %d", n, DefaultMaxBatch)
 	}
 	return nil
 }

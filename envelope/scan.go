@@ -33,14 +33,22 @@ func (l Limits) norm() Limits {
 }
 
 // check applies the limits and JSON validity to a whole message.
-func (l Limits) check(data []byte) *Error {
+func (l Limits) check(data []byte) *Error { return l.checkBatch(data, 0) }
+
+// checkBatch is check that also refuses a top-level array of more than
+// maxBatch elements (no limit when 0), as soon as the scan reaches the
+// first one too many.
+func (l Limits) checkBatch(data []byte, maxBatch int) *Error {
 	l = l.norm()
 	if len(data) > l.MaxBytes {
 		return Errorf(CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), l.MaxBytes)
 	}
-	valid, tooDeep, badUTF8 := scanJSON(data, l.MaxDepth)
+	valid, tooDeep, tooMany, badUTF8 := scanJSONBatch(data, l.MaxDepth, maxBatch)
 	if tooDeep {
 		return Errorf(CodeInvalidRequest, "JSON nesting exceeds the limit of %d levels", l.MaxDepth)
+	}
+	if tooMany {
+		return Errorf(CodeInvalidRequest, "batch exceeds the limit of %d requests", maxBatch)
 	}
 	if !valid {
 		return NewError(CodeParseError, "message is not valid JSON")

@@ -21,10 +21,20 @@ const yieldEvery = 64 << 10
 // otherwise hold both of a small machine's Ps for the scheduler's 10 ms
 // quantum while other connections' small calls wait.
 func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
+	valid, tooDeep, _, badUTF8 = scanJSONBatch(data, maxDepth, 0)
+	return valid, tooDeep, badUTF8
+}
+
+// scanJSONBatch is scanJSON that also stops, with tooMany, at the
+// maxElems+1st element of a top-level array (no limit when maxElems is
+// 0): a batch far over the limit (100,000 empty objects, S26) is refused
+// after a few hundred bytes instead of a scan and a count of all of it.
+func scanJSONBatch(data []byte, maxDepth, maxElems int) (valid, tooDeep, tooMany, badUTF8 bool) {
 	var small [128]byte
 	stack := small[:0]
 	i := skipSpace(data, 0)
 	n := len(data)
+	elems := 1 // of a top-level array, counted at its commas
 	yieldAt := yieldEvery
 	for {
 		// A value starts at i.
@@ -33,12 +43,12 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
 			yieldAt = i + yieldEvery
 		}
 		if i >= n {
-			return false, false, false
+			return false, false, false, false
 		}
 		switch c := data[i]; {
 		case c == '{' || c == '[':
 			if len(stack) >= maxDepth {
-				return false, true, false
+				return false, true, false, false
 			}
 			stack = append(stack, c)
 			i = skipSpace(data, i+1)
@@ -49,53 +59,58 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
 			}
 			if c == '{' {
 				if i = scanKey(data, i, &badUTF8); i < 0 {
-					return false, false, false
+					return false, false, false, false
 				}
 			}
 			continue
 		case c == '"':
 			if i = scanString(data, i, &badUTF8); i < 0 {
-				return false, false, false
+				return false, false, false, false
 			}
 		case c == '-' || (c >= '0' && c <= '9'):
 			if i = scanNumber(data, i); i < 0 {
-				return false, false, false
+				return false, false, false, false
 			}
 		case c == 't':
 			if !hasLiteral(data, i, "true") {
-				return false, false, false
+				return false, false, false, false
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(data, i, "false") {
-				return false, false, false
+				return false, false, false, false
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(data, i, "null") {
-				return false, false, false
+				return false, false, false, false
 			}
 			i += 4
 		default:
-			return false, false, false
+			return false, false, false, false
 		}
 	after:
 		// A value ended at i: close containers, or move to the next value.
 		for {
 			i = skipSpace(data, i)
 			if len(stack) == 0 {
-				return i == n, false, badUTF8
+				return i == n, false, false, badUTF8
 			}
 			if i >= n {
-				return false, false, false
+				return false, false, false, false
 			}
 			top := stack[len(stack)-1]
 			switch data[i] {
 			case ',':
+				if len(stack) == 1 && top == '[' && maxElems > 0 {
+					if elems++; elems > maxElems {
+						return false, false, true, false
+					}
+				}
 				i = skipSpace(data, i+1)
 				if top == '{' {
 					if i = scanKey(data, i, &badUTF8); i < 0 {
-						return false, false, false
+						return false, false, false, false
 					}
 				}
 			case top + 2:
@@ -103,7 +118,7 @@ func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
 				i++
 				continue
 			default:
-				return false, false, false
+				return false, false, false, false
 			}
 			break
 		}

@@ -67,6 +67,7 @@ func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts 
 		ReadBufferSize:   4096,
 		WriteBufferSize:  4096,
 		TLSClientConfig:  cfg.TLS,
+		NetDialContext:   dialReadAhead,
 	}
 	var hdr http.Header
 	if token != "" {

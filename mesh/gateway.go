@@ -50,11 +50,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusOK, refused)
 		return
 	}
-	calls, batch, derr := envelope.DecodeJSONRPC(data, lim)
-	if derr != nil {
-		writeRPCError(w, http.StatusOK, derr)
-		return
-	}
+	calls, batch := envelope.DecodeCheckedJSONRPC(data) // readChecked ran PrecheckJSONRPC
 	if k := r.Header.Get("Idempotency-Key"); k != "" {
 		// The HTTP header of draft-ietf-httpapi-idempotency-key, for a
 		// single call (a batch carries keys per call in meta).
@@ -267,13 +263,7 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.send(b)
 		return
 	}
-	calls, batch, derr := envelope.DecodeJSONRPC(data, rc.c.cfg.Limits)
-	if derr != nil {
-		b := getBuf()
-		*b = envelope.AppendJSONRPCError(*b, nil, derr)
-		rc.c.send(b)
-		return
-	}
+	calls, batch := envelope.DecodeCheckedJSONRPC(data) // the reader ran c.check, PrecheckJSONRPC
 	// A bound on the calls in flight per connection: past it the
 	// connection's new calls are refused at once, not queued, each under
 	// its own id: a batch is answered with an array of refusals (one per

@@ -45,7 +45,10 @@ type cappedConn struct {
 	net.Conn
 	l    *capListener
 	once sync.Once
+	readAhead
 }
+
+func (c *cappedConn) Read(p []byte) (int, error) { return c.readAhead.read(c.Conn, p) }
 
 // CloseWrite half-closes the connection when the underlying one can: the
 // HTTP server sends its last response (413, 431) and a FIN this way, then

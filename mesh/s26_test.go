@@ -708,6 +708,7 @@ func TestS26HostileJSON(t *testing.T) {
 	// queue), per window: how much of the legitimate latency is the
 	// machine's other work (the attackers' and other tenants').
 	waits := make([]time.Duration, 2*windows+2)
+	cpus := make([]time.Duration, 2*windows+2) // this process's CPU time: the hub's, mostly
 	wg.Go(func() {
 		for i := range waits {
 			select {
@@ -717,7 +718,7 @@ func TestS26HostileJSON(t *testing.T) {
 				}
 			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
 			}
-			waits[i] = runDelay()
+			waits[i], cpus[i] = runDelay(), processCPU()
 		}
 	})
 	load := legitLoadAt(lctx, legit, 100)
@@ -729,12 +730,15 @@ func TestS26HostileJSON(t *testing.T) {
 		t.Fatalf("attacker process: %v", err)
 	}
 	hLat, aLat := sched.split(samples)
-	var waitQuiet, waitAttack time.Duration
+	var waitQuiet, waitAttack, cpuQuiet, cpuAttack time.Duration
 	for i := 0; i+1 < 2*windows+2; i++ {
-		if d := waits[i+1] - waits[i]; i%2 == 1 {
+		d, c := waits[i+1]-waits[i], cpus[i+1]-cpus[i]
+		if i%2 == 1 {
 			waitAttack += d
+			cpuAttack += c
 		} else if i < 2*windows+1 {
 			waitQuiet += d
+			cpuQuiet += c
 		}
 	}
 	gc1 := gcStats()
@@ -766,6 +770,8 @@ func TestS26HostileJSON(t *testing.T) {
 		"gc_cycles":               gc1.cycles - gc0.cycles,
 		"os_wait_ms_per_s_quiet":  ms(waitQuiet) / float64(windows+1),
 		"os_wait_ms_per_s_attack": ms(waitAttack) / float64(windows),
+		"cpu_ms_per_s_quiet":      ms(cpuQuiet) / float64(windows+1),
+		"cpu_ms_per_s_attack":     ms(cpuAttack) / float64(windows),
 		"loadavg":                 loadAvg(),
 		"gc_pause_p99_ms":         gc1.pauseP99ms,
 		"heap_base_mib":           float64(baseHeap) / (1 << 20),

@@ -37,7 +37,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		return &cappedConn{Conn: c, l: l}, nil
+		return &cappedConn{Conn: c, l: l, readAhead: newReadAhead(c)}, nil
 	}
 }
 

@@ -2,16 +2,33 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 )
 
-// readAheadSize is how much one read from a connection's socket asks for
-// when its reader wants less.
+// readAheadSize is how much one read from a connection's socket takes
+// when its reader wants less and the socket holds more.
 const readAheadSize = 64 << 10
 
 var readAheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadSize); return &b }}
+
+// readAheadHeld counts the pooled buffers out of the pool (for tests:
+// one held while a reader waits would be 64 KiB per idle connection).
+var readAheadHeld atomic.Int64
+
+func getReadAhead() *[]byte {
+	readAheadHeld.Add(1)
+	return readAheadPool.Get().(*[]byte)
+}
+
+func putReadAhead(b *[]byte) {
+	readAheadHeld.Add(-1)
+	readAheadPool.Put(b)
+}
 
 // readAhead gives a connection a large read buffer that it holds only
 // while the buffer has bytes its reader has not taken yet. The readers
@@ -20,15 +37,28 @@ var readAheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadSize)
 // a fragmented message, the HTTP server's 4 KiB): each such read was a
 // syscall of its own, so a burst of small frames, or a megabyte sent in 4
 // KiB fragments, cost a syscall per frame or two (S26: 3 ms of hub CPU
-// per fragmented megabyte). Here one syscall takes up to 64 KiB of what
-// the socket holds and later reads are copies. An idle connection holds
+// per fragmented megabyte). Here, once a read has filled its reader's
+// buffer (the socket may hold more), the next takes up to 64 KiB of what
+// the socket holds, without waiting, and later reads are copies.
+//
+// A read that waits for data is made into the reader's own buffer, never
+// the large one: an idle connection, whose reader sits in a read, holds
 // no buffer, so idle memory stays as it was.
 //
 // It is not safe for concurrent reads (no net.Conn reader is).
 type readAhead struct {
-	buf  *[]byte // nil when empty
+	raw  syscall.RawConn // nil: no read-ahead, plain reads
+	buf  *[]byte         // nil when empty
 	r, w int
-	err  error // the read's error, returned once the buffer is drained
+	more bool // the last read filled the reader's buffer
+}
+
+func newReadAhead(c net.Conn) readAhead {
+	var ra readAhead
+	if sc, ok := c.(syscall.Conn); ok {
+		ra.raw, _ = sc.SyscallConn()
+	}
+	return ra
 }
 
 func (ra *readAhead) read(src io.Reader, p []byte) (int, error) {
@@ -36,28 +66,51 @@ func (ra *readAhead) read(src io.Reader, p []byte) (int, error) {
 		n := copy(p, (*ra.buf)[ra.r:ra.w])
 		ra.r += n
 		if ra.r == ra.w {
-			readAheadPool.Put(ra.buf)
+			putReadAhead(ra.buf)
 			ra.buf = nil
 		}
 		return n, nil
 	}
-	if err := ra.err; err != nil {
-		ra.err = nil
-		return 0, err
+	if ra.more && ra.raw != nil && len(p) > 0 && len(p) < readAheadSize/2 {
+		if n, ok, err := ra.readNow(p); ok {
+			return n, err
+		}
 	}
-	if len(p) >= readAheadSize/2 || len(p) == 0 {
-		return src.Read(p)
+	n, err := src.Read(p)
+	ra.more = n == len(p)
+	return n, err
+}
+
+// readNow reads what the socket holds into a pooled buffer without
+// waiting for more; ok is false when it holds nothing (or the read could
+// not be made), and the caller reads as usual.
+func (ra *readAhead) readNow(p []byte) (int, bool, error) {
+	ra.more = false
+	bp := getReadAhead()
+	n, errno := 0, error(nil)
+	if err := ra.raw.Read(func(fd uintptr) bool {
+		n, errno = syscall.Read(int(fd), *bp)
+		return true // never wait: an empty socket is the caller's read
+	}); err != nil || n < 0 || errors.Is(errno, syscall.EAGAIN) || errors.Is(errno, syscall.EINTR) {
+		putReadAhead(bp)
+		return 0, false, nil
 	}
-	bp := readAheadPool.Get().(*[]byte)
-	n, err := src.Read(*bp)
-	if n <= len(p) {
-		copy(p, (*bp)[:n])
-		readAheadPool.Put(bp)
-		return n, err
+	if errno != nil {
+		putReadAhead(bp)
+		return 0, true, errno
 	}
-	copy(p, (*bp)[:len(p)])
-	ra.buf, ra.r, ra.w, ra.err = bp, len(p), n, err
-	return len(p), nil
+	if n == 0 {
+		putReadAhead(bp)
+		return 0, true, io.EOF
+	}
+	ra.more = n == len(*bp)
+	k := copy(p, (*bp)[:n])
+	if k == n {
+		putReadAhead(bp)
+	} else {
+		ra.buf, ra.r, ra.w = bp, k, n
+	}
+	return k, true, nil
 }
 
 // readAheadConn is a dialed connection read through a readAhead (the
@@ -77,5 +130,5 @@ func dialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &readAheadConn{Conn: c}, nil
+	return &readAheadConn{Conn: c, readAhead: newReadAhead(c)}, nil
 }

@@ -5,17 +5,28 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
 
-// countingConn counts the reads that reach the socket.
-type countingConn struct {
-	net.Conn
-	reads int
+// readSyscalls is this process's count of read syscalls so far.
+func readSyscalls(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Skipf("no /proc/self/io: %v", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "syscr: "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no syscr in /proc/self/io")
+	return 0
 }
-
-func (c *countingConn) Read(p []byte) (int, error) { c.reads++; return c.Conn.Read(p) }
 
 // TestReadAhead reads a stream over a real TCP connection in small and
 // large pieces of random sizes through a readAhead: the bytes come out
@@ -58,8 +69,11 @@ func TestReadAhead(t *testing.T) {
 		sent <- nil
 	case <-time.After(time.Second):
 	}
-	cc := &countingConn{Conn: raw}
-	var ra readAhead
+	ra := newReadAhead(raw)
+	if ra.raw == nil {
+		t.Fatal("a TCP connection without read-ahead")
+	}
+	reads0 := readSyscalls(t)
 	var got []byte
 	small := 0
 	for {
@@ -68,7 +82,7 @@ func TestReadAhead(t *testing.T) {
 			n = readAheadSize + rand.IntN(readAheadSize)
 		}
 		p := make([]byte, n)
-		k, err := ra.read(cc, p)
+		k, err := ra.read(raw, p)
 		got = append(got, p[:k]...)
 		if n < readAheadSize/2 {
 			small++
@@ -93,9 +107,70 @@ func TestReadAhead(t *testing.T) {
 		t.Error("the buffer is held after the end of the stream")
 	}
 	// ~3 MiB at most 64 KiB per syscall, plus the large reads and the
-	// end: far fewer syscalls than the ~1,500 small reads.
-	if cc.reads > small/4 {
-		t.Errorf("%d syscalls for %d small reads", cc.reads, small)
+	// end: far fewer syscalls than the hundreds of small reads.
+	reads := readSyscalls(t) - reads0
+	if reads > small/4 {
+		t.Errorf("%d read syscalls for %d small reads", reads, small)
 	}
-	t.Logf("%d syscalls for %d small reads", cc.reads, small)
+	t.Logf("%d read syscalls for %d small reads", reads, small)
+}
+
+// TestReadAheadIdle: a read that has to wait for data holds no pooled
+// buffer (an idle connection's reader sits in one), even right after a
+// read that filled its buffer; the data that comes later is read whole.
+func TestReadAheadIdle(t *testing.T) {
+	a, b := tcpPair(t)
+	ra := newReadAhead(a)
+	if _, err := b.Write([]byte("abcd")); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 4)
+	if n, err := io.ReadFull(readerFunc(func(q []byte) (int, error) { return ra.read(a, q) }), p); n != 4 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	if !ra.more {
+		t.Fatal("a read that filled its buffer did not mark more")
+	}
+	held := readAheadHeld.Load()
+	done := make(chan []byte)
+	go func() {
+		q := make([]byte, 16)
+		n, _ := ra.read(a, q)
+		done <- q[:n]
+	}()
+	time.Sleep(50 * time.Millisecond) // the reader waits in the socket
+	if n := readAheadHeld.Load(); n != held {
+		t.Errorf("%d pooled buffers held while the reader waits", n-held)
+	}
+	if _, err := b.Write([]byte("efgh")); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-done; string(got) != "efgh" {
+		t.Fatalf("read %q after the wait, want efgh", got)
+	}
+	if ra.buf != nil {
+		t.Error("a buffer is held after a wait")
+	}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	b, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
 }

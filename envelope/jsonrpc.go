@@ -28,11 +28,13 @@ var nullID = json.RawMessage("null")
 // non-nil error means the message as a whole is refused (not JSON, over a
 // limit, an empty batch) and is answered by one error object with id null.
 // Otherwise calls holds one entry per request, each either valid or
-// carrying its own Err. Raw fields alias data.
+// carrying its own Err. batch reports whether the message is an array,
+// refused or not (a refused one is not scanned again to tell whether it
+// was valid JSON past the point of refusal). Raw fields alias data.
 func DecodeJSONRPC(data []byte, lim Limits) (calls []RPCCall, batch bool, err *Error) {
 	if err := PrecheckJSONRPC(data, lim); err != nil {
 		i := skipSpace(data, 0)
-		return nil, i < len(data) && data[i] == '[' && lim.check(data) == nil, err
+		return nil, i < len(data) && data[i] == '[', err
 	}
 	calls, batch = DecodeCheckedJSONRPC(data)
 	return calls, batch, nil

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net"
 	"sync"
@@ -45,17 +44,23 @@ func putReadAhead(b *[]byte) {
 // the large one: an idle connection, whose reader sits in a read, holds
 // no buffer, so idle memory stays as it was.
 //
+// A connection whose reader stops with bytes left in the buffer (held
+// back by a slow consumer) keeps it until it reads again or is closed
+// and collected: at most one buffer per connection, MaxConns × 64 KiB in
+// the worst case, none when idle.
+//
 // It is not safe for concurrent reads (no net.Conn reader is).
 type readAhead struct {
 	raw  syscall.RawConn // nil: no read-ahead, plain reads
+	conn net.Conn        // for the addresses of a read error
 	buf  *[]byte         // nil when empty
 	r, w int
 	more bool // the last read filled the reader's buffer
 }
 
 func newReadAhead(c net.Conn) readAhead {
-	var ra readAhead
-	if sc, ok := c.(syscall.Conn); ok {
+	ra := readAhead{conn: c}
+	if sc, ok := c.(syscall.Conn); ok && readAheadOS {
 		ra.raw, _ = sc.SyscallConn()
 	}
 	return ra
@@ -79,38 +84,6 @@ func (ra *readAhead) read(src io.Reader, p []byte) (int, error) {
 	n, err := src.Read(p)
 	ra.more = n == len(p)
 	return n, err
-}
-
-// readNow reads what the socket holds into a pooled buffer without
-// waiting for more; ok is false when it holds nothing (or the read could
-// not be made), and the caller reads as usual.
-func (ra *readAhead) readNow(p []byte) (int, bool, error) {
-	ra.more = false
-	bp := getReadAhead()
-	n, errno := 0, error(nil)
-	if err := ra.raw.Read(func(fd uintptr) bool {
-		n, errno = syscall.Read(int(fd), *bp)
-		return true // never wait: an empty socket is the caller's read
-	}); err != nil || n < 0 || errors.Is(errno, syscall.EAGAIN) || errors.Is(errno, syscall.EINTR) {
-		putReadAhead(bp)
-		return 0, false, nil
-	}
-	if errno != nil {
-		putReadAhead(bp)
-		return 0, true, errno
-	}
-	if n == 0 {
-		putReadAhead(bp)
-		return 0, true, io.EOF
-	}
-	ra.more = n == len(*bp)
-	k := copy(p, (*bp)[:n])
-	if k == n {
-		putReadAhead(bp)
-	} else {
-		ra.buf, ra.r, ra.w = bp, k, n
-	}
-	return k, true, nil
 }
 
 // readAheadConn is a dialed connection read through a readAhead (the

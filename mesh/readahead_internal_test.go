@@ -2,12 +2,14 @@ package mesh
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -173,4 +175,35 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
+}
+
+// TestReadAheadReset: a reset that the read-ahead's read takes from the
+// socket comes back as the read's error, not as the end of the stream.
+func TestReadAheadReset(t *testing.T) {
+	a, b := tcpPair(t)
+	ra := newReadAhead(a)
+	if _, err := b.Write([]byte("abcd")); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 4)
+	if n, err := io.ReadFull(readerFunc(func(q []byte) (int, error) { return ra.read(a, q) }), p); n != 4 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	if !ra.more {
+		t.Fatal("a read that filled its buffer did not mark more")
+	}
+	_ = b.(*net.TCPConn).SetLinger(0) // close with a reset
+	b.Close()
+	time.Sleep(50 * time.Millisecond)
+	n, err := ra.read(a, p)
+	if n != 0 || err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("read after a reset: %d, %v; want the reset", n, err)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("read after a reset: %v; want ECONNRESET", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) {
+		t.Errorf("%T is not a net.Error", err)
+	}
 }

@@ -1,0 +1,51 @@
+//go:build unix
+
+package mesh
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+const readAheadOS = true
+
+// readNow reads what the socket holds into a pooled buffer without
+// waiting for more; ok is false when it holds nothing, and the caller
+// reads as usual.
+func (ra *readAhead) readNow(p []byte) (int, bool, error) {
+	ra.more = false
+	bp := getReadAhead()
+	n, errno := 0, error(nil)
+	if err := ra.raw.Read(func(fd uintptr) bool {
+		n, errno = syscall.Read(int(fd), *bp)
+		return true // never wait: an empty socket is the caller's read
+	}); err != nil {
+		putReadAhead(bp)
+		return 0, false, nil // closed, or past a deadline: the caller's read says so
+	}
+	if errno != nil {
+		putReadAhead(bp)
+		if errors.Is(errno, syscall.EAGAIN) || errors.Is(errno, syscall.EINTR) {
+			return 0, false, nil
+		}
+		// The read took the socket's error (a reset): report it as
+		// net.Conn.Read would, not as the end of the stream the next
+		// read would see.
+		return 0, true, &net.OpError{Op: "read", Net: ra.conn.LocalAddr().Network(), Source: ra.conn.LocalAddr(), Addr: ra.conn.RemoteAddr(), Err: os.NewSyscallError("read", errno)}
+	}
+	if n == 0 {
+		putReadAhead(bp)
+		return 0, true, io.EOF
+	}
+	ra.more = n == len(*bp)
+	k := copy(p, (*bp)[:n])
+	if k == n {
+		putReadAhead(bp)
+	} else {
+		ra.buf, ra.r, ra.w = bp, k, n
+	}
+	return k, true, nil
+}

@@ -122,17 +122,7 @@ func TestReadAhead(t *testing.T) {
 // read that filled its buffer; the data that comes later is read whole.
 func TestReadAheadIdle(t *testing.T) {
 	a, b := tcpPair(t)
-	ra := newReadAhead(a)
-	if _, err := b.Write([]byte("abcd")); err != nil {
-		t.Fatal(err)
-	}
-	p := make([]byte, 4)
-	if n, err := io.ReadFull(readerFunc(func(q []byte) (int, error) { return ra.read(a, q) }), p); n != 4 || err != nil {
-		t.Fatalf("read %d, %v", n, err)
-	}
-	if !ra.more {
-		t.Fatal("a read that filled its buffer did not mark more")
-	}
+	ra, _ := filledOnce(t, a, b)
 	held := readAheadHeld.Load()
 	done := make(chan []byte)
 	go func() {
@@ -153,6 +143,24 @@ func TestReadAheadIdle(t *testing.T) {
 	if ra.buf != nil {
 		t.Error("a buffer is held after a wait")
 	}
+}
+
+// filledOnce returns a's readAhead after a read that filled its 4-byte
+// buffer (so the next read is the non-waiting one), and that buffer.
+func filledOnce(t *testing.T, a, b net.Conn) (*readAhead, []byte) {
+	t.Helper()
+	ra := newReadAhead(a)
+	if _, err := b.Write([]byte("abcd")); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 4)
+	if n, err := io.ReadFull(readerFunc(func(q []byte) (int, error) { return ra.read(a, q) }), p); n != 4 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	if !ra.more {
+		t.Fatal("a read that filled its buffer did not mark more")
+	}
+	return &ra, p
 }
 
 type readerFunc func([]byte) (int, error)
@@ -181,17 +189,7 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 // socket comes back as the read's error, not as the end of the stream.
 func TestReadAheadReset(t *testing.T) {
 	a, b := tcpPair(t)
-	ra := newReadAhead(a)
-	if _, err := b.Write([]byte("abcd")); err != nil {
-		t.Fatal(err)
-	}
-	p := make([]byte, 4)
-	if n, err := io.ReadFull(readerFunc(func(q []byte) (int, error) { return ra.read(a, q) }), p); n != 4 || err != nil {
-		t.Fatalf("read %d, %v", n, err)
-	}
-	if !ra.more {
-		t.Fatal("a read that filled its buffer did not mark more")
-	}
+	ra, p := filledOnce(t, a, b)
 	_ = b.(*net.TCPConn).SetLinger(0) // close with a reset
 	b.Close()
 	time.Sleep(50 * time.Millisecond)

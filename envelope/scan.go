@@ -43,7 +43,7 @@ func (l Limits) checkBatch(data []byte, maxBatch int) *Error {
 	if len(data) > l.MaxBytes {
 		return Errorf(CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), l.MaxBytes)
 	}
-	valid, tooDeep, tooMany, badUTF8 := scanJSONBatch(data, l.MaxDepth, maxBatch)
+	valid, tooDeep, tooMany, badUTF8 := scanJSON(data, l.MaxDepth, maxBatch)
 	if tooDeep {
 		return Errorf(CodeInvalidRequest, "JSON nesting exceeds the limit of %d levels", l.MaxDepth)
 	}

@@ -10,8 +10,12 @@ import (
 const yieldEvery = 64 << 10
 
 // scanJSON reports whether data is exactly one JSON value (RFC 8259, with
-// white space around it) and whether its arrays and objects nest deeper
-// than maxDepth; on the first problem it stops. It replaces two passes
+// white space around it), whether its arrays and objects nest deeper
+// than maxDepth, and whether a top-level array has more than maxElems
+// elements (tooMany; no limit when maxElems is 0); on the first problem
+// it stops, so a batch far over the limit (100,000 empty objects, S26) is
+// refused after its first element too many, not after a scan and a
+// count of all of it. It replaces two passes
 // (a depth count and encoding/json.Valid's byte-at-a-time state machine)
 // with one, and allocates nothing for messages nested up to 128 deep.
 // Strings are checked to be UTF-8 (badUTF8), which encoding/json does not.
@@ -20,16 +24,7 @@ const yieldEvery = 64 << 10
 // megabyte takes about a millisecond, and a flood of them (S26) would
 // otherwise hold both of a small machine's Ps for the scheduler's 10 ms
 // quantum while other connections' small calls wait.
-func scanJSON(data []byte, maxDepth int) (valid, tooDeep, badUTF8 bool) {
-	valid, tooDeep, _, badUTF8 = scanJSONBatch(data, maxDepth, 0)
-	return valid, tooDeep, badUTF8
-}
-
-// scanJSONBatch is scanJSON that also stops, with tooMany, at the
-// maxElems+1st element of a top-level array (no limit when maxElems is
-// 0): a batch far over the limit (100,000 empty objects, S26) is refused
-// after a few hundred bytes instead of a scan and a count of all of it.
-func scanJSONBatch(data []byte, maxDepth, maxElems int) (valid, tooDeep, tooMany, badUTF8 bool) {
+func scanJSON(data []byte, maxDepth, maxElems int) (valid, tooDeep, tooMany, badUTF8 bool) {
 	var small [128]byte
 	stack := small[:0]
 	i := skipSpace(data, 0)

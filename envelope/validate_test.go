@@ -17,7 +17,7 @@ func TestScanJSONAgreesWithEncodingJSON(t *testing.T) {
 		"\"\xff\xfe\"", `[1]x`, `[` + strings.Repeat(`"x",`, 100) + `1]`,
 	}
 	for _, c := range cases {
-		valid, deep, bad := scanJSON([]byte(c), 64)
+		valid, deep, _, bad := scanJSON([]byte(c), 64, 0)
 		if want := json.Valid([]byte(c)); valid != want || deep {
 			t.Errorf("scanJSON(%q) = %v (deep %v); encoding/json says %v", c, valid, deep, want)
 		}
@@ -25,13 +25,13 @@ func TestScanJSONAgreesWithEncodingJSON(t *testing.T) {
 			t.Errorf("scanJSON(%q): bad UTF-8 %v", c, bad)
 		}
 	}
-	if _, deep, _ := scanJSON([]byte(strings.Repeat("[", 65)+strings.Repeat("]", 65)), 64); !deep {
+	if _, deep, _, _ := scanJSON([]byte(strings.Repeat("[", 65)+strings.Repeat("]", 65)), 64, 0); !deep {
 		t.Error("65 levels not reported too deep at a 64 limit")
 	}
-	if v, deep, _ := scanJSON([]byte(strings.Repeat("[", 64)+strings.Repeat("]", 64)), 64); !v || deep {
+	if v, deep, _, _ := scanJSON([]byte(strings.Repeat("[", 64)+strings.Repeat("]", 64)), 64, 0); !v || deep {
 		t.Error("64 levels refused at a 64 limit")
 	}
-	if n := testing.AllocsPerRun(100, func() { scanJSON([]byte(`{"a":[1,2,{"b":"c"}]}`), 64) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { scanJSON([]byte(`{"a":[1,2,{"b":"c"}]}`), 64, 0) }); n != 0 {
 		t.Errorf("scanJSON allocates %v times", n)
 	}
 }
@@ -41,7 +41,7 @@ func FuzzScanJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		valid, deep, bad := scanJSON(data, 10000)
+		valid, deep, _, bad := scanJSON(data, 10000, 0)
 		if deep {
 			return
 		}

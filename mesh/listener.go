@@ -48,7 +48,7 @@ type cappedConn struct {
 	readAhead
 }
 
-func (c *cappedConn) Read(p []byte) (int, error) { return c.readAhead.read(c.Conn, p) }
+func (c *cappedConn) Read(p []byte) (int, error) { return c.readAhead.read(p) }
 
 // CloseWrite half-closes the connection when the underlying one can: the
 // HTTP server sends its last response (413, 431) and a FIN this way, then

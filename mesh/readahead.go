@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"context"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -52,7 +51,7 @@ func putReadAhead(b *[]byte) {
 // It is not safe for concurrent reads (no net.Conn reader is).
 type readAhead struct {
 	raw  syscall.RawConn // nil: no read-ahead, plain reads
-	conn net.Conn        // for the addresses of a read error
+	conn net.Conn        // the connection read
 	buf  *[]byte         // nil when empty
 	r, w int
 	more bool // the last read filled the reader's buffer
@@ -66,7 +65,7 @@ func newReadAhead(c net.Conn) readAhead {
 	return ra
 }
 
-func (ra *readAhead) read(src io.Reader, p []byte) (int, error) {
+func (ra *readAhead) read(p []byte) (int, error) {
 	if ra.buf != nil {
 		n := copy(p, (*ra.buf)[ra.r:ra.w])
 		ra.r += n
@@ -81,7 +80,7 @@ func (ra *readAhead) read(src io.Reader, p []byte) (int, error) {
 			return n, err
 		}
 	}
-	n, err := src.Read(p)
+	n, err := ra.conn.Read(p)
 	ra.more = n == len(p)
 	return n, err
 }
@@ -93,7 +92,7 @@ type readAheadConn struct {
 	readAhead
 }
 
-func (c *readAheadConn) Read(p []byte) (int, error) { return c.readAhead.read(c.Conn, p) }
+func (c *readAheadConn) Read(p []byte) (int, error) { return c.readAhead.read(p) }
 
 // dialReadAhead dials as gorilla's default dialer does, with a
 // readAhead: a link's replies arrive many frames at a time under load.

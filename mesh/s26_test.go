@@ -682,11 +682,17 @@ func TestS26HostileJSON(t *testing.T) {
 	// ones, and the healthy figure is taken from the quiet windows: this
 	// 2-core machine is shared, and its load from other processes drifts
 	// over seconds; interleaved, both figures see the same drift.
+	//
+	// Every other loaded window is a control: the same 10 connections send
+	// a well-formed call (echo.echo) at the same rate instead of the
+	// corpus. What the legitimate calls lose to that load is what 1,000
+	// more calls a second cost on this machine; what they lose beyond it
+	// under attack is the cost of the hostility itself.
 	runtime.GC()
 	baseHeap := heapInuse()
 	hitsBefore := hits.Load()
 	gc0 := gcStats()
-	sched := s26Schedule{Start: time.Now().Add(500 * time.Millisecond), Window: time.Second, Attacks: windows}
+	sched := s26Schedule{Start: time.Now().Add(500 * time.Millisecond), Window: time.Second, Loaded: 2 * windows, Control: true}
 	lctx, lcancel := context.WithDeadline(ctx, sched.end())
 	defer lcancel()
 	var peakHeap atomic.Uint64
@@ -707,8 +713,9 @@ func TestS26HostileJSON(t *testing.T) {
 	// The hub process's threads' time runnable but off CPU (the OS's run
 	// queue), per window: how much of the legitimate latency is the
 	// machine's other work (the attackers' and other tenants').
-	waits := make([]time.Duration, 2*windows+2)
-	cpus := make([]time.Duration, 2*windows+2) // this process's CPU time: the hub's, mostly
+	waits := make([]time.Duration, 2*sched.Loaded+2)
+	cpus := make([]time.Duration, len(waits))               // this process's CPU time: the hub's, mostly
+	scheds := make([]*metrics.Float64Histogram, len(waits)) // goroutines' wait in Go's run queues
 	wg.Go(func() {
 		for i := range waits {
 			select {
@@ -718,34 +725,35 @@ func TestS26HostileJSON(t *testing.T) {
 				}
 			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
 			}
-			waits[i], cpus[i] = runDelay(), processCPU()
+			waits[i], cpus[i], scheds[i] = runDelay(), processCPU(), schedLatencies()
 		}
 	})
 	load := legitLoadAt(lctx, legit, 100)
-	st, err := runS26Attackers(ctx, tgt, sched)
+	rep, err := runS26Attackers(ctx, tgt, sched)
 	<-lctx.Done()
 	wg.Wait()
 	samples, aFails, aErrs := load()
 	if err != nil {
 		t.Fatalf("attacker process: %v", err)
 	}
-	hLat, aLat := sched.split(samples)
-	var waitQuiet, waitAttack, cpuQuiet, cpuAttack time.Duration
-	for i := 0; i+1 < 2*windows+2; i++ {
-		d, c := waits[i+1]-waits[i], cpus[i+1]-cpus[i]
+	st := rep.Hostile
+	hLat, aLat, bLat := sched.split(samples)
+	var quiet, hostile, benign s26Phase
+	for i := 0; i+1 < len(waits); i++ {
+		ph := &quiet
 		if i%2 == 1 {
-			waitAttack += d
-			cpuAttack += c
-		} else if i < 2*windows+1 {
-			waitQuiet += d
-			cpuQuiet += c
+			ph = &benign
+			if _, _, h := sched.loaded(i / 2); h {
+				ph = &hostile
+			}
 		}
+		ph.add(waits[i+1]-waits[i], cpus[i+1]-cpus[i], scheds[i], scheds[i+1])
 	}
 	gc1 := gcStats()
 	runtime.GC()
 	afterHeap := heapInuse()
 
-	hp99, ap99 := pctl(hLat, 99), pctl(aLat, 99)
+	hp99, ap99, bp99 := pctl(hLat, 99), pctl(aLat, 99), pctl(bLat, 99)
 	bound := uint64(2 * s26ReadLimit * 10)
 	summary := map[string]any{
 		"scenario":                "S26",
@@ -767,11 +775,17 @@ func TestS26HostileJSON(t *testing.T) {
 		"legit_attack_p50":        ms(pctl(aLat, 50)),
 		"legit_attack_p99":        ms(ap99),
 		"p99_ratio":               float64(ap99) / float64(max(hp99, 1)),
+		"benign_sent":             rep.Benign.Sent,
+		"benign_unexpected":       rep.Benign.NBad,
+		"legit_benign":            len(bLat),
+		"legit_benign_p50":        ms(pctl(bLat, 50)),
+		"legit_benign_p99":        ms(bp99),
+		"p99_ratio_benign":        float64(bp99) / float64(max(hp99, 1)),
+		"p99_ratio_attack_benign": float64(ap99) / float64(max(bp99, 1)),
 		"gc_cycles":               gc1.cycles - gc0.cycles,
-		"os_wait_ms_per_s_quiet":  ms(waitQuiet) / float64(windows+1),
-		"os_wait_ms_per_s_attack": ms(waitAttack) / float64(windows),
-		"cpu_ms_per_s_quiet":      ms(cpuQuiet) / float64(windows+1),
-		"cpu_ms_per_s_attack":     ms(cpuAttack) / float64(windows),
+		"quiet":                   quiet.summary(),
+		"attack":                  hostile.summary(),
+		"benign":                  benign.summary(),
 		"loadavg":                 loadAvg(),
 		"gc_pause_p99_ms":         gc1.pauseP99ms,
 		"heap_base_mib":           float64(baseHeap) / (1 << 20),
@@ -785,6 +799,13 @@ func TestS26HostileJSON(t *testing.T) {
 
 	for _, b := range st.Bad {
 		t.Errorf("attack: %s", b)
+	}
+	for _, b := range rep.Benign.Bad {
+		t.Errorf("benign load: %s", b)
+	}
+	if len(bLat) < len(aLat)*3/4 || rep.Benign.Sent < st.Sent/2 {
+		t.Errorf("control: %d legitimate calls and %d benign messages, against %d and %d under attack: the control did not run",
+			len(bLat), rep.Benign.Sent, len(aLat), st.Sent)
 	}
 	if want := windows * 60; len(hLat) < want {
 		t.Errorf("healthy (quiet windows): %d calls counted, want ≥ %d", len(hLat), want)
@@ -855,20 +876,24 @@ const s26AttackerEnv = "AGENTMESH_S26_ATTACKER"
 func init() { helperMain = s26AttackerMain }
 
 // s26Schedule is the attack's timetable: from Start, windows of Window
-// alternate quiet and attack, quiet first and last, Attacks of them
-// attacks. Both processes read the same clock.
+// alternate quiet and loaded, quiet first and last, Loaded of them
+// loaded. With Control, loaded windows alternate hostile (the corpus)
+// and benign (the same connections sending well-formed calls at the same
+// rate); without, all are hostile. Both processes read the same clock.
 type s26Schedule struct {
 	Start   time.Time
 	Window  time.Duration
-	Attacks int
+	Loaded  int
+	Control bool
 }
 
-func (s s26Schedule) attack(k int) (from, to time.Time) {
+// loaded is the k-th loaded window and whether it is hostile.
+func (s s26Schedule) loaded(k int) (from, to time.Time, hostile bool) {
 	from = s.Start.Add(time.Duration(2*k+1) * s.Window)
-	return from, from.Add(s.Window)
+	return from, from.Add(s.Window), !s.Control || k%2 == 0
 }
 
-func (s s26Schedule) end() time.Time { return s.Start.Add(time.Duration(2*s.Attacks+1) * s.Window) }
+func (s s26Schedule) end() time.Time { return s.Start.Add(time.Duration(2*s.Loaded+1) * s.Window) }
 
 // s26Floor is the absolute slack on S26's legitimate p99 ≤ 1.5× healthy.
 const s26Floor = 2 * time.Millisecond
@@ -881,21 +906,25 @@ const s26RegressionFloor = 4 * time.Millisecond
 // neither figure.
 const s26Settle = 100 * time.Millisecond
 
-// split sorts the legitimate calls: under attack if they overlap an attack
-// window at all; healthy if they lie wholly in a quiet window, past
-// s26Settle after the attack before it; others (before the start,
-// straddling the settling time) are not counted.
-func (s s26Schedule) split(samples []legitSample) (healthy, under []time.Duration) {
+// split sorts the legitimate calls: under attack (or under benign load)
+// if they overlap a hostile (benign) window at all; healthy if they lie
+// wholly in a quiet window, past s26Settle after the loaded window before
+// it; others (before the start, straddling the settling time) are not
+// counted.
+func (s s26Schedule) split(samples []legitSample) (healthy, hostile, benign []time.Duration) {
 	for _, x := range samples {
 		s0, s1 := x.start, x.start.Add(x.d)
 		if s0.Before(s.Start) || s1.After(s.end()) {
 			continue
 		}
-		overlaps, settled := false, true
-		for k := range s.Attacks {
-			from, to := s.attack(k)
+		in, settled := 0, true // in: 1 hostile, 2 benign
+		for k := range s.Loaded {
+			from, to, h := s.loaded(k)
 			if s0.Before(to) && s1.After(from) {
-				overlaps = true
+				in = 2
+				if h {
+					in = 1
+				}
 				break
 			}
 			if !s0.Before(to) && s0.Before(to.Add(s26Settle)) {
@@ -903,17 +932,33 @@ func (s s26Schedule) split(samples []legitSample) (healthy, under []time.Duratio
 			}
 		}
 		switch {
-		case overlaps:
-			under = append(under, x.d)
+		case in == 1:
+			hostile = append(hostile, x.d)
+		case in == 2:
+			benign = append(benign, x.d)
 		case settled:
 			healthy = append(healthy, x.d)
 		}
 	}
-	return healthy, under
+	return healthy, hostile, benign
+}
+
+// s26Benign is the control's corpus: a well-formed call of the
+// legitimate load's method, on each transport.
+func s26Benign() []*s26Item {
+	native := fixed([]byte(`{"type":"req","seq":7,"id":"n1","method":"echo.echo","params":[1],"headers":{},"version":"1.0"}`))
+	return []*s26Item{{name: "well-formed call", body: fixed([]byte(`{"jsonrpc":"2.0","method":"echo.echo","params":[1],"id":1}`)),
+		expect: expID, wantIDs: []string{"1"}, native: &native, natExp: expRouted}}
+}
+
+// s26Report is what the attacker process saw, in hostile and benign
+// windows.
+type s26Report struct {
+	Hostile, Benign *s26Stats
 }
 
 // s26AttackerMain runs in the re-executed test binary when s26AttackerEnv
-// is set: it runs the 10 attackers in the schedule's attack windows,
+// is set: it runs the 10 attackers in the schedule's loaded windows,
 // prints what they saw (s26Stats as JSON) and exits, instead of running
 // tests.
 func s26AttackerMain() {
@@ -929,18 +974,20 @@ func s26AttackerMain() {
 		fmt.Fprintln(os.Stderr, "attacker:", err)
 		os.Exit(2)
 	}
-	st := newS26Stats()
-	corpus := s26Corpus()
-	for k := range c.Attacks {
-		from, to := c.attack(k)
+	rep := s26Report{Hostile: newS26Stats(), Benign: newS26Stats()}
+	corpus, benign := s26Corpus(), s26Benign()
+	for k := range c.Loaded {
+		from, to, hostile := c.loaded(k)
 		time.Sleep(time.Until(from))
 		ctx, cancel := context.WithDeadline(context.Background(), to)
-		s26Attack(ctx, c.s26Target, corpus, st)
+		if hostile {
+			s26Attack(ctx, c.s26Target, corpus, rep.Hostile)
+		} else {
+			s26Attack(ctx, c.s26Target, benign, rep.Benign)
+		}
 		cancel()
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if err := json.NewEncoder(os.Stdout).Encode(st); err != nil {
+	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
 		fmt.Fprintln(os.Stderr, "attacker:", err)
 		os.Exit(2)
 	}
@@ -978,8 +1025,10 @@ func s26Attack(ctx context.Context, m s26Target, corpus []*s26Item, st *s26Stats
 					s26HTTP(ctx, m.Addr, &rc, corpus[i%len(corpus)], st)
 				case a < 8:
 					s26WS(ctx, m, &ws, corpus[i%len(corpus)], st, false)
-				default:
+				case len(native) > 0:
 					s26WS(ctx, m, &ws, native[i%len(native)], st, true)
+				default:
+					s26HTTP(ctx, m.Addr, &rc, corpus[i%len(corpus)], st)
 				}
 				select {
 				case <-ctx.Done():
@@ -993,7 +1042,7 @@ func s26Attack(ctx context.Context, m s26Target, corpus []*s26Item, st *s26Stats
 
 // runS26Attackers runs the attack from a separate process and returns
 // what its attackers saw.
-func runS26Attackers(ctx context.Context, m s26Target, sched s26Schedule) (*s26Stats, error) {
+func runS26Attackers(ctx context.Context, m s26Target, sched s26Schedule) (*s26Report, error) {
 	cfg, err := json.Marshal(struct {
 		s26Target
 		s26Schedule
@@ -1018,11 +1067,11 @@ func runS26Attackers(ctx context.Context, m s26Target, sched s26Schedule) (*s26S
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("%v (stderr: %.2000s)", err, stderr.String())
 	}
-	var st s26Stats
-	if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
+	var rep s26Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Hostile == nil || rep.Benign == nil {
 		return nil, fmt.Errorf("its report: %v (%.200q, stderr: %.2000s)", err, stdout.String(), stderr.String())
 	}
-	return &st, nil
+	return &rep, nil
 }
 
 // gcFigures are the collector's cycles so far and the p99 of its
@@ -1067,6 +1116,75 @@ func runDelay() time.Duration {
 		}
 	}
 	return time.Duration(sum)
+}
+
+// s26Phase sums, over the windows of one kind, the hub process's time
+// runnable but off CPU (the OS's run queue), its CPU time and its
+// goroutines' wait in Go's run queues.
+type s26Phase struct {
+	windows   int
+	wait, cpu time.Duration
+	sched     histDiff
+}
+
+func (p *s26Phase) add(wait, cpu time.Duration, from, to *metrics.Float64Histogram) {
+	p.windows++
+	p.wait += wait
+	p.cpu += cpu
+	p.sched.add(from, to)
+}
+
+// summary is the phase per second of window (windows are 1 s).
+func (p *s26Phase) summary() map[string]float64 {
+	n := float64(max(p.windows, 1))
+	return map[string]float64{
+		"os_wait_ms_per_s": ms(p.wait) / n,
+		"cpu_ms_per_s":     ms(p.cpu) / n,
+		"go_sched_p99_us":  p.sched.pctl(99) * 1e6,
+		"go_sched_p999_us": p.sched.pctl(99.9) * 1e6,
+	}
+}
+
+// schedLatencies is the histogram of the time goroutines spent runnable
+// before they ran (Go's run queues, not the OS's).
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64Histogram()
+}
+
+// histDiff sums the differences of pairs of snapshots of one histogram.
+type histDiff struct {
+	buckets []float64
+	counts  []uint64
+}
+
+func (h *histDiff) add(from, to *metrics.Float64Histogram) {
+	if from == nil || to == nil {
+		return
+	}
+	if h.counts == nil {
+		h.buckets, h.counts = to.Buckets, make([]uint64, len(to.Counts))
+	}
+	for i := range to.Counts {
+		h.counts[i] += to.Counts[i] - from.Counts[i]
+	}
+}
+
+// pctl is the upper bound of the bucket holding the p-th percentile.
+func (h *histDiff) pctl(p float64) float64 {
+	var total uint64
+	for _, c := range h.counts {
+		total += c
+	}
+	seen := uint64(0)
+	for i, c := range h.counts {
+		seen += c
+		if total > 0 && float64(seen) >= float64(total)*p/100 {
+			return h.buckets[i+1]
+		}
+	}
+	return 0
 }
 
 // loadAvg is the machine's 1-minute load average, for the summary.

@@ -282,7 +282,8 @@ func (c *wsConn) readMessage() (int, []byte, *envelope.Error, error) {
 	if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
 		check = nil
 	}
-	buf, refused, err := readChecked(r, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
+	pc, _ := c.ws.NetConn().(pacer) // not a TLS connection's: its reads are the TLS layer's
+	buf, refused, err := readChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
 	return typ, buf, refused, err
 }
 

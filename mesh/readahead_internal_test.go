@@ -209,3 +209,73 @@ func TestReadAheadReset(t *testing.T) {
 		t.Errorf("%T is not a net.Error", err)
 	}
 }
+
+// countPacer counts the paces that slept.
+type countPacer struct {
+	pacer
+	slept int
+}
+
+func (c *countPacer) pace() bool {
+	s := c.pacer.pace()
+	if s {
+		c.slept++
+	}
+	return s
+}
+
+// TestReadAheadPace: a large message trickled in 4 KiB writes is paced
+// (its reader sleeps between 64 KiB pieces instead of waking per write)
+// and arrives whole; one written at once is not paced.
+func TestReadAheadPace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		size    int
+		trickle bool
+		paced   func(slept int) bool
+		want    string
+	}{
+		{"trickled", 256 << 10, true, func(n int) bool { return n >= 1 }, "at least one pace"},
+		{"at once", 1 << 20, false, func(n int) bool { return n <= 1 }, "at most one pace (of 16)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := tcpPair(t)
+			want := make([]byte, tc.size)
+			for i := range want {
+				want[i] = byte(rand.Uint32())
+			}
+			sent := make(chan error, 1)
+			go func() {
+				if !tc.trickle {
+					_, err := b.Write(want)
+					sent <- err
+					return
+				}
+				for p := want; len(p) > 0; p = p[4<<10:] {
+					if _, err := b.Write(p[:4<<10]); err != nil {
+						sent <- err
+						return
+					}
+					time.Sleep(500 * time.Microsecond)
+				}
+				sent <- nil
+			}()
+			rc := &readAheadConn{Conn: a, readAhead: newReadAhead(a)}
+			cp := &countPacer{pacer: rc}
+			got, refused, err := readChecked(io.LimitReader(rc, int64(tc.size)), cp, tc.size, nil, 0)
+			if err != nil || refused != nil {
+				t.Fatalf("read: %v %v", err, refused)
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("read %d bytes, not the %d sent", len(got), len(want))
+			}
+			if !tc.paced(cp.slept) {
+				t.Errorf("%d paces slept; want %s", cp.slept, tc.want)
+			}
+			t.Logf("%d paces slept", cp.slept)
+		})
+	}
+}

@@ -28,15 +28,20 @@ var bigScratch = make(chan []byte, 4)
 // readExact reads r to EOF, refusing (with the reader's own error) past
 // what r allows, and returns a new slice of exactly the bytes read.
 func readExact(r io.Reader, limit int) ([]byte, error) {
-	data, _, err := readChecked(r, limit, nil, 0)
+	data, _, err := readChecked(r, nil, limit, nil, 0)
 	return data, err
 }
+
+// pacer is a connection that can slow its reader down when a large
+// message trickles in (readAhead.pace).
+type pacer interface{ pace() bool }
 
 // readChecked is readExact with a check applied to the message in the
 // scratch buffer: if check refuses it, data is a copy of at most its
 // first keep bytes (for a receiver that looks for what to answer) and
-// refused says why.
-func readChecked(r io.Reader, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
+// refused says why. pc, if not nil, is the connection r reads from: it
+// paces the reads of a message past 64 KiB that trickles in.
+func readChecked(r io.Reader, pc pacer, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
 	bp := scratch.Get().(*[]byte)
 	buf := (*bp)[:0]
 	defer func() {
@@ -60,10 +65,11 @@ func readChecked(r io.Reader, limit int, check func([]byte) *envelope.Error, kee
 		before := len(buf)
 		n, err := r.Read(buf[len(buf):min(cap(buf), len(buf)+64<<10)])
 		buf = buf[:len(buf)+n]
-		if before>>16 != len(buf)>>16 {
+		if before>>16 != len(buf)>>16 && (pc == nil || !pc.pace()) {
 			// Every 64 KiB of one message, let other goroutines run: a
 			// flood of large messages must not hold a P for the
 			// scheduler's 10 ms quantum while small calls wait (S26).
+			// (A pace that slept has let them run.)
 			runtime.Gosched()
 		}
 		if err == io.EOF {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -716,6 +717,7 @@ func TestS26HostileJSON(t *testing.T) {
 	waits := make([]time.Duration, 2*sched.Loaded+2)
 	cpus := make([]time.Duration, len(waits))               // this process's CPU time: the hub's, mostly
 	scheds := make([]*metrics.Float64Histogram, len(waits)) // goroutines' wait in Go's run queues
+	syss := make([]time.Duration, len(waits))               // the part of cpus spent in the kernel
 	wg.Go(func() {
 		for i := range waits {
 			select {
@@ -725,7 +727,7 @@ func TestS26HostileJSON(t *testing.T) {
 				}
 			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
 			}
-			waits[i], cpus[i], scheds[i] = runDelay(), processCPU(), schedLatencies()
+			waits[i], cpus[i], syss[i], scheds[i] = runDelay(), processCPU(), processSys(), schedLatencies()
 		}
 	})
 	load := legitLoadAt(lctx, legit, 100)
@@ -747,7 +749,7 @@ func TestS26HostileJSON(t *testing.T) {
 				ph = &hostile
 			}
 		}
-		ph.add(waits[i+1]-waits[i], cpus[i+1]-cpus[i], scheds[i], scheds[i+1])
+		ph.add(waits[i+1]-waits[i], cpus[i+1]-cpus[i], syss[i+1]-syss[i], scheds[i], scheds[i+1])
 	}
 	gc1 := gcStats()
 	runtime.GC()
@@ -873,6 +875,12 @@ type s26Target struct {
 // to the attacker process.
 const s26AttackerEnv = "AGENTMESH_S26_ATTACKER"
 
+// s26OnlyEnv, if set, keeps in the attack (not in the first pass) only
+// the corpus inputs whose names hold it: the hub's CPU per input of one
+// kind, for profiling (e.g. AGENTMESH_S26_ONLY=fragments). The test's
+// pass figures are for the whole corpus.
+const s26OnlyEnv = "AGENTMESH_S26_ONLY"
+
 func init() { helperMain = s26AttackerMain }
 
 // s26Schedule is the attack's timetable: from Start, windows of Window
@@ -976,6 +984,15 @@ func s26AttackerMain() {
 	}
 	rep := s26Report{Hostile: newS26Stats(), Benign: newS26Stats()}
 	corpus, benign := s26Corpus(), s26Benign()
+	if f := os.Getenv(s26OnlyEnv); f != "" {
+		var keep []*s26Item
+		for _, it := range corpus {
+			if strings.Contains(it.name, f) {
+				keep = append(keep, it)
+			}
+		}
+		corpus = keep
+	}
 	for k := range c.Loaded {
 		from, to, hostile := c.loaded(k)
 		time.Sleep(time.Until(from))
@@ -1122,15 +1139,16 @@ func runDelay() time.Duration {
 // runnable but off CPU (the OS's run queue), its CPU time and its
 // goroutines' wait in Go's run queues.
 type s26Phase struct {
-	windows   int
-	wait, cpu time.Duration
-	sched     histDiff
+	windows        int
+	wait, cpu, sys time.Duration
+	sched          histDiff
 }
 
-func (p *s26Phase) add(wait, cpu time.Duration, from, to *metrics.Float64Histogram) {
+func (p *s26Phase) add(wait, cpu, sys time.Duration, from, to *metrics.Float64Histogram) {
 	p.windows++
 	p.wait += wait
 	p.cpu += cpu
+	p.sys += sys
 	p.sched.add(from, to)
 }
 
@@ -1140,9 +1158,20 @@ func (p *s26Phase) summary() map[string]float64 {
 	return map[string]float64{
 		"os_wait_ms_per_s": ms(p.wait) / n,
 		"cpu_ms_per_s":     ms(p.cpu) / n,
+		"cpu_sys_ms_per_s": ms(p.sys) / n,
 		"go_sched_p99_us":  p.sched.pctl(99) * 1e6,
 		"go_sched_p999_us": p.sched.pctl(99.9) * 1e6,
 	}
+}
+
+// processSys is the process's CPU time in the kernel (for this test's
+// hub: its share of the loopback TCP work of both ends).
+func processSys() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Stime.Nano())
 }
 
 // schedLatencies is the histogram of the time goroutines spent runnable

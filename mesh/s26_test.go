@@ -718,6 +718,7 @@ func TestS26HostileJSON(t *testing.T) {
 	cpus := make([]time.Duration, len(waits))               // this process's CPU time: the hub's, mostly
 	scheds := make([]*metrics.Float64Histogram, len(waits)) // goroutines' wait in Go's run queues
 	syss := make([]time.Duration, len(waits))               // the part of cpus spent in the kernel
+	machine := make([]cpuTimes, len(waits))                 // the machine's CPUs, all processes
 	wg.Go(func() {
 		for i := range waits {
 			select {
@@ -727,7 +728,7 @@ func TestS26HostileJSON(t *testing.T) {
 				}
 			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
 			}
-			waits[i], cpus[i], syss[i], scheds[i] = runDelay(), processCPU(), processSys(), schedLatencies()
+			waits[i], cpus[i], syss[i], scheds[i], machine[i] = runDelay(), processCPU(), processSys(), schedLatencies(), readCPUTimes()
 		}
 	})
 	load := legitLoadAt(lctx, legit, 100)
@@ -750,6 +751,7 @@ func TestS26HostileJSON(t *testing.T) {
 			}
 		}
 		ph.add(waits[i+1]-waits[i], cpus[i+1]-cpus[i], syss[i+1]-syss[i], scheds[i], scheds[i+1])
+		ph.machine.add(machine[i], machine[i+1])
 	}
 	gc1 := gcStats()
 	runtime.GC()
@@ -831,22 +833,25 @@ func TestS26HostileJSON(t *testing.T) {
 	if p := pctl(st.Lat, 99); p > 50*time.Millisecond {
 		t.Errorf("hostile inputs answered in p99 %v; want ≤ 50 ms", p)
 	}
-	// Legitimate p99 ≤ 1.5× healthy (the scenario's figure), healthy
-	// measured in the quiet windows of the same run, with an absolute
-	// floor of 2 ms for this shared 2-core machine: the hub's healthy p99
-	// is ~1 ms, where one scheduler time slice lost to another process
-	// (the attackers' included: they share the cores and the kernel's
-	// loopback work) is already more than half of it.
-	// The scenario's figure, with a 2 ms floor, is reported; the test
-	// fails past a wider bound (4 ms floor). On this machine the figure
-	// is met in about 2 runs of 3 when it is quiet (legitimate p99 ~4 ms
-	// under attack against ~1 ms healthy): the hub spends the second core
-	// refusing ~300 MB/s of hostile bytes, and the legitimate calls wait
-	// for a CPU. Issue [M6] stays open on it.
-	if limit := hp99*3/2 + s26Floor; ap99 > limit {
-		t.Logf("S26 NOT MET: legitimate p99 %v under attack vs %v healthy; the scenario wants ≤ 1.5× + %v = %v", ap99, hp99, s26Floor, limit)
+	// Legitimate p99 ≤ 1.5× healthy is the scenario's figure, healthy
+	// measured in the quiet windows of the same run. It is reported, with
+	// the control's figure beside it; the test fails past a wider bound
+	// (1.5× + 4 ms), a regression guard. On this machine (2 vCPUs of a
+	// shared host) the figure is not met: 1,000 well-formed calls a
+	// second alone take the legitimate p99 to ~1.5× healthy (the
+	// control), and the attack to 2-3.5×, while the hub uses ~20 % of
+	// the machine and the machine is ~65 % idle. What grows is the time
+	// the hub's threads wait, runnable, for a CPU (os_wait: ~35 ms per s
+	// quiet, ~110 benign, ~230 attack): wake-ups of idle virtual CPUs,
+	// which grow with the traffic, not with the hub's CPU (cut by a
+	// quarter with no change in the p99).
+	ratio := func(a, b time.Duration) float64 { return float64(a) / float64(max(b, 1)) }
+	t.Logf("legitimate p99: healthy %v, benign load %v (%.2f×), attack %v (%.2f×; %.2f× the benign figure)",
+		hp99, bp99, ratio(bp99, hp99), ap99, ratio(ap99, hp99), ratio(ap99, bp99))
+	if ap99 > hp99*3/2 {
+		t.Logf("S26 figure NOT MET: legitimate p99 under attack %.2f× healthy; the scenario wants ≤ 1.5×", ratio(ap99, hp99))
 	} else {
-		t.Logf("S26 met: legitimate p99 %v under attack vs %v healthy (≤ 1.5× + %v = %v)", ap99, hp99, s26Floor, limit)
+		t.Logf("S26 figure met: legitimate p99 under attack %.2f× healthy (≤ 1.5×)", ratio(ap99, hp99))
 	}
 	if limit := hp99*3/2 + s26RegressionFloor; ap99 > limit {
 		t.Errorf("legitimate p99 %v under attack vs %v healthy; want ≤ 1.5× + %v = %v", ap99, hp99, s26RegressionFloor, limit)
@@ -903,7 +908,9 @@ func (s s26Schedule) loaded(k int) (from, to time.Time, hostile bool) {
 
 func (s s26Schedule) end() time.Time { return s.Start.Add(time.Duration(2*s.Loaded+1) * s.Window) }
 
-// s26Floor is the absolute slack on S26's legitimate p99 ≤ 1.5× healthy.
+// s26Floor is the absolute slack S28 allows on a p99 ≤ 1.5× healthy
+// bound: one scheduler time slice lost to another process on this shared
+// 2-vCPU machine is already more than half of a ~1 ms healthy p99.
 const s26Floor = 2 * time.Millisecond
 
 // s26RegressionFloor is the slack past which the test fails.
@@ -1142,6 +1149,7 @@ type s26Phase struct {
 	windows        int
 	wait, cpu, sys time.Duration
 	sched          histDiff
+	machine        cpuTimes // summed deltas
 }
 
 func (p *s26Phase) add(wait, cpu, sys time.Duration, from, to *metrics.Float64Histogram) {
@@ -1159,8 +1167,41 @@ func (p *s26Phase) summary() map[string]float64 {
 		"os_wait_ms_per_s": ms(p.wait) / n,
 		"cpu_ms_per_s":     ms(p.cpu) / n,
 		"cpu_sys_ms_per_s": ms(p.sys) / n,
-		"go_sched_p99_us":  p.sched.pctl(99) * 1e6,
-		"go_sched_p999_us": p.sched.pctl(99.9) * 1e6,
+		// The machine's two CPUs, every process: ms per s in each state.
+		"machine_user_ms_per_s":    p.machine[0] / n,
+		"machine_system_ms_per_s":  p.machine[2] / n,
+		"machine_softirq_ms_per_s": p.machine[6] / n,
+		"machine_steal_ms_per_s":   p.machine[7] / n,
+		"machine_idle_ms_per_s":    p.machine[3] / n,
+		"go_sched_p99_us":          p.sched.pctl(99) * 1e6,
+		"go_sched_p999_us":         p.sched.pctl(99.9) * 1e6,
+	}
+}
+
+// cpuTimes is the machine's aggregate CPU time per state, in ms, as
+// /proc/stat's "cpu" line orders them: user nice system idle iowait irq
+// softirq steal.
+type cpuTimes [8]float64
+
+func readCPUTimes() (t cpuTimes) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return t
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	for i := range t {
+		if i+1 < len(f) {
+			v, _ := strconv.ParseFloat(f[i+1], 64)
+			t[i] = v * 10 // USER_HZ is 100 on Linux: 10 ms a tick
+		}
+	}
+	return t
+}
+
+func (t *cpuTimes) add(from, to cpuTimes) {
+	for i := range t {
+		t[i] += to[i] - from[i]
 	}
 }
 

@@ -780,6 +780,8 @@ func TestS26HostileJSON(t *testing.T) {
 		"legit_attack_p99":        ms(ap99),
 		"p99_ratio":               float64(ap99) / float64(max(hp99, 1)),
 		"benign_sent":             rep.Benign.Sent,
+		"attacker_cpu_ms_per_s":   ms(rep.HostileCPU) / float64(windows),
+		"benign_cpu_ms_per_s":     ms(rep.BenignCPU) / float64(windows),
 		"benign_unexpected":       rep.Benign.NBad,
 		"legit_benign":            len(bLat),
 		"legit_benign_p50":        ms(pctl(bLat, 50)),
@@ -1043,6 +1045,9 @@ func s26Benign() []*s26Item {
 // windows.
 type s26Report struct {
 	Hostile, Benign *s26Stats
+	// The attacker process's own CPU time in hostile and benign windows
+	// (it shares the hub's two cores, at SCHED_IDLE).
+	HostileCPU, BenignCPU time.Duration
 }
 
 // s26AttackerMain runs in the re-executed test binary when s26AttackerEnv
@@ -1078,6 +1083,7 @@ func s26AttackerMain() {
 		time.Sleep(time.Until(from))
 		ctx, cancel := context.WithDeadline(context.Background(), to)
 		noise, _ := strconv.Atoi(os.Getenv(s26NoiseEnv))
+		cpu0 := processCPU()
 		switch {
 		case hostile && noise > 0:
 			s26Noise(ctx, noise, rep.Hostile)
@@ -1085,6 +1091,11 @@ func s26AttackerMain() {
 			s26Attack(ctx, c.s26Target, corpus, rep.Hostile)
 		default:
 			s26Attack(ctx, c.s26Target, benign, rep.Benign)
+		}
+		if hostile {
+			rep.HostileCPU += processCPU() - cpu0
+		} else {
+			rep.BenignCPU += processCPU() - cpu0
 		}
 		cancel()
 	}

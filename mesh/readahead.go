@@ -62,13 +62,14 @@ type readAhead struct {
 }
 
 // Pacing: a reader of a large message calls pace every 64 KiB of it.
-// If that piece took paceWaits reads that went to the socket, the sender
-// is writing it in small pieces more slowly than the hub reads them (a
-// megabyte in 4 KiB WebSocket fragments, each its own write): the hub
-// woke once per write, ~7 µs of CPU each, 1.7 ms per megabyte (S26).
-// pace then waits paceDelay, so that the next read takes many of the
-// sender's writes at once. A sender that keeps up is not paced; one that
-// trickles gets its message read at most paceDelay later than it ends.
+// If that piece took paceWaits or more reads that went to the socket, the
+// sender is writing it in small pieces more slowly than the hub reads
+// them (a megabyte in 4 KiB WebSocket fragments, each its own write), and
+// the hub wakes up for each. pace then waits paceDelay, so that the next
+// read takes many of the sender's writes at once. A sender that keeps up
+// is not paced; one that trickles gets its message read at most
+// paceDelay later than it ends. (S26, whose attackers send such
+// fragments: the hub's CPU under attack fell by a quarter.)
 const (
 	paceWaits = 8
 	paceDelay = time.Millisecond
@@ -79,7 +80,6 @@ const (
 func (ra *readAhead) pace() bool {
 	w := ra.waits
 	ra.waits = 0
-
 	if w < paceWaits || ra.buf != nil {
 		return false
 	}

@@ -1139,7 +1139,7 @@ func s26Attack(ctx context.Context, m s26Target, corpus []*s26Item, st *s26Stats
 					s26WS(ctx, m, &ws, corpus[i%len(corpus)], st, false)
 				case len(native) > 0:
 					s26WS(ctx, m, &ws, native[i%len(native)], st, true)
-				default:
+				default: // no input applies to a native link (AGENTMESH_S26_ONLY)
 					s26HTTP(ctx, m.Addr, &rc, corpus[i%len(corpus)], st)
 				}
 				select {

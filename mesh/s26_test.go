@@ -802,7 +802,7 @@ func TestS26HostileJSON(t *testing.T) {
 		"count_other":             others.Load(),
 	}
 	printSummary(t, summary)
-	for _, env := range []string{s26OnlyEnv, s26NoiseEnv} {
+	for _, env := range []string{s26OnlyEnv, s26NoiseEnv, s26BurnEnv} {
 		if v := os.Getenv(env); v != "" {
 			t.Errorf("%s=%s: a diagnostic run, not the scenario", env, v)
 		}
@@ -894,6 +894,26 @@ const s26AttackerEnv = "AGENTMESH_S26_ATTACKER"
 // kind, for profiling (e.g. AGENTMESH_S26_ONLY=fragments). The test's
 // pass figures are for the whole corpus.
 const s26OnlyEnv = "AGENTMESH_S26_ONLY"
+
+// s26BurnEnv, if set to N, makes the attacker process also spin about N
+// ms of CPU per second in the benign windows (at its SCHED_IDLE): with N
+// the difference between its CPU in hostile and benign windows, the
+// control then differs from the attack only in what the hub is sent.
+const s26BurnEnv = "AGENTMESH_S26_BURN"
+
+// s26Burn spins ms/100 ms of every 10 ms until ctx ends.
+func s26Burn(ctx context.Context, ms int) {
+	tk := time.NewTicker(10 * time.Millisecond)
+	defer tk.Stop()
+	for ctx.Err() == nil {
+		for t0 := time.Now(); time.Since(t0) < time.Duration(ms)*time.Millisecond/100; {
+		}
+		select {
+		case <-ctx.Done():
+		case <-tk.C:
+		}
+	}
+}
 
 // s26NoiseEnv, if set to N, replaces the attack with N MB/s of loopback
 // TCP traffic between 10 pairs of sockets of the attacker process, which
@@ -1090,6 +1110,9 @@ func s26AttackerMain() {
 		case hostile:
 			s26Attack(ctx, c.s26Target, corpus, rep.Hostile)
 		default:
+			if burn, _ := strconv.Atoi(os.Getenv(s26BurnEnv)); burn > 0 {
+				go s26Burn(ctx, burn)
+			}
 			s26Attack(ctx, c.s26Target, benign, rep.Benign)
 		}
 		if hostile {

@@ -1110,10 +1110,12 @@ func s26AttackerMain() {
 		case hostile:
 			s26Attack(ctx, c.s26Target, corpus, rep.Hostile)
 		default:
+			var burner sync.WaitGroup
 			if burn, _ := strconv.Atoi(os.Getenv(s26BurnEnv)); burn > 0 {
-				go s26Burn(ctx, burn)
+				burner.Go(func() { s26Burn(ctx, burn) })
 			}
 			s26Attack(ctx, c.s26Target, benign, rep.Benign)
+			burner.Wait() // ends with ctx, as the attack did
 		}
 		if hostile {
 			rep.HostileCPU += processCPU() - cpu0

@@ -8,11 +8,18 @@ import (
 
 // processCPU returns the user + system CPU time this process has used.
 func processCPU() time.Duration {
+	user, sys := processTimes()
+	return user + sys
+}
+
+// processTimes returns the user and the system CPU time this process has
+// used.
+func processTimes() (user, sys time.Duration) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
 // reportCPU reports the process's CPU time per operation (cpu-ns/op) from

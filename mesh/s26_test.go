@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -728,7 +727,8 @@ func TestS26HostileJSON(t *testing.T) {
 				}
 			case <-time.After(time.Until(sched.Start.Add(time.Duration(i) * sched.Window))):
 			}
-			waits[i], cpus[i], syss[i], scheds[i], machine[i] = runDelay(), processCPU(), processSys(), schedLatencies(), readCPUTimes()
+			user, sys := processTimes()
+			waits[i], cpus[i], syss[i], scheds[i], machine[i] = runDelay(), user+sys, sys, schedLatencies(), readCPUTimes()
 		}
 	})
 	load := legitLoadAt(lctx, legit, 100)
@@ -1222,19 +1222,9 @@ func gcStats() gcFigures {
 	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/sched/pauses/total/gc:seconds"}}
 	metrics.Read(s)
 	h := s[1].Value.Float64Histogram()
-	var total uint64
-	for _, c := range h.Counts {
-		total += c
-	}
-	p99, seen := 0.0, uint64(0)
-	for i, c := range h.Counts {
-		seen += c
-		if total > 0 && seen*100 >= total*99 {
-			p99 = h.Buckets[i+1] * 1000
-			break
-		}
-	}
-	return gcFigures{cycles: s[0].Value.Uint64(), pauseP99ms: p99}
+	var pauses histDiff
+	pauses.add(&metrics.Float64Histogram{Counts: make([]uint64, len(h.Counts)), Buckets: h.Buckets}, h)
+	return gcFigures{cycles: s[0].Value.Uint64(), pauseP99ms: pauses.pctl(99) * 1000}
 }
 
 // runDelay is the time this process's threads have spent runnable but
@@ -1316,16 +1306,6 @@ func (t *cpuTimes) add(from, to cpuTimes) {
 	for i := range t {
 		t[i] += to[i] - from[i]
 	}
-}
-
-// processSys is the process's CPU time in the kernel (for this test's
-// hub: its share of the loopback TCP work of both ends).
-func processSys() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Stime.Nano())
 }
 
 // schedLatencies is the histogram of the time goroutines spent runnable

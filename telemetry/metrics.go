@@ -36,6 +36,7 @@ type Metrics struct {
 	lateResponses        prometheus.Counter
 	pingAbuse            prometheus.Counter
 	invalidFrames        *prometheus.CounterVec
+	invalidRecords       *prometheus.CounterVec
 
 	labels *Labeler
 }
@@ -94,6 +95,9 @@ func NewMetrics(labels *Labeler) *Metrics {
 		invalidFrames: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_link_invalid_frames_total", Help: "Native frames refused by their message-level checks (invalid JSON or UTF-8, nesting too deep): answered (seq recovered, caller told) or closed (no seq: link closed 1007).",
 		}, []string{"outcome"}),
+		invalidRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_registry_invalid_records_total", Help: "Records read from the cluster registry (etcd) and refused, by reason: not written by a hub of this mesh, malformed, not backed by their hub's presence, or past the bounds.",
+		}, []string{"reason"}),
 		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
 		}),
@@ -101,7 +105,7 @@ func NewMetrics(labels *Labeler) *Metrics {
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames, m.invalidRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -140,6 +144,24 @@ func (m *Metrics) Refused(reason string) {
 func (m *Metrics) LateResponse() {
 	if m != nil {
 		m.lateResponses.Inc()
+	}
+}
+
+// InvalidRecord counts a registry record refused, by reason. It never
+// blocks (the registry calls it from its watch).
+func (m *Metrics) InvalidRecord(reason string) {
+	if m != nil {
+		m.invalidRecords.WithLabelValues(reason).Inc()
+	}
+}
+
+// InitInvalidRecords shows each reason of InvalidRecord at 0 before the
+// first refusal (a counter that jumps from absent to 1 is missed by rate()).
+func (m *Metrics) InitInvalidRecords(reasons []string) {
+	if m != nil {
+		for _, r := range reasons {
+			m.invalidRecords.WithLabelValues(r)
+		}
 	}
 }
 
@@ -215,7 +237,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames, m.invalidRecords,
 			stateCollector{}} {
 			c.Describe(ch)
 		}

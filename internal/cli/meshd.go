@@ -42,6 +42,8 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		regKind, etcdPrefix        string
 		advertise                  string
 		etcdEndpoints              []string
+		etcdMaxPerHub, etcdMaxTotal int
+		sealer                     *auth.Sealer // seals etcd records (with --auth-key)
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
@@ -163,7 +165,19 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if hubTTL <= 0 {
 					hubTTL = max(3*heartbeat, 2*time.Second)
 				}
-				reg, err := etcd.New(etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix, Hub: hubID, HubAddr: advertise, HubTTL: hubTTL}, log)
+				ecfg := etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix, Hub: hubID, HubAddr: advertise, HubTTL: hubTTL,
+					MaxInstancesPerHub: etcdMaxPerHub, MaxInstances: etcdMaxTotal, OnInvalid: tel.M.InvalidRecord}
+				if len(sec.Keys) > 0 {
+					// Records are sealed with the auth key: one no hub of
+					// this mesh wrote is refused, whoever can write etcd.
+					if sealer, err = auth.NewSealer(sec.Keys); err != nil {
+						_ = ln.Close()
+						return usageErr("--auth-key: %v", err)
+					}
+					ecfg.Sealer = sealer
+				}
+				tel.M.InitInvalidRecords(etcd.Reasons)
+				reg, err := etcd.New(ecfg, log)
 				if err != nil {
 					_ = ln.Close()
 					return usageErr("%v", err)
@@ -228,7 +242,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 						case <-hctx.Done():
 							return
 						case <-hup:
-							reloadAuthKeys(log, hub, authKeys)
+							reloadAuthKeys(log, hub, sealer, authKeys)
 						}
 					}
 				})
@@ -305,6 +319,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&regKind, "registry", envOr("MESH_REGISTRY", "memory"), "memory (one hub) or etcd (a cluster of hubs) [$MESH_REGISTRY]")
 	f.StringSliceVar(&etcdEndpoints, "etcd-endpoints", splitList(envOr("MESH_ETCD_ENDPOINTS", "http://127.0.0.1:2379")), "etcd URLs, comma separated [$MESH_ETCD_ENDPOINTS]")
 	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
+	f.IntVar(&etcdMaxPerHub, "etcd-max-instances-per-hub", etcd.DefaultMaxInstancesPerHub, "with --registry etcd: at most this many instances of one other hub are kept; records past it are refused, logged and counted (agentmesh_registry_invalid_records_total{reason=\"over_limit\"})")
+	f.IntVar(&etcdMaxTotal, "etcd-max-instances", etcd.DefaultMaxInstances, "with --registry etcd: at most this many instances of other hubs in all")
 	f.DurationVar(&hubTTL, "hub-ttl", 0, "with --registry etcd: TTL of this hub's session lease, under which it writes itself and its agents; when the hub dies the others drop its agents after it (default 3 × --heartbeat, at least 2s; etcd rounds up to whole seconds)")
 	f.StringSliceVar(&authKeys, "auth-key", splitList(envOr("MESH_AUTH_KEY", "")), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token. Repeat it (or a comma list) for several keys during a rotation: all verify tokens, the first signs the hub's peer tokens; LABEL=FILE also knows the key by the kid LABEL (meshctl token issue --kid). SIGHUP reloads the files, skipping those that do not exist (at least one must load) [$MESH_AUTH_KEY]")
 	f.BoolVar(&allowRemote, "allow-remote", false, "allow --listen on a non-loopback address (requires --auth-key)")
@@ -450,7 +466,7 @@ func loadAuthKeys(specs []string) (keys []auth.Key, missing []string, err error)
 // reloadAuthKeys is SIGHUP: the key files are read again and replace the
 // hub's keys; links whose token no longer verifies are closed, the
 // others go on. If a file cannot be read the hub keeps its keys.
-func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, specs []string) {
+func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, sealer *auth.Sealer, specs []string) {
 	keys, missing, err := loadAuthKeys(specs)
 	if err != nil {
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
@@ -460,6 +476,11 @@ func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, specs []string) {
 	if err != nil {
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
 		return
+	}
+	if sealer != nil {
+		// The set was accepted by the hub: the sealer takes it too (the
+		// new first key seals this hub's next writes; every key opens).
+		_ = sealer.SetKeys(keys)
 	}
 	ids := make([]string, len(keys))
 	for i, k := range keys {

@@ -28,7 +28,6 @@ package etcd
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,6 +37,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -67,6 +67,24 @@ type Config struct {
 	// of its last heartbeat, give or take this).
 	ExpiryCheck time.Duration
 
+	// Sealer, when set (meshd sets it with --auth-key), seals every
+	// record this hub writes with a key only hubs hold, and every record
+	// read without a valid seal is refused: a record in etcd is then
+	// routable only if a hub of this mesh wrote it. Without it, records
+	// are checked for form and ownership only, and etcd's own RBAC is what
+	// keeps others out of the prefix (deploy/etcd-rbac.md).
+	Sealer RecordSealer
+	// MaxRecordBytes bounds one record (default 96 KiB: an instance's
+	// schemas may take 64 KiB). Larger ones are refused.
+	MaxRecordBytes int
+	// MaxInstancesPerHub and MaxInstances bound the other hubs' instances
+	// this hub keeps: per hub and in all (defaults 20,000 and 200,000).
+	// Records past them are refused, logged and counted.
+	MaxInstancesPerHub, MaxInstances int
+	// OnInvalid, if set, is told of every record refused, with the
+	// reason (a metric label: see Reasons). It must not block.
+	OnInvalid func(reason string)
+
 	// Trace, if set, is told every change the registry applies from etcd,
 	// in order: kind "list" (rev = the list's revision, key empty), "put"
 	// or "delete" (rev = the event's ModRevision). For tests that check
@@ -89,13 +107,17 @@ type Registry struct {
 
 	mu      sync.Mutex
 	insts   map[string]*registry.Instance // every instance in etcd or local, routable or not
-	epochs  map[string]string             // instance id → the hub epoch it was registered under
+	owners  map[string]owner              // instance id → the hub epoch and lease it was written under
+	perHub  map[string]int                // instances in insts, by hub
 	local   map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
 	hubs    map[string]hubState           // other hubs' presence as last seen
 	modRev  map[string]int64              // latest etcd revision applied or written per instance
 	rev     int64                         // highest revision applied
 	pending map[string]int                // registrations being written now
 	orphans map[string]bool               // keys of ours with no local agent, still to delete
+	warned  map[string]string             // key → why it was refused, logged once
+	repairs map[string]int64              // keys of ours overwritten or deleted by others → the revision seen (0: deleted)
+	repairC chan struct{}                 // wakes repair
 	session clientv3.LeaseID              // 0 while there is none
 	upCh    chan struct{}                 // closed while a session is up; replaced when it is lost
 	closed  bool
@@ -132,6 +154,15 @@ type hubRecord struct {
 // hubState is a hub's presence as this registry last saw it.
 type hubState struct {
 	epoch string // empty: the hub's key is gone
+	addr  string // where peers reach it
+	lease int64  // the lease its presence is under; its instances must be too
+}
+
+// owner is who wrote an instance's record: the hub's epoch in it and the
+// lease it is under.
+type owner struct {
+	epoch string
+	lease int64
 }
 
 // New connects (in the background), starts following the prefix and
@@ -157,6 +188,18 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	}
 	if cfg.ExpiryCheck <= 0 {
 		cfg.ExpiryCheck = 25 * time.Millisecond
+	}
+	if cfg.MaxRecordBytes <= 0 {
+		cfg.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if cfg.MaxInstancesPerHub <= 0 {
+		cfg.MaxInstancesPerHub = DefaultMaxInstancesPerHub
+	}
+	if cfg.MaxInstances <= 0 {
+		cfg.MaxInstances = DefaultMaxInstances
+	}
+	if !validID(cfg.Hub) && cfg.Hub != "" {
+		return nil, fmt.Errorf("etcd registry: hub id %q: want 1 to 256 printable bytes without space or /", cfg.Hub)
 	}
 	epoch := envelope.NewID()
 	if cfg.Hub == "" {
@@ -191,14 +234,16 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		cli: cli, base: cfg.Prefix, prefix: cfg.Prefix + "instances/", hubsP: cfg.Prefix + "hubs/",
 		cfg: cfg, epoch: epoch, log: log,
 		Publisher: registry.NewPublisher(),
-		insts:     map[string]*registry.Instance{}, epochs: map[string]string{}, local: map[string]*registry.Instance{},
+		insts:     map[string]*registry.Instance{}, owners: map[string]owner{}, perHub: map[string]int{}, local: map[string]*registry.Instance{},
 		hubs: map[string]hubState{}, modRev: map[string]int64{}, pending: map[string]int{}, orphans: map[string]bool{}, upCh: make(chan struct{}),
+		warned: map[string]string{}, repairs: map[string]int64{}, repairC: make(chan struct{}, 1),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Go(r.follow)
 	r.wg.Go(r.probe)
 	r.wg.Go(r.keepSession)
 	r.wg.Go(r.expire)
+	r.wg.Go(r.repair)
 	return r, nil
 }
 
@@ -225,9 +270,15 @@ func (r *Registry) Revision() int64 {
 func (r *Registry) key(id string) string { return r.prefix + id }
 
 func (r *Registry) value(in *registry.Instance) string {
-	v, _ := json.Marshal(record{Registration: in.Registration, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
+	reg := in.Registration
+	reg.Hub, reg.HubAddr = r.cfg.Hub, r.cfg.HubAddr
+	return r.encode(r.key(in.InstanceID), record{Registration: reg, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
 		State: in.State(), Load: in.Load(), RegisteredAt: in.RegisteredAt, HubEpoch: r.epoch})
-	return string(v)
+}
+
+// presence is this hub's record under hubs/.
+func (r *Registry) presence() string {
+	return r.encode(r.hubsP+r.cfg.Hub, hubRecord{ID: r.cfg.Hub, Addr: r.cfg.HubAddr, Epoch: r.epoch, Started: time.Now().UTC()})
 }
 
 // waitSession returns the session lease, waiting for one while ctx lasts.
@@ -262,6 +313,9 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	if err != nil {
 		return nil, err
 	}
+	// The record names this hub, whatever the caller said: other hubs
+	// route to it only through this hub's presence.
+	reg.Hub, reg.HubAddr = r.cfg.Hub, r.cfg.HubAddr
 	in := registry.NewInstance(reg, time.Now())
 	r.mu.Lock()
 	r.pending[reg.InstanceID]++
@@ -283,8 +337,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
 	delete(r.orphans, reg.InstanceID)
 	r.local[reg.InstanceID] = in
-	r.insts[reg.InstanceID] = in
-	r.epochs[reg.InstanceID] = r.epoch
+	r.setInstLocked(in, owner{epoch: r.epoch})
 	r.publishLocked()
 	return in, nil
 }
@@ -471,8 +524,7 @@ func (r *Registry) session1() error {
 	if err != nil {
 		return err
 	}
-	hv, _ := json.Marshal(hubRecord{ID: r.cfg.Hub, Addr: r.cfg.HubAddr, Epoch: r.epoch, Started: time.Now().UTC()})
-	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+r.cfg.Hub, string(hv), clientv3.WithLease(lease.ID))}
+	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+r.cfg.Hub, r.presence(), clientv3.WithLease(lease.ID))}
 	r.mu.Lock()
 	ids := make([]string, 0, len(r.local))
 	for id, in := range r.local {
@@ -527,27 +579,48 @@ func (r *Registry) revoke(id clientv3.LeaseID) {
 }
 
 func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
-	delete(r.insts, in.InstanceID)
-	delete(r.epochs, in.InstanceID)
+	r.delInstLocked(in.InstanceID)
 	r.Left(in, now)
+}
+
+// setInstLocked puts in into the view, written by o.
+func (r *Registry) setInstLocked(in *registry.Instance, o owner) {
+	id := in.InstanceID
+	if old := r.insts[id]; old != nil {
+		r.perHub[old.Hub]--
+	}
+	r.insts[id] = in
+	r.perHub[in.Hub]++
+	r.owners[id] = o
+}
+
+func (r *Registry) delInstLocked(id string) {
+	old := r.insts[id]
+	if old == nil {
+		return
+	}
+	if r.perHub[old.Hub]--; r.perHub[old.Hub] <= 0 {
+		delete(r.perHub, old.Hub)
+	}
+	delete(r.insts, id)
+	delete(r.owners, id)
 }
 
 // routable reports whether an instance may be routed to: a local one
 // always; a remote one while its hub is present with the epoch it was
-// registered under (or its hub was never seen: presence lags a little).
+// registered under, and its record is under that hub's presence lease
+// (so that only the hub's own session can have written it, and it leaves
+// with the hub).
 func (r *Registry) routable(in *registry.Instance) bool {
-	if r.local[in.InstanceID] == in || in.Hub == "" {
+	if r.local[in.InstanceID] == in {
 		return true
 	}
 	if in.Hub == r.cfg.Hub {
 		return false // left by a previous life of this hub: no link here
 	}
-	h, known := r.hubs[in.Hub]
-	if !known {
-		return true
-	}
-	e := r.epochs[in.InstanceID]
-	return h.epoch != "" && (e == "" || e == h.epoch)
+	h := r.hubs[in.Hub]
+	o := r.owners[in.InstanceID]
+	return h.epoch != "" && o.epoch == h.epoch && o.lease == h.lease
 }
 
 func (r *Registry) publishLocked() {
@@ -573,11 +646,11 @@ func (r *Registry) publishLocked() {
 // setHubLocked records another hub's presence (epoch "" = gone). Its
 // instances that stop being routable count as having left, so their
 // methods answer UNAVAILABLE (not METHOD_NOT_FOUND) for a while.
-func (r *Registry) setHubLocked(id, epoch string, now time.Time) {
+func (r *Registry) setHubLocked(id string, h hubState, now time.Time) {
 	if id == "" || id == r.cfg.Hub {
 		return
 	}
-	r.hubs[id] = hubState{epoch: epoch}
+	r.hubs[id] = h
 	for _, in := range r.insts {
 		if in.Hub == id && !r.routable(in) {
 			r.Left(in, now)
@@ -702,34 +775,52 @@ func (r *Registry) list() (int64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
+	// Presence first (keys sort hubs/ before instances/, but the view
+	// must not depend on it): an instance is accepted only under a hub
+	// present in the same listing.
+	live := map[string]hubState{}
+	for _, kv := range res.Kvs {
+		if id, ok := strings.CutPrefix(string(kv.Key), r.hubsP); ok {
+			if h, ok := r.parseHub(id, kv); ok {
+				live[id] = h
+			}
+		}
+	}
+	for id := range r.hubs {
+		if _, ok := live[id]; !ok {
+			r.setHubLocked(id, hubState{}, now)
+		}
+	}
+	for id, h := range live {
+		r.setHubLocked(id, h, now)
+	}
+	ours := false
+	for _, kv := range res.Kvs {
+		if string(kv.Key) == r.hubsP+r.cfg.Hub {
+			if ours = true; !r.isOurPresence(kv.Value) {
+				r.ourPresenceChangedLocked(kv.ModRevision, false)
+			}
+		}
+	}
+	if !ours {
+		r.ourPresenceChangedLocked(0, true)
+	}
 	seen := map[string]bool{}
-	live := map[string]string{}
 	for _, kv := range res.Kvs {
 		key := string(kv.Key)
 		if id, ok := strings.CutPrefix(key, r.prefix); ok {
-			r.modRev[id] = max(r.modRev[id], kv.ModRevision)
-			if r.upsertLocked(kv.Value) != nil {
+			if r.upsertLocked(id, kv) != nil {
 				seen[id] = true
+				r.modRev[id] = max(r.modRev[id], kv.ModRevision)
 			}
-		} else if strings.HasPrefix(key, r.hubsP) {
-			var h hubRecord
-			if json.Unmarshal(kv.Value, &h) == nil && h.ID != "" {
-				live[h.ID] = h.Epoch
-			}
+		} else if !strings.HasPrefix(key, r.hubsP) {
+			r.refuseLocked(key, ReasonUnknownKey, "not under hubs/ or instances/")
 		}
 	}
 	for id, in := range r.insts {
 		if !seen[id] && r.local[id] != in {
 			r.removeLocked(in, now)
 		}
-	}
-	for id := range r.hubs {
-		if _, ok := live[id]; !ok {
-			r.setHubLocked(id, "", now)
-		}
-	}
-	for id, epoch := range live {
-		r.setHubLocked(id, epoch, now)
 	}
 	if res.Header.Revision < r.rev {
 		r.log.Warn("etcd registry: a list went back in revision", "rev", res.Header.Revision, "applied", r.rev)
@@ -758,19 +849,28 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 		}
 		r.rev = max(r.rev, ev.Kv.ModRevision)
 		if hub, ok := strings.CutPrefix(key, r.hubsP); ok {
-			epoch := ""
+			// The hub's id is the key's, for puts and deletes alike.
+			if hub == r.cfg.Hub {
+				r.ourPresenceEventLocked(ev)
+				continue
+			}
+			h := hubState{}
 			if ev.Type == clientv3.EventTypePut {
-				var h hubRecord
-				if json.Unmarshal(ev.Kv.Value, &h) != nil || h.ID == "" {
+				var ok bool
+				if h, ok = r.parseHub(hub, ev.Kv); !ok {
+					// Not a presence a hub wrote: the last valid one
+					// stands (a hub whose presence is overwritten writes
+					// it again; one that died takes its instances along
+					// with its lease).
 					continue
 				}
-				hub, epoch = h.ID, h.Epoch
 			}
-			r.setHubLocked(hub, epoch, now)
+			r.setHubLocked(hub, h, now)
 			continue
 		}
 		id, ok := strings.CutPrefix(key, r.prefix)
 		if !ok {
+			r.refuseLocked(key, ReasonUnknownKey, "not under hubs/ or instances/")
 			continue
 		}
 		// An event older than what this hub wrote or saw since (a PUT
@@ -781,48 +881,56 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 		r.modRev[id] = ev.Kv.ModRevision
 		switch ev.Type {
 		case clientv3.EventTypePut:
-			r.upsertLocked(ev.Kv.Value)
+			if r.upsertLocked(id, ev.Kv) == nil && r.local[id] != nil {
+				// A local agent's key overwritten with a record no hub
+				// wrote: ours again.
+				r.repairLocked(key, ev.Kv.ModRevision)
+			}
 		case clientv3.EventTypeDelete:
 			in := r.insts[id]
 			if in != nil && r.local[id] != in {
 				r.removeLocked(in, now)
 			}
-			// A local agent's key deleted by etcd (our lease expired while
-			// cut off) is written again with the next session.
+			if r.local[id] != nil && r.session != 0 {
+				// A local agent's key deleted by someone else while this
+				// hub's session holds: written again. (One deleted by
+				// etcd because our lease expired while cut off is
+				// written with the next session.)
+				r.repairLocked(key, 0)
+			}
 		}
 	}
 	r.pruneLocked()
 	r.publishLocked()
 }
 
-// upsertLocked adds or updates an instance from a stored record, keeping
-// the same *Instance (and its in-flight count) when the registration did
-// not change. A record of a local agent written by another hub means the
-// agent moved there: it is no longer ours.
-func (r *Registry) upsertLocked(v []byte) *registry.Instance {
-	var rec record
-	if err := json.Unmarshal(v, &rec); err != nil || rec.InstanceID == "" {
-		r.log.Warn("etcd registry: skipping a record it cannot read", "error", err)
+// upsertLocked adds or updates an instance from the record under
+// instances/<id>, keeping the same *Instance (and its in-flight count)
+// when the registration did not change. It returns nil, and changes
+// nothing, for a record it refuses (see parseInstance). A valid record of
+// a local agent written by another hub means the agent moved there: it is
+// no longer ours.
+func (r *Registry) upsertLocked(id string, kv *mvccpb.KeyValue) *registry.Instance {
+	rec, o, ok := r.parseInstance(id, kv)
+	if !ok {
 		return nil
 	}
-	if loc := r.local[rec.InstanceID]; loc != nil {
-		if rec.HubEpoch == r.epoch {
+	if loc := r.local[id]; loc != nil {
+		if o.epoch == r.epoch {
 			return loc // our own write coming back
 		}
-		delete(r.local, rec.InstanceID)
-	} else if rec.HubEpoch == r.epoch && r.pending[rec.InstanceID] == 0 {
+		delete(r.local, id)
+	} else if o.epoch == r.epoch && r.pending[id] == 0 {
 		// Written by us, but not (or no longer) attached here: a
 		// registration that landed after its caller gave up, or a
 		// heartbeat write racing a deregistration. Nobody would expire it.
-		r.orphans[rec.InstanceID] = true
+		r.orphans[id] = true
 	}
-	rec.HeartbeatInterval = time.Duration(rec.HeartbeatMs) * time.Millisecond
-	in := r.insts[rec.InstanceID]
+	in := r.insts[id]
 	if in == nil || !sameRegistration(in.Registration, rec.Registration) {
 		in = registry.NewInstance(rec.Registration, rec.RegisteredAt)
-		r.insts[rec.InstanceID] = in
 	}
-	r.epochs[rec.InstanceID] = rec.HubEpoch
+	r.setInstLocked(in, o)
 	in.Beat(registry.Beat{State: rec.State, Load: rec.Load}, time.Now())
 	return in
 }

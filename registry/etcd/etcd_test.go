@@ -37,12 +37,13 @@ func TestConformance(t *testing.T) {
 // its watch; a lease left to expire takes the instance out everywhere.
 func TestTwoHubsShareOneView(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cfg := etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/two/"}
+	cfg := etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/two/", Hub: "hub-a"}
 	a, err := etcd.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	cfg.Hub = "hub-b"
 	b, err := etcd.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -34,16 +34,12 @@ func rawClient(t *testing.T, srv *etcdtest.Server) *clientv3.Client {
 }
 
 // crashedHub writes, with a raw client, what a hub leaves in etcd when it
-// is SIGKILLed: its presence key under a short lease nobody keeps alive,
-// and one instance under a long lease stamped with the hub's epoch.
+// is SIGKILLed: its presence key and one instance stamped with the hub's
+// epoch, both under its session lease, which nobody keeps alive.
 func crashedHub(t *testing.T, cli *clientv3.Client, prefix, hub, epoch, inst string, hubTTL int64) {
 	t.Helper()
 	ctx := context.Background()
 	hl, err := cli.Grant(ctx, hubTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	il, err := cli.Grant(ctx, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,15 +49,14 @@ func crashedHub(t *testing.T, cli *clientv3.Client, prefix, hub, epoch, inst str
 	if _, err := cli.Put(ctx, prefix+"hubs/"+hub, string(hv), clientv3.WithLease(hl.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(ctx, prefix+"instances/"+inst, string(iv), clientv3.WithLease(il.ID)); err != nil {
+	if _, err := cli.Put(ctx, prefix+"instances/"+inst, string(iv), clientv3.WithLease(hl.ID)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // TestDeadHubsAgentsLeaveAtHubTTL: when a hub dies, the others stop
-// routing to its agents when the hub's presence lease expires (seconds),
-// not when the agents' own leases do (here 60 s), and the methods answer
-// as recently known (UNAVAILABLE), not unknown.
+// routing to its agents when the hub's session lease expires (seconds),
+// and the methods answer as recently known (UNAVAILABLE), not unknown.
 func TestDeadHubsAgentsLeaveAtHubTTL(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := rawClient(t, srv)
@@ -75,10 +70,7 @@ func TestDeadHubsAgentsLeaveAtHubTTL(t *testing.T) {
 	waitFor(t, "b to see the agent on a", 5*time.Second, func() bool { return b.Snapshot().Instance("agent-on-a") != nil })
 	waitFor(t, "b to drop the dead hub's agent", 6*time.Second, func() bool { return b.Snapshot().Instance("agent-on-a") == nil })
 	gone := time.Since(start)
-	t.Logf("dead hub's agent left b's view %v after the hub's last keep-alive (its own lease: 60 s)", gone.Round(time.Millisecond))
-	if res, err := cli.Get(context.Background(), "/dead/instances/agent-on-a"); err != nil || len(res.Kvs) != 1 {
-		t.Fatalf("the instance key should still be in etcd (its lease is 60 s): %v %v", res, err)
-	}
+	t.Logf("dead hub's agent left b's view %v after the hub's last keep-alive", gone.Round(time.Millisecond))
 	if !b.Snapshot().Known("kv.get") {
 		t.Error("kv.* should stay known for a while after its last instance left")
 	}

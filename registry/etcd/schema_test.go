@@ -16,12 +16,13 @@ import (
 // re-registration that changes only the schemas replaces them there.
 func TestSchemasRoundTrip(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cfg := etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/schemas/"}
+	cfg := etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/schemas/", Hub: "hub-a"}
 	a, err := etcd.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	cfg.Hub = "hub-b"
 	b, err := etcd.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -244,3 +244,28 @@ func byCode(cs []call) map[string]int {
 	}
 	return out
 }
+
+// labAuth is a mesh's authentication (the network lab's, whose meshd
+// refuses a non-loopback --listen without --auth-key, and others'). It writes a key, issues one token (admin,
+// may serve any method) for the agents and the test's clients, and makes
+// hubInstances present it until the test ends.
+type labAuth struct {
+	keyFile, token string
+}
+
+func newLabAuth(t *testing.T) labAuth {
+	t.Helper()
+	a := labAuth{keyFile: filepath.Join(t.TempDir(), "auth.key")}
+	if r := meshctl(t, "token", "keygen", "--out", a.keyFile); r.code != 0 {
+		t.Fatalf("%v", r)
+	}
+	r := meshctl(t, "token", "issue", "--key", a.keyFile, "--sub", "lab", "--role", "admin", "--serve", "*", "--ttl", "1h")
+	if r.code != 0 {
+		t.Fatalf("%v", r)
+	}
+	a.token = strings.TrimSpace(r.stdout)
+	adminToken = a.token
+	t.Cleanup(func() { adminToken = "" })
+	return a
+}
+

@@ -65,30 +65,6 @@ func startIn(t *testing.T, node *netlab.Node, extraEnv []string, bin string, arg
 	return p
 }
 
-// labAuth is the lab's authentication: meshd refuses a non-loopback
-// --listen without --auth-key. It writes a key, issues one token (admin,
-// may serve any method) for the agents and the test's clients, and makes
-// hubInstances present it until the test ends.
-type labAuth struct {
-	keyFile, token string
-}
-
-func newLabAuth(t *testing.T) labAuth {
-	t.Helper()
-	a := labAuth{keyFile: filepath.Join(t.TempDir(), "auth.key")}
-	if r := meshctl(t, "token", "keygen", "--out", a.keyFile); r.code != 0 {
-		t.Fatalf("%v", r)
-	}
-	r := meshctl(t, "token", "issue", "--key", a.keyFile, "--sub", "lab", "--role", "admin", "--serve", "*", "--ttl", "1h")
-	if r.code != 0 {
-		t.Fatalf("%v", r)
-	}
-	a.token = strings.TrimSpace(r.stdout)
-	adminToken = a.token
-	t.Cleanup(func() { adminToken = "" })
-	return a
-}
-
 // labHub runs meshd in node, listening on the node's address port 7000
 // (--allow-remote, with the lab's key: metric presents adminToken), and
 // waits until /readyz answers 200 from the host.

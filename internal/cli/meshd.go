@@ -43,7 +43,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		advertise                  string
 		etcdEndpoints              []string
 		etcdMaxPerHub, etcdMaxTotal int
-		sealer                     *auth.Sealer // seals etcd records (with --auth-key)
+		onKeys                     func([]auth.Key) // told of reloaded keys once the hub took them (the etcd records' seal)
 		sampleRatio                float64
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
@@ -170,7 +170,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if len(sec.Keys) > 0 {
 					// Records are sealed with the auth key: one no hub of
 					// this mesh wrote is refused, whoever can write etcd.
-					if sealer, err = auth.NewSealer(sec.Keys); err != nil {
+					sealer, err := auth.NewSealer(sec.Keys)
+					if err != nil {
 						_ = ln.Close()
 						return usageErr("--auth-key: %v", err)
 					}
@@ -181,6 +182,21 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if err != nil {
 					_ = ln.Close()
 					return usageErr("%v", err)
+				}
+				if sealer, ok := ecfg.Sealer.(*auth.Sealer); ok {
+					onKeys = func(keys []auth.Key) {
+						// The new first key seals this hub's records,
+						// written again now: the old key can then go.
+						if err := sealer.SetKeys(keys); err != nil {
+							log.Error("SIGHUP: the registry's seal keeps the old keys", "error", err)
+							return
+						}
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						if err := reg.Reseal(ctx); err != nil {
+							log.Error("SIGHUP: this hub's etcd records were not all sealed again", "error", err)
+						}
+					}
 				}
 				defer reg.Close()
 				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
@@ -242,7 +258,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 						case <-hctx.Done():
 							return
 						case <-hup:
-							reloadAuthKeys(log, hub, sealer, authKeys)
+							reloadAuthKeys(log, hub, onKeys, authKeys)
 						}
 					}
 				})
@@ -466,7 +482,7 @@ func loadAuthKeys(specs []string) (keys []auth.Key, missing []string, err error)
 // reloadAuthKeys is SIGHUP: the key files are read again and replace the
 // hub's keys; links whose token no longer verifies are closed, the
 // others go on. If a file cannot be read the hub keeps its keys.
-func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, sealer *auth.Sealer, specs []string) {
+func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, onKeys func([]auth.Key), specs []string) {
 	keys, missing, err := loadAuthKeys(specs)
 	if err != nil {
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
@@ -477,10 +493,8 @@ func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, sealer *auth.Sealer, specs 
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
 		return
 	}
-	if sealer != nil {
-		// The set was accepted by the hub: the sealer takes it too (the
-		// new first key seals this hub's next writes; every key opens).
-		_ = sealer.SetKeys(keys)
+	if onKeys != nil {
+		onKeys(keys)
 	}
 	ids := make([]string, len(keys))
 	for i, k := range keys {

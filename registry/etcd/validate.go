@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -394,4 +396,36 @@ func (r *Registry) repair() {
 			}
 		}
 	}
+}
+
+// Reseal writes this hub's presence and its agents' records again, sealed
+// with the Sealer's current first key: after a key rotation (the new key
+// known to every hub first, then made first), so that the old key can be
+// dropped without the other hubs refusing this hub's records. Each write
+// is conditional on the key still being this session's.
+func (r *Registry) Reseal(ctx context.Context) error {
+	r.mu.Lock()
+	lease := r.session
+	vals := map[string]string{r.hubsP + r.cfg.Hub: r.presence()}
+	for id, in := range r.local {
+		vals[r.key(id)] = r.value(in)
+	}
+	r.mu.Unlock()
+	if lease == 0 {
+		return nil // the next session writes everything, sealed anew
+	}
+	var errs []error
+	for k, v := range vals {
+		ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
+		_, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
+			Then(clientv3.OpPut(k, v, clientv3.WithLease(lease))).Commit()
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("etcd registry: reseal: %d of %d writes failed: %w", len(errs), len(vals), errors.Join(errs...))
+	}
+	return nil
 }

@@ -268,4 +268,3 @@ func newLabAuth(t *testing.T) labAuth {
 	t.Cleanup(func() { adminToken = "" })
 	return a
 }
-

@@ -35,33 +35,33 @@ import (
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 	var linkPing time.Duration // --link-ping
 	var (
-		listen, id, logLevel, conf string
-		logFormat, otlpEndpoint    string
-		adminAddr                  string
-		checkOnly                  bool
-		regKind, etcdPrefix        string
-		advertise                  string
-		etcdEndpoints              []string
+		listen, id, logLevel, conf  string
+		logFormat, otlpEndpoint     string
+		adminAddr                   string
+		checkOnly                   bool
+		regKind, etcdPrefix         string
+		advertise                   string
+		etcdEndpoints               []string
 		etcdMaxPerHub, etcdMaxTotal int
-		onKeys                     func([]auth.Key) // told of reloaded keys once the hub took them (the etcd records' seal)
-		sampleRatio                float64
-		demo                       bool
-		heartbeat, defTimeout, dur time.Duration
-		hubTTL                     time.Duration
-		authKeys                   []string
-		allowRemote                bool
-		origins                    []string
-		ratePerToken               float64
-		burstPerToken              int
-		maxConns                   int
-		connRate                   float64
-		connBurst                  int
-		globalRate                 float64
-		globalBurst                int
-		tlsCert, tlsKey            string
-		clientCA, tlsCA            string
-		peerHeartbeat              time.Duration
-		chatDir                    string // --chat-data-dir: the demo chat agent's sessions
+		onKeys                      func([]auth.Key) // told of reloaded keys once the hub took them (the etcd records' seal)
+		sampleRatio                 float64
+		demo                        bool
+		heartbeat, defTimeout, dur  time.Duration
+		hubTTL                      time.Duration
+		authKeys                    []string
+		allowRemote                 bool
+		origins                     []string
+		ratePerToken                float64
+		burstPerToken               int
+		maxConns                    int
+		connRate                    float64
+		connBurst                   int
+		globalRate                  float64
+		globalBurst                 int
+		tlsCert, tlsKey             string
+		clientCA, tlsCA             string
+		peerHeartbeat               time.Duration
+		chatDir                     string // --chat-data-dir: the demo chat agent's sessions
 	)
 	cmd := &cobra.Command{
 		Use:   "meshd",

@@ -45,19 +45,19 @@ const (
 // Reasons a record is refused (the reason label of
 // agentmesh_registry_invalid_records_total).
 const (
-	ReasonBadKey       = "bad_key"       // the key's id is empty, too long or not printable
-	ReasonUnknownKey   = "unknown_key"   // under the prefix, but neither hubs/ nor instances/
-	ReasonTooLarge     = "too_large"     // over MaxRecordBytes
-	ReasonUnsealed     = "unsealed"      // no seal, with a Sealer configured
-	ReasonBadSeal      = "bad_seal"      // a seal no key of this mesh made for this key
-	ReasonJSON         = "json"          // not the JSON of a record
-	ReasonIDMismatch   = "id_mismatch"   // the value names another id than its key
-	ReasonSchema       = "schema"        // a field out of its bounds (capabilities, state, heartbeat, address, epoch)
-	ReasonNoHub        = "no_hub"        // an instance whose hub is not present
-	ReasonNotOwner     = "not_owner"     // an instance not under its hub's lease, or at another address
-	ReasonNoLease      = "no_lease"      // a presence without a lease: it would never leave
-	ReasonOverLimit    = "over_limit"    // past MaxInstancesPerHub or MaxInstances
-	ReasonNotOurs      = "not_ours"      // this hub's own presence, written by someone else
+	ReasonBadKey     = "bad_key"     // the key's id is empty, too long or not printable
+	ReasonUnknownKey = "unknown_key" // under the prefix, but neither hubs/ nor instances/
+	ReasonTooLarge   = "too_large"   // over MaxRecordBytes
+	ReasonUnsealed   = "unsealed"    // no seal, with a Sealer configured
+	ReasonBadSeal    = "bad_seal"    // a seal no key of this mesh made for this key
+	ReasonJSON       = "json"        // not the JSON of a record
+	ReasonIDMismatch = "id_mismatch" // the value names another id than its key
+	ReasonSchema     = "schema"      // a field out of its bounds (capabilities, state, heartbeat, address, epoch)
+	ReasonNoHub      = "no_hub"      // an instance whose hub is not present
+	ReasonNotOwner   = "not_owner"   // an instance not under its hub's lease, or at another address
+	ReasonNoLease    = "no_lease"    // a presence without a lease: it would never leave
+	ReasonOverLimit  = "over_limit"  // past MaxInstancesPerHub or MaxInstances
+	ReasonNotOurs    = "not_ours"    // this hub's own presence, written by someone else
 )
 
 // Reasons lists every reason a record can be refused for, so that a

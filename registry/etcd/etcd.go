@@ -873,6 +873,12 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 			r.refuseLocked(key, ReasonUnknownKey, "not under hubs/ or instances/")
 			continue
 		}
+		if !validID(id) {
+			// Before anything is remembered under it: a key may be
+			// megabytes long.
+			r.refuseLocked(key, ReasonBadKey, "instance id")
+			continue
+		}
 		// An event older than what this hub wrote or saw since (a PUT
 		// that arrives after the local Deregister) is stale.
 		if ev.Kv.ModRevision <= r.modRev[id] {

@@ -158,6 +158,11 @@ func (r *Registry) refuseLocked(key, reason, detail string) {
 	if r.cfg.OnInvalid != nil {
 		r.cfg.OnInvalid(reason)
 	}
+	if len(key) > 512 {
+		// Remembered and logged by a bounded form: a key may be
+		// megabytes long.
+		key = key[:512] + "…(" + strconv.Itoa(len(key)) + " bytes)"
+	}
 	if r.warned[key] == reason {
 		return
 	}
@@ -169,9 +174,6 @@ func (r *Registry) refuseLocked(key, reason, detail string) {
 		return
 	}
 	r.warned[key] = reason
-	if len(key) > 300 {
-		key = key[:300] + "…"
-	}
 	r.log.Warn("etcd registry: record refused", "key", key, "reason", reason, "detail", detail)
 }
 

@@ -120,6 +120,8 @@ func TestRecordsAreChecked(t *testing.T) {
 		{"hubs/nolease", `{"id":"nolease","epoch":"e","addr":"127.0.0.1:1"}`, 0, etcd.ReasonNoLease},
 		{"hubs/badaddr", `{"id":"badaddr","epoch":"e","addr":"not an address"}`, other.ID, etcd.ReasonSchema},
 		{"other/k", "x", 0, etcd.ReasonUnknownKey},
+		{"instances/" + strings.Repeat("k", 100<<10), record("k", "hub-a", nil), aLease, etcd.ReasonBadKey},
+		{"instances/sp ace", record("sp ace", "hub-a", nil), aLease, etcd.ReasonBadKey},
 	}
 	for _, c := range cases {
 		var opts []clientv3.OpOption

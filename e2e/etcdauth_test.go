@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,5 +239,47 @@ func TestMeshdEtcdCredentialsRefused(t *testing.T) {
 				t.Errorf("meshd served though etcd refused its credentials:\n%s", log)
 			}
 		})
+	}
+}
+
+// TestMeshdWaitsForEtcdToCheckCredentials: meshd with credentials started
+// while etcd is down says so at each attempt (every 1 to 5 s) and serves
+// nothing; stopped
+// meanwhile it exits 0; once etcd is back it checks the credentials and
+// serves.
+func TestMeshdWaitsForEtcdToCheckCredentials(t *testing.T) {
+	srv := etcdtest.Start(t)
+	const hubPw = "hub-secret-wait"
+	srv.EnableAuth(t, etcdRootPw, etcdRole, meshPrefix, etcdtest.User{Name: "hub", Password: hubPw})
+	srv.Stop()
+	args := []string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms", "--registry", "etcd", "--etcd-endpoints", srv.Endpoint,
+		"--etcd-username", "hub", "--etcd-password-file", writeSecret(t, "pw", hubPw)}
+	const waiting = `"msg":"registry: etcd does not answer; waiting for it to check this hub's credentials before serving"`
+	stopped := start(t, "meshd", args...)
+	p := start(t, "meshd", args...)
+	waitFor(t, "meshd saying twice that etcd does not answer", 15*time.Second, func() bool {
+		return strings.Count(p.stderr.String(), waiting) >= 2 && strings.Count(stopped.stderr.String(), waiting) >= 1
+	})
+	if log := p.stderr.String(); strings.Contains(log, "hub listening") || strings.Contains(log, hubPw) {
+		t.Fatalf("meshd served before etcd checked its credentials, or logged the password:\n%s", log)
+	}
+	stopped.stop(5 * time.Second)
+	if code := stopped.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(stopped.stderr.String(), "stopped before etcd answered") {
+		t.Errorf("meshd stopped while waiting for etcd: exit %d; want 0 and a log line:\n%s", code, stopped.stderr.String())
+	}
+	srv.Restart(t)
+	waitFor(t, `meshd serving once etcd is back`, 15*time.Second, func() bool {
+		if p.exitedYet() {
+			t.Fatalf("meshd exited (%v):\n%s", p.err, p.stderr.String())
+		}
+		return listeningAddr(p.stderr.String()) != ""
+	})
+	h := &hub{proc: p, addr: listeningAddr(p.stderr.String())}
+	client := &http.Client{Timeout: time.Second}
+	waitFor(t, "meshd /readyz 200", 10*time.Second, func() bool {
+		return httpStatus(client, "http://"+h.addr+"/readyz") == http.StatusOK
+	})
+	if !strings.Contains(p.stderr.String(), `"msg":"registry: etcd accepts this hub's credentials"`) {
+		t.Errorf("meshd did not log that etcd accepted its credentials:\n%s", p.stderr.String())
 	}
 }

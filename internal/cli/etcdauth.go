@@ -113,11 +113,14 @@ func readPasswordFile(path string) (string, error) {
 }
 
 // waitEtcdAccess asks etcd whether cfg's credentials may read the
-// prefix, again every second while etcd does not answer (saying so each
-// time); it returns nil once they may, an error (exit 1) when etcd
+// prefix, again a second after each attempt etcd did not answer (saying
+// so each time); it returns nil once they may, an error (exit 1) when etcd
 // refuses them, and nil (exit 0, nothing served) if meshd is stopped
 // meanwhile: the caller sees ctx done.
 func waitEtcdAccess(ctx context.Context, log *slog.Logger, cfg etcd.Config) error {
+	// Short attempts, so that the log says often enough that etcd is
+	// awaited: one every 1 to 5 s.
+	cfg.DialTimeout, cfg.OpTimeout = 2*time.Second, 2*time.Second
 	for {
 		err := etcd.CheckAccess(ctx, cfg)
 		if err == nil {

@@ -1,0 +1,150 @@
+package etcd_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/registry/etcd"
+	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/registry/registrytest"
+)
+
+// TestConformanceWithAuth: the whole registry contract against an etcd
+// with authentication on, the registry's user holding readwrite on
+// /conformance/ only (password), over TLS: every call the registry makes
+// (grant, keep-alive, txn, watch, revoke) is one that role allows.
+func TestConformanceWithAuth(t *testing.T) {
+	certs := etcdtest.NewCerts(t)
+	srv := etcdtest.StartWith(t, etcdtest.Options{TLS: certs})
+	srv.EnableAuth(t, "root-pw", "agentmesh", "/conformance/", etcdtest.User{Name: "hub", Password: "hub-pw"})
+	tlsCfg := certs.TLSConfig(t, "")
+	registrytest.Run(t, func(t *testing.T) registry.Registry {
+		r, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/conformance/" + t.Name() + "/",
+			Username: "hub", Password: "hub-pw", TLS: tlsCfg}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	})
+}
+
+// TestTwoHubsShareOneViewWithCredentials: two registries authenticated
+// by password, then by client certificate (--client-cert-auth, the CN
+// the user), share one view under the prefix their role allows.
+func TestTwoHubsShareOneViewWithCredentials(t *testing.T) {
+	certs := etcdtest.NewCerts(t)
+	for _, tc := range []struct {
+		name string
+		opts etcdtest.Options
+		user etcdtest.User
+		cfg  func(etcd.Config) etcd.Config
+	}{
+		{"password", etcdtest.Options{}, etcdtest.User{Name: "hub", Password: "hub-pw"}, func(c etcd.Config) etcd.Config {
+			c.Username, c.Password = "hub", "hub-pw"
+			return c
+		}},
+		{"client certificate", etcdtest.Options{TLS: certs, ClientCertAuth: true}, etcdtest.User{Name: "hub"}, func(c etcd.Config) etcd.Config {
+			c.TLS = certs.TLSConfig(t, "hub")
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := etcdtest.StartWith(t, tc.opts)
+			srv.EnableAuth(t, "root-pw", "agentmesh", "/two/", tc.user)
+			cfg := tc.cfg(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/two/"})
+			a, err := etcd.New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			b, err := etcd.New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			reg := registrytest.Reg("agent-on-a", "kv.*")
+			reg.Hub = "hub-a"
+			if _, err := a.Register(context.Background(), reg); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "hub b to see the agent", 5*time.Second, func() bool {
+				in := b.Snapshot().Instance("agent-on-a")
+				return in != nil && in.Hub == "hub-a" && b.Synced()
+			})
+		})
+	}
+}
+
+// TestCheckAccess: CheckAccess tells credentials etcd refuses (ErrRefused:
+// waiting will not mend them) from an etcd that does not answer.
+func TestCheckAccess(t *testing.T) {
+	pw := etcdtest.Start(t)
+	pw.EnableAuth(t, "root-pw", "agentmesh", "/mesh/", etcdtest.User{Name: "hub", Password: "hub-pw"}, etcdtest.User{Name: "other", Password: "other-pw"})
+	// other exists but without the role on /mesh/.
+	if _, err := pw.Client(t, "root", "root-pw", "").UserRevokeRole(t.Context(), "other", "agentmesh"); err != nil {
+		t.Fatal(err)
+	}
+	certs := etcdtest.NewCerts(t)
+	tlsSrv := etcdtest.StartWith(t, etcdtest.Options{TLS: certs, ClientCertAuth: true})
+	tlsSrv.EnableAuth(t, "root-pw", "agentmesh", "/mesh/", etcdtest.User{Name: "hub"})
+	otherCA := etcdtest.NewCerts(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String() // nothing listens there once closed
+	ln.Close()
+
+	short := func(c etcd.Config) etcd.Config {
+		c.Prefix, c.DialTimeout, c.OpTimeout = "/mesh/", time.Second, time.Second
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		cfg     etcd.Config
+		refused bool // else no error at all, or "no answer"
+		ok      bool
+	}{
+		{name: "right password", cfg: etcd.Config{Endpoints: []string{pw.Endpoint}, Username: "hub", Password: "hub-pw"}, ok: true},
+		{name: "wrong password", cfg: etcd.Config{Endpoints: []string{pw.Endpoint}, Username: "hub", Password: "nope"}, refused: true},
+		{name: "no credentials", cfg: etcd.Config{Endpoints: []string{pw.Endpoint}}, refused: true},
+		{name: "user without the role", cfg: etcd.Config{Endpoints: []string{pw.Endpoint}, Username: "other", Password: "other-pw"}, refused: true},
+		{name: "prefix outside the role", cfg: etcd.Config{Endpoints: []string{pw.Endpoint}, Username: "hub", Password: "hub-pw", Prefix: "/elsewhere/"}, refused: true},
+		{name: "nothing listening", cfg: etcd.Config{Endpoints: []string{closed}, Username: "hub", Password: "hub-pw"}},
+		{name: "client certificate", cfg: etcd.Config{Endpoints: []string{tlsSrv.Endpoint}, TLS: certs.TLSConfig(t, "hub")}, ok: true},
+		{name: "no client certificate", cfg: etcd.Config{Endpoints: []string{tlsSrv.Endpoint}, TLS: certs.TLSConfig(t, "")}, refused: true},
+		{name: "certificate of another CA", cfg: etcd.Config{Endpoints: []string{tlsSrv.Endpoint}, TLS: otherCA.TLSConfig(t, "hub")}, refused: true},
+		{name: "certificate of an unknown user", cfg: etcd.Config{Endpoints: []string{tlsSrv.Endpoint}, TLS: certs.TLSConfig(t, "stranger")}, refused: true},
+		{name: "TLS to nothing listening", cfg: etcd.Config{Endpoints: []string{"https" + closed[len("http"):]}, TLS: &tls.Config{MinVersion: tls.VersionTLS12}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			prefix := cfg.Prefix
+			cfg = short(cfg)
+			if prefix != "" {
+				cfg.Prefix = prefix
+			}
+			start := time.Now()
+			err := etcd.CheckAccess(t.Context(), cfg)
+			t.Logf("%v after %v", err, time.Since(start).Round(time.Millisecond))
+			switch {
+			case tc.ok && err != nil:
+				t.Errorf("CheckAccess: %v; want nil", err)
+			case !tc.ok && err == nil:
+				t.Error("CheckAccess: nil; want an error")
+			case err != nil && errors.Is(err, etcd.ErrRefused) != tc.refused:
+				t.Errorf("CheckAccess: %v; ErrRefused %v, want %v", err, errors.Is(err, etcd.ErrRefused), tc.refused)
+			}
+			if err != nil && (strings.Contains(err.Error(), "hub-pw") || strings.Contains(err.Error(), "other-pw")) {
+				t.Errorf("the error shows the password: %v", err)
+			}
+		})
+	}
+}

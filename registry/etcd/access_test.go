@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -146,5 +147,53 @@ func TestCheckAccess(t *testing.T) {
 				t.Errorf("the error shows the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestAuthTokenInvalidated: etcd drops a user's auth tokens when its
+// password is changed (here to the same one, as a rotation's first step
+// might); registries authenticated by password get new tokens and go on:
+// registrations and heartbeats after it, with the probe's and the
+// keep-alive's calls in between, reach the other registry, and the
+// session written before it lives on.
+func TestAuthTokenInvalidated(t *testing.T) {
+	srv := etcdtest.Start(t)
+	srv.EnableAuth(t, "root-pw", "agentmesh", "/tok/", etcdtest.User{Name: "hub", Password: "hub-pw"})
+	cfg := etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/tok/", Username: "hub", Password: "hub-pw", HubTTL: 2 * time.Second}
+	a, err := etcd.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := etcd.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	first := registrytest.Reg("before", "kv.*")
+	first.HeartbeatInterval = 5 * time.Second
+	if _, err := a.Register(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to see the first agent", 5*time.Second, func() bool { return b.Snapshot().Instance("before") != nil })
+	root := srv.Client(t, "root", "root-pw", "")
+	for i := range 3 {
+		if _, err := root.UserChangePassword(t.Context(), "hub", "hub-pw"); err != nil {
+			t.Fatal(err)
+		}
+		reg := registrytest.Reg(fmt.Sprintf("after-%d", i), "kv.*")
+		reg.HeartbeatInterval = 5 * time.Second
+		if _, err := a.Register(context.Background(), reg); err != nil {
+			t.Fatalf("register after the tokens were dropped: %v", err)
+		}
+		if err := a.Heartbeat(context.Background(), "before", registry.Beat{}); err != nil {
+			t.Fatalf("heartbeat after the tokens were dropped: %v", err)
+		}
+		waitFor(t, "b to see "+reg.InstanceID, 5*time.Second, func() bool { return b.Snapshot().Instance(reg.InstanceID) != nil })
+		// Past a session TTL: a's keep-alive held its lease, b is synced.
+		time.Sleep(2500 * time.Millisecond) // real time: the lease is etcd's clock
+		if b.Snapshot().Instance("before") == nil || !b.Synced() {
+			t.Fatalf("round %d: b lost the first agent (its session expired) or is not synced (%v)", i, b.Synced())
+		}
 	}
 }

@@ -57,7 +57,8 @@ type Config struct {
 	// Username and Password authenticate to etcd (its RBAC: a role with
 	// readwrite on Prefix is all the registry needs); New then asks etcd
 	// for a token at once and fails if it is refused or etcd does not
-	// answer within DialTimeout. TLS, for https:// endpoints, holds the CA
+	// answer within DialTimeout, and gets a new one whenever etcd refuses
+	// the old (authtoken.go). TLS, for https:// endpoints, holds the CA
 	// pool and the client certificate (whose CN etcd's --client-cert-auth
 	// takes as the user). Never logged.
 	Username, Password string
@@ -174,11 +175,25 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	dialOpts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second,
+	})}
+	var auth *tokenAuth // the password's token, kept by the registry (authtoken.go)
+	if cfg.Username != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+		var err error
+		auth, err = newTokenAuth(ctx, cfg, clientLogger(log))
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("etcd registry: authenticating to etcd as user %q: %w", cfg.Username, err)
+		}
+		dialOpts = append(dialOpts, auth.dialOptions()...)
+	}
 	// The client's warnings (lease keep-alive trouble, failed retries) go
 	// to the hub's log: with zap.NewNop they were lost, and a check for
 	// them (S06: no "keepalive response queue is full") saw nothing.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: clientLogger(log),
-		Username: cfg.Username, Password: cfg.Password, TLS: cfg.TLS,
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: clientLogger(log), TLS: cfg.TLS,
 		// A connection to etcd that went silent (a partition drops its
 		// packets, closes nothing) is given up after a keep-alive ping
 		// unanswered for a second (etcd refuses pings more often than
@@ -189,16 +204,16 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		// from etcd for 10 s took 6.5 s after the heal to write its
 		// agents again.
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-			MinConnectTimeout: time.Second,
-		})},
+		DialOptions: dialOpts,
 	})
-	if err != nil && cfg.Username != "" {
-		return nil, fmt.Errorf("etcd registry: authenticating to etcd as user %q: %w", cfg.Username, err)
-	}
 	if err != nil {
+		if auth != nil {
+			auth.close()
+		}
 		return nil, fmt.Errorf("etcd registry: %w", err)
+	}
+	if auth != nil {
+		context.AfterFunc(cli.Ctx(), auth.close) // Close closes both
 	}
 	r := &Registry{
 		cli: cli, base: cfg.Prefix, prefix: cfg.Prefix + "instances/", hubsP: cfg.Prefix + "hubs/",

@@ -25,8 +25,10 @@ type tokenAuth struct {
 	user, password string
 	authCli        *clientv3.Client // no credentials: Authenticate only
 
-	mu    sync.Mutex // serialises refreshes
-	token string     // guarded by mu; read by GetRequestMetadata under mu too
+	refreshMu sync.Mutex // one Authenticate at a time
+
+	mu    sync.RWMutex // guards token, never held over a call to etcd
+	token string
 }
 
 // newTokenAuth connects the authenticating client and gets the first
@@ -46,27 +48,30 @@ func newTokenAuth(ctx context.Context, cfg Config, lg *zap.Logger) (*tokenAuth, 
 
 // current is the token calls carry now.
 func (a *tokenAuth) current() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.mu.RLock()
+	defer a.mu.RUnlock()
 	return a.token
 }
 
 // refresh gets a new token unless another call already replaced stale.
 func (a *tokenAuth) refresh(ctx context.Context, stale string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.token != stale {
+	a.refreshMu.Lock()
+	defer a.refreshMu.Unlock()
+	if a.current() != stale {
 		return nil
 	}
+	token := ""
 	res, err := a.authCli.Authenticate(ctx, a.user, a.password)
-	if errors.Is(err, rpctypes.ErrAuthNotEnabled) {
-		a.token = ""
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, rpctypes.ErrAuthNotEnabled): // calls go without a token
+	case err != nil:
 		return err
+	default:
+		token = res.Token
 	}
-	a.token = res.Token
+	a.mu.Lock()
+	a.token = token
+	a.mu.Unlock()
 	return nil
 }
 

@@ -175,11 +175,8 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	dialOpts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-		MinConnectTimeout: time.Second,
-	})}
 	var auth *tokenAuth // the password's token, kept by the registry (authtoken.go)
+	var authOpts []grpc.DialOption
 	if cfg.Username != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
 		var err error
@@ -188,7 +185,7 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("etcd registry: authenticating to etcd as user %q: %w", cfg.Username, err)
 		}
-		dialOpts = append(dialOpts, auth.dialOptions()...)
+		authOpts = auth.dialOptions()
 	}
 	// The client's warnings (lease keep-alive trouble, failed retries) go
 	// to the hub's log: with zap.NewNop they were lost, and a check for
@@ -204,7 +201,10 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		// from etcd for 10 s took 6.5 s after the heal to write its
 		// agents again.
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: time.Second,
-		DialOptions: dialOpts,
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		})}, authOpts...),
 	})
 	if err != nil {
 		if auth != nil {

@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,5 +197,107 @@ func TestAuthTokenInvalidated(t *testing.T) {
 		if b.Snapshot().Instance("before") == nil || !b.Synced() {
 			t.Fatalf("round %d: b lost the first agent (its session expired) or is not synced (%v)", i, b.Synced())
 		}
+	}
+}
+
+// TestAuthTokenExpiredWhileCut: a hub cut from etcd for longer than
+// etcd's auth token TTL (1 s here, --auth-token-ttl; 5 min by default)
+// finds its token expired when the link heals; it gets a new one and
+// writes its agents again, which the other hub sees.
+func TestAuthTokenExpiredWhileCut(t *testing.T) {
+	srv := etcdtest.StartWith(t, etcdtest.Options{AuthTokenTTL: time.Second})
+	srv.EnableAuth(t, "root-pw", "agentmesh", "/cut/", etcdtest.User{Name: "hub", Password: "hub-pw"})
+	px := newCutProxy(t, srv.Endpoint)
+	cfg := etcd.Config{Prefix: "/cut/", Username: "hub", Password: "hub-pw", HubTTL: 2 * time.Second, OpTimeout: time.Second}
+	acfg, bcfg := cfg, cfg
+	acfg.Endpoints, bcfg.Endpoints = []string{"http://" + px.addr()}, []string{srv.Endpoint}
+	a, err := etcd.New(acfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := etcd.New(bcfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	reg := registrytest.Reg("on-a", "kv.*")
+	reg.HeartbeatInterval = 5 * time.Second
+	if _, err := a.Register(context.Background(), reg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to see a's agent", 5*time.Second, func() bool { return b.Snapshot().Instance("on-a") != nil })
+	px.cut(true)
+	// Real time: the token's TTL and a's lease are etcd's clocks.
+	waitFor(t, "a's lease to expire while cut (its agent gone from b)", 10*time.Second, func() bool { return b.Snapshot().Instance("on-a") == nil })
+	time.Sleep(1500 * time.Millisecond) // past the token TTL too
+	px.cut(false)
+	healed := time.Now()
+	waitFor(t, "a to write its agent again, seen by b", 15*time.Second, func() bool { return b.Snapshot().Instance("on-a") != nil })
+	t.Logf("a's agent back in b's view %v after the heal", time.Since(healed).Round(time.Millisecond))
+	reg.InstanceID = "on-a-2"
+	if _, err := a.Register(context.Background(), reg); err != nil {
+		t.Fatalf("register after the heal: %v", err)
+	}
+}
+
+// cutProxy forwards TCP connections to an etcd; cut closes them all and
+// refuses new ones until it is called with false.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	isCut  bool
+	conns  map[net.Conn]bool
+}
+
+func newCutProxy(t *testing.T, endpoint string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: strings.TrimPrefix(endpoint, "http://"), conns: map[net.Conn]bool{}}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			cut := p.isCut
+			p.mu.Unlock()
+			if cut {
+				c.Close()
+				continue
+			}
+			u, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(u, c); u.Close(); c.Close() })
+			wg.Go(func() { _, _ = io.Copy(c, u); u.Close(); c.Close() })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); p.cut(true); wg.Wait() })
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) cut(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isCut = on
+	if on {
+		for c := range p.conns {
+			c.Close()
+		}
+		clear(p.conns)
 	}
 }

@@ -97,6 +97,9 @@ func StartWith(tb testing.TB, o Options) *Server {
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", peer),
 		"--initial-cluster", fmt.Sprintf("test=http://127.0.0.1:%d", peer),
 		"--log-level", "error", "--logger", "zap"}
+	if o.AuthTokenTTL > 0 {
+		s.args = append(s.args, "--auth-token-ttl", fmt.Sprint(max(int(o.AuthTokenTTL.Seconds()), 1)))
+	}
 	if o.TLS != nil {
 		s.args = append(s.args, "--cert-file", o.TLS.ServerCert, "--key-file", o.TLS.ServerKey)
 		cn := ""

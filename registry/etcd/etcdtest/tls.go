@@ -192,4 +192,8 @@ type Options struct {
 	// ClientCertAuth (with TLS) requires a client certificate signed by
 	// the CA (--client-cert-auth); with auth enabled its CN is the user.
 	ClientCertAuth bool
+	// AuthTokenTTL, if set, is how long an idle auth token lives once
+	// auth is enabled (--auth-token-ttl, whole seconds; etcd's default
+	// 5 min).
+	AuthTokenTTL time.Duration
 }

@@ -42,6 +42,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		regKind, etcdPrefix         string
 		advertise                   string
 		etcdEndpoints               []string
+		etcdCreds                   etcdAuth // --etcd-username, --etcd-password-file, --etcd-cert, --etcd-key, --etcd-ca
 		etcdMaxPerHub, etcdMaxTotal int
 		onKeys                      func([]auth.Key) // told of reloaded keys once the hub took them (the etcd records' seal)
 		sampleRatio                 float64
@@ -143,12 +144,19 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			if regKind != "memory" && regKind != "etcd" {
 				return usageErr("--registry must be memory or etcd, not %q", regKind)
 			}
+			etcdUser, etcdPassword, etcdTLS, err := etcdCreds.load(etcdEndpoints)
+			if err != nil {
+				return usageErr("%v", err)
+			}
 			if checkOnly {
 				// Everything above read and validated (flags, environment,
 				// policy file, key files, certificates): a deployment's
 				// command line is known to start without starting it.
-				fmt.Fprintf(stdout, "meshd: configuration OK (listen %s, registry %s, auth %v, tls %v, admin %q)\n",
-					listen, regKind, len(authKeys) > 0, srvTLS != nil, adminAddr)
+				fmt.Fprintf(stdout, "meshd: configuration OK (listen %s, registry %s, auth %v, tls %v, admin %q", listen, regKind, len(authKeys) > 0, srvTLS != nil, adminAddr)
+				if regKind == "etcd" {
+					fmt.Fprintf(stdout, ", etcd user %q, etcd tls %v", etcdUser, etcdTLS != nil)
+				}
+				fmt.Fprintln(stdout, ")")
 				return nil
 			}
 			if hubID == "" {
@@ -166,7 +174,17 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 					hubTTL = max(3*heartbeat, 2*time.Second)
 				}
 				ecfg := etcd.Config{Endpoints: etcdEndpoints, Prefix: etcdPrefix, Hub: hubID, HubAddr: advertise, HubTTL: hubTTL,
-					MaxInstancesPerHub: etcdMaxPerHub, MaxInstances: etcdMaxTotal, OnInvalid: tel.M.InvalidRecord}
+					MaxInstancesPerHub: etcdMaxPerHub, MaxInstances: etcdMaxTotal, OnInvalid: tel.M.InvalidRecord,
+					Username: etcdUser, Password: etcdPassword, TLS: etcdTLS}
+				if etcdUser != "" || etcdTLS != nil {
+					// Credentials are checked before serving: refused
+					// ones stop meshd with etcd's reason, not a hub
+					// forever not ready behind timeouts.
+					if err := waitEtcdAccess(cmd.Context(), log, ecfg); err != nil || cmd.Context().Err() != nil {
+						_ = ln.Close()
+						return err
+					}
+				}
 				if len(sec.Keys) > 0 {
 					// Records are sealed with the auth key: one no hub of
 					// this mesh wrote is refused, whoever can write etcd.
@@ -181,7 +199,12 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				reg, err := etcd.New(ecfg, log)
 				if err != nil {
 					_ = ln.Close()
-					return usageErr("%v", err)
+					if etcdUser == "" {
+						return usageErr("%v", err)
+					}
+					// With a user, etcd.New authenticates at once.
+					log.Error("registry: etcd refused or did not answer this hub's credentials; not starting", "endpoints", etcdEndpoints, "user", etcdUser, "error", err)
+					return withCode(ExitError, err)
 				}
 				if sealer, ok := ecfg.Sealer.(*auth.Sealer); ok {
 					onKeys = func(keys []auth.Key) {
@@ -200,7 +223,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				defer reg.Close()
 				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
-				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix, "hubTTL", hubTTL.String())
+				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix, "hubTTL", hubTTL.String(),
+					"user", etcdUser, "clientCert", len(etcdCreds.cert) > 0, "tls", etcdTLS != nil)
 			}
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
@@ -337,6 +361,11 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&etcdPrefix, "etcd-prefix", envOr("MESH_ETCD_PREFIX", "/agentmesh/"), "key prefix of this mesh in etcd [$MESH_ETCD_PREFIX]")
 	f.IntVar(&etcdMaxPerHub, "etcd-max-instances-per-hub", etcd.DefaultMaxInstancesPerHub, "with --registry etcd: at most this many instances of one other hub are kept; records past it are refused, logged and counted (agentmesh_registry_invalid_records_total{reason=\"over_limit\"})")
 	f.IntVar(&etcdMaxTotal, "etcd-max-instances", etcd.DefaultMaxInstances, "with --registry etcd: at most this many instances of other hubs in all")
+	f.StringVar(&etcdCreds.user, "etcd-username", envOr("MESH_ETCD_USERNAME", ""), "with --registry etcd: etcd user (etcd's RBAC; deploy/etcd-rbac.md), needs --etcd-password-file [$MESH_ETCD_USERNAME]")
+	f.StringVar(&etcdCreds.passwordFile, "etcd-password-file", envOr("MESH_ETCD_PASSWORD_FILE", ""), "file holding --etcd-username's password (mode 0600 or stricter; one trailing newline is ignored) [$MESH_ETCD_PASSWORD_FILE]")
+	f.StringVar(&etcdCreds.cert, "etcd-cert", envOr("MESH_ETCD_CERT", ""), "client certificate (PEM) presented to etcd; with etcd's --client-cert-auth its CN is the user (https:// endpoints) [$MESH_ETCD_CERT]")
+	f.StringVar(&etcdCreds.key, "etcd-key", envOr("MESH_ETCD_KEY", ""), "key of --etcd-cert [$MESH_ETCD_KEY]")
+	f.StringVar(&etcdCreds.ca, "etcd-ca", envOr("MESH_ETCD_CA", ""), "CA bundle etcd's certificate must chain to (default: the system's roots; https:// endpoints) [$MESH_ETCD_CA]")
 	f.DurationVar(&hubTTL, "hub-ttl", 0, "with --registry etcd: TTL of this hub's session lease, under which it writes itself and its agents; when the hub dies the others drop its agents after it (default 3 × --heartbeat, at least 2s; etcd rounds up to whole seconds)")
 	f.StringSliceVar(&authKeys, "auth-key", splitList(envOr("MESH_AUTH_KEY", "")), "HMAC key file (meshctl token keygen): every surface and peer link then requires a token. Repeat it (or a comma list) for several keys during a rotation: all verify tokens, the first signs the hub's peer tokens; LABEL=FILE also knows the key by the kid LABEL (meshctl token issue --kid). SIGHUP reloads the files, skipping those that do not exist (at least one must load) [$MESH_AUTH_KEY]")
 	f.BoolVar(&allowRemote, "allow-remote", false, "allow --listen on a non-loopback address (requires --auth-key)")

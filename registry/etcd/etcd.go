@@ -28,6 +28,7 @@ package etcd
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,6 +54,15 @@ type Config struct {
 	DialTimeout time.Duration // default 5 s
 	// OpTimeout bounds each etcd call made for a registration (default 3 s).
 	OpTimeout time.Duration
+	// Username and Password authenticate to etcd (its RBAC: a role with
+	// readwrite on Prefix is all the registry needs); New then asks etcd
+	// for a token at once and fails if it is refused or etcd does not
+	// answer within DialTimeout, and gets a new one whenever etcd refuses
+	// the old (authtoken.go). TLS, for https:// endpoints, holds the CA
+	// pool and the client certificate (whose CN etcd's --client-cert-auth
+	// takes as the user). Never logged.
+	Username, Password string
+	TLS                *tls.Config
 
 	// Hub is this hub's id (default: the epoch, a new UUIDv7) and HubAddr
 	// the address other hubs reach it at, both written in its presence.
@@ -208,10 +218,22 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	var auth *tokenAuth // the password's token, kept by the registry (authtoken.go)
+	var authOpts []grpc.DialOption
+	if cfg.Username != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+		var err error
+		auth, err = newTokenAuth(ctx, cfg, clientLogger(log))
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("etcd registry: authenticating to etcd as user %q: %w", cfg.Username, err)
+		}
+		authOpts = auth.dialOptions()
+	}
 	// The client's warnings (lease keep-alive trouble, failed retries) go
 	// to the hub's log: with zap.NewNop they were lost, and a check for
 	// them (S06: no "keepalive response queue is full") saw nothing.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: clientLogger(log),
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, Logger: clientLogger(log), TLS: cfg.TLS,
 		// A connection to etcd that went silent (a partition drops its
 		// packets, closes nothing) is given up after a keep-alive ping
 		// unanswered for a second (etcd refuses pings more often than
@@ -222,13 +244,19 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		// from etcd for 10 s took 6.5 s after the heal to write its
 		// agents again.
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
-		})},
+		})}, authOpts...),
 	})
 	if err != nil {
+		if auth != nil {
+			auth.close()
+		}
 		return nil, fmt.Errorf("etcd registry: %w", err)
+	}
+	if auth != nil {
+		context.AfterFunc(cli.Ctx(), auth.close) // Close closes both
 	}
 	r := &Registry{
 		cli: cli, base: cfg.Prefix, prefix: cfg.Prefix + "instances/", hubsP: cfg.Prefix + "hubs/",

@@ -23,10 +23,13 @@ import (
 // Server is a running etcd member.
 type Server struct {
 	Name     string // member name ("test" for Start)
-	Endpoint string // http://127.0.0.1:PORT
+	Endpoint string // http://127.0.0.1:PORT (https:// with Options.TLS)
+	Certs    *Certs // the PKI of a TLS member (StartWith), else nil
 
 	bin  string
 	args []string // the command line, to restart the member
+
+	health *http.Client // what waitHealthy polls /health with
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -69,9 +72,24 @@ func lookup(tb testing.TB) string {
 // elsewhere, saying what to install.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartWith(tb, Options{})
+}
+
+// StartWith is Start with options: clients served over TLS, and a client
+// certificate required of them.
+func StartWith(tb testing.TB, o Options) *Server {
+	tb.Helper()
 	bin := lookup(tb)
+	if o.ClientCertAuth && o.TLS == nil {
+		tb.Fatal("etcdtest: ClientCertAuth needs TLS")
+	}
 	client, peer := freePort(tb), freePort(tb)
-	s := &Server{Name: "test", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", client), bin: bin}
+	scheme := "http"
+	if o.TLS != nil {
+		scheme = "https"
+	}
+	s := &Server{Name: "test", Endpoint: fmt.Sprintf("%s://127.0.0.1:%d", scheme, client), bin: bin, Certs: o.TLS,
+		health: &http.Client{Timeout: time.Second}}
 	s.args = []string{
 		"--name", "test", "--data-dir", tb.TempDir(),
 		"--listen-client-urls", s.Endpoint, "--advertise-client-urls", s.Endpoint,
@@ -79,6 +97,18 @@ func Start(tb testing.TB) *Server {
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", peer),
 		"--initial-cluster", fmt.Sprintf("test=http://127.0.0.1:%d", peer),
 		"--log-level", "error", "--logger", "zap"}
+	if o.AuthTokenTTL > 0 {
+		s.args = append(s.args, "--auth-token-ttl", fmt.Sprint(max(int(o.AuthTokenTTL.Seconds()), 1)))
+	}
+	if o.TLS != nil {
+		s.args = append(s.args, "--cert-file", o.TLS.ServerCert, "--key-file", o.TLS.ServerKey)
+		cn := ""
+		if o.ClientCertAuth {
+			s.args = append(s.args, "--client-cert-auth", "--trusted-ca-file", o.TLS.CA)
+			cn = "etcdtest-health" // a user that does not exist: /health needs no permission
+		}
+		s.health.Transport = &http.Transport{TLSClientConfig: o.TLS.TLSConfig(tb, cn)}
+	}
 	s.run(tb)
 	tb.Cleanup(s.Stop)
 	s.waitHealthy(tb, 15*time.Second)
@@ -109,7 +139,10 @@ func (s *Server) proc() (*exec.Cmd, chan struct{}) {
 // waitHealthy polls /health until it answers 200, failing the test after d.
 func (s *Server) waitHealthy(tb testing.TB, d time.Duration) {
 	tb.Helper()
-	client := &http.Client{Timeout: time.Second}
+	client := s.health
+	if client == nil {
+		client = &http.Client{Timeout: time.Second}
+	}
 	deadline := time.Now().Add(d)
 	for {
 		res, err := client.Get(s.Endpoint + "/health")

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -105,8 +106,11 @@ func (p *peers) link(ctx context.Context, hub, addr string) (*Link, error) {
 			err := st.err
 			p.mu.Unlock()
 			msg := "peer hub " + hub + " at " + addr + " is unreachable"
-			if err != nil {
-				msg += ": " + envelope.AsError(err).Message
+			var e *envelope.Error
+			if errors.As(err, &e) {
+				msg += ": " + e.Message // e.g. the peer did not prove it is hub
+			} else if err != nil {
+				msg += ": " + err.Error()
 			}
 			return nil, envelope.WrapError(envelope.CodeUnavailable, msg, err).MarkNotSent()
 		}

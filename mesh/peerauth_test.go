@@ -169,7 +169,7 @@ func upgrade(t *testing.T, hub, tok string, protocols ...string) (int, string, h
 func rpc(t *testing.T, base, tok, method string) (int, envelope.Code) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/rpc",
-		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"`+method+`","params":"x"}`))
+		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"`+method+`","params":{}}`))
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")
 	res, err := http.DefaultClient.Do(req)
@@ -495,15 +495,15 @@ func TestPeerLinkOutlivesItsToken(t *testing.T) {
 }
 
 // TestPeerLinksAcrossKeyRotation: hubs rotate their keys (k1 → k2) while
-// a peer link is up: the link opened with a k1 token stays up while k1 is
-// in both sets, is closed when B drops k1, and A re-dials with k2; calls
-// through A to B keep working.
+// a peer link is up: the link opened with a k1 token (of 1 s, expired by
+// then) stays up while k1 is in both sets, is closed when B drops k1, and
+// A re-dials with k2; calls through A to B keep working.
 func TestPeerLinksAcrossKeyRotation(t *testing.T) {
 	k1, k2 := testKey, []byte("a second key of at least thirty-two bytes, for rotation")
 	both := []auth.Key{{Secret: k1}, {Secret: k2}}
 	reg := memory.New()
 	sec := func() *mesh.Security { return &mesh.Security{Keys: both, FailedAuthRate: -1} }
-	a := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-A", Security: sec()}, reg)
+	a := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-A", Security: sec()}, reg, mesh.WithPeerTokenTTL(time.Second))
 	b := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-B", Security: sec()}, reg)
 	tok := func(c auth.Claims) string {
 		s, err := auth.Issue(k2, c, time.Hour)
@@ -525,6 +525,9 @@ func TestPeerLinksAcrossKeyRotation(t *testing.T) {
 		}
 	}
 	calls("k1 signing")
+	// Past the peer token's life (1 s and the 2 s leeway): a rotation
+	// checks a peer link's key, not its token's times.
+	time.Sleep(3500 * time.Millisecond)
 	set := func(m *meshtest.Mesh, keys []auth.Key) int {
 		n, err := m.Hub.SetAuthKeys(keys)
 		if err != nil {

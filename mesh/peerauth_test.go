@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -34,19 +35,26 @@ func peerSec() *mesh.Security { return &mesh.Security{Key: testKey, FailedAuthRa
 // call sent over the link with a forged result.
 type fakeHub struct {
 	addr   string
+	proof  func(tok string) string // the Agentmesh-Peer-Proof it answers with ("": none)
 	mu     sync.Mutex
 	tokens []string
 	links  []*mesh.Link
 	calls  atomic.Int64
 }
 
-func startFakeHub(t *testing.T) *fakeHub {
+func startFakeHub(t *testing.T, proof func(tok string) string) *fakeHub {
 	t.Helper()
-	f := &fakeHub{}
+	f := &fakeHub{proof: proof}
 	up := websocket.Upgrader{Subprotocols: []string{envelope.Subprotocol}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, _ := auth.BearerToken(r)
-		ws, err := up.Upgrade(w, r, nil)
+		var hdr http.Header
+		if f.proof != nil {
+			if p := f.proof(tok); p != "" {
+				hdr = http.Header{"Agentmesh-Peer-Proof": {p}}
+			}
+		}
+		ws, err := up.Upgrade(w, r, hdr)
 		if err != nil {
 			return
 		}
@@ -211,7 +219,7 @@ func TestForgedPeerGetsNoUsableToken(t *testing.T) {
 	b := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-B", Security: peerSec()}, reg)
 	var ran atomic.Int64
 	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
-	fake := startFakeHub(t)
+	fake := startFakeHub(t, nil)
 	forge := func(id, hub string, caps ...string) {
 		if _, err := reg.Register(t.Context(), registry.Registration{InstanceID: id, Name: "forged", Hub: hub, HubAddr: fake.addr,
 			Capabilities: caps, HeartbeatInterval: time.Hour}); err != nil {
@@ -548,4 +556,140 @@ func TestPeerLinksAcrossKeyRotation(t *testing.T) {
 	// A notices the lost link and re-dials with k2 within its backoff.
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return cl.Call(t.Context(), "echo.echo", 0, nil) == nil })
 	calls("k2 only")
+}
+
+// TestPeerMustProveItsIdentity: listeners posing as hub B (a registry
+// record puts an instance of hub-B at each) answer A's dial with a proof
+// that is wrong in one way each: signed with another key, for another
+// dial (a real proof of B's, captured), from another hub, for another
+// hub, a token that is not a proof. A closes each link before sending a
+// call: the call fails UNAVAILABLE, not sent, naming the failed proof,
+// and the listener runs nothing. A listener that holds the key and
+// answers right (the control) is used.
+func TestPeerMustProveItsIdentity(t *testing.T) {
+	reg := memory.New()
+	a := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-A", Security: peerSec()}, reg)
+	// A real proof of hub B's, for a dial of hub-A's that is not this one.
+	realB := meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-B", Security: peerSec()}, memory.New())
+	old := token(t, auth.Claims{Subject: "hub.hub-A", Roles: []string{auth.RolePeer}, Audience: "hub-B", Addr: realB.Addr}, 30*time.Second)
+	st, body, hdr := upgrade(t, realB.WS, old)
+	captured := hdr.Get("Agentmesh-Peer-Proof")
+	if st != http.StatusSwitchingProtocols || captured == "" {
+		t.Fatalf("a real dial of hub B: HTTP %d %s, proof %q", st, body, captured)
+	}
+	v, _ := auth.NewVerifier(testKey)
+	jti := func(tok string) string {
+		c, err := v.Verify(tok)
+		if err != nil {
+			t.Errorf("the token A dialled with: %v", err)
+			return ""
+		}
+		return c.ID
+	}
+	sign := func(key []byte, c auth.Claims) string {
+		p, err := auth.IssueProof(key, auth.KeyID(key), c, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	otherKey := []byte("not the mesh key, but long enough for HS256!!")
+	cl := mustClient(t, a.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	for i, tc := range []struct {
+		name  string
+		proof func(tok string) string
+		ok    bool
+	}{
+		{"signed with another key", func(tok string) string {
+			return sign(otherKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)})
+		}, false},
+		{"captured from another dial", func(string) string { return captured }, false},
+		{"from another hub", func(tok string) string {
+			return sign(testKey, auth.Claims{Subject: "hub.hub-C", Audience: "hub-A", Nonce: jti(tok)})
+		}, false},
+		{"for another hub", func(tok string) string {
+			return sign(testKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-C", Nonce: jti(tok)})
+		}, false},
+		{"a token, not a proof", func(tok string) string {
+			return token(t, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)}, 30*time.Second)
+		}, false},
+		{"right (control)", func(tok string) string {
+			return sign(testKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)})
+		}, true},
+	} {
+		fake := startFakeHub(t, tc.proof)
+		id := fmt.Sprintf("posing-%d", i)
+		if _, err := reg.Register(t.Context(), registry.Registration{InstanceID: id, Name: "posing", Hub: "hub-B", HubAddr: fake.addr,
+			Capabilities: []string{"posing.*"}, HeartbeatInterval: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance(id) != nil })
+		var got string
+		err := cl.Call(t.Context(), "posing.echo", 1, &got, mesh.To(id))
+		t.Logf("proof %s: %v (result %q)", tc.name, err, got)
+		if tc.ok {
+			if err != nil || got != "forged" || fake.calls.Load() != 1 {
+				t.Errorf("proof %s: %v, result %q, %d calls; want the listener's answer", tc.name, err, got, fake.calls.Load())
+			}
+			continue
+		}
+		if e := envelope.AsError(err); envelope.CodeOf(err) != envelope.CodeUnavailable || !e.NotSent() || !strings.Contains(e.Message, "did not prove it is hub hub-B") {
+			t.Errorf("proof %s: %v; want UNAVAILABLE, not sent, the peer did not prove it is hub hub-B", tc.name, err)
+		}
+		if n := fake.calls.Load(); n != 0 {
+			t.Errorf("proof %s: the listener ran %d calls; want 0", tc.name, n)
+		}
+		if len(fake.captured()) == 0 {
+			t.Errorf("proof %s: A never dialled the listener (nothing tested)", tc.name)
+		}
+	}
+}
+
+// TestPeerHandshakeOverMutualTLS: the handshake over wss peer links (the
+// hubs serve mutual TLS and dial each other with their certificate): a
+// call entering hub B for the agent on hub A crosses the link, and a
+// token captured from it would be bound as over plain ws.
+func TestPeerHandshakeOverMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	srvTLS, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerTLS, err := mesh.ClientTLS(pki.ca, pki.cert, pki.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientTLS, _ := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	reg := memory.New()
+	hub := func(name string) *meshtest.Mesh {
+		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, TLS: srvTLS, PeerTLS: peerTLS, Security: peerSec()}, reg)
+	}
+	a, b := hub("A"), hub("B")
+	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
+	var ran atomic.Int64
+	ag := countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
+	agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS})(ag)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := contextUntil(stop)
+		defer cancel()
+		done <- ag.Run(ctx, wss(a))
+	}()
+	defer func() { close(stop); <-done }()
+	select {
+	case <-ag.Registered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not register on hub A over mutual TLS")
+	}
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance(ag.ID()) != nil })
+	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS), mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	for i := range 20 {
+		if err := c.Call(t.Context(), "echo.echo", []int{i}, nil); err != nil {
+			t.Fatalf("call %d through B to A over wss: %v", i, err)
+		}
+	}
+	if n := ran.Load(); n != 20 {
+		t.Errorf("the agent on A ran %d calls; want 20", n)
+	}
 }

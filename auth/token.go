@@ -266,7 +266,19 @@ func (v *Verifier) CheckKey(token string) error {
 		return unauthenticated("malformed token", nil)
 	}
 	var w wire
-	if _, err := v.keysOnly.ParseWithClaims(token, &w, v.keyFunc); err != nil {
+	return v.parse(v.keysOnly, token, &w)
+}
+
+// parse parses and checks token into w, mapping every failure to its
+// UNAUTHENTICATED error.
+func (v *Verifier) parse(parser *jwt.Parser, token string, w *wire) error {
+	t, err := parser.ParseWithClaims(token, w, v.keyFunc)
+	if err != nil {
+		if t != nil && t.Method != jwt.SigningMethodHS256 && !errors.Is(err, jwt.ErrTokenMalformed) {
+			// Refused by WithValidMethods (or the key func) before any
+			// signature check, or an unknown "alg".
+			return unauthenticated("unsupported token algorithm", err)
+		}
 		return mapErr(err)
 	}
 	return nil
@@ -280,14 +292,8 @@ func (v *Verifier) verify(parser *jwt.Parser, token string) (*Claims, error) {
 		return nil, unauthenticated("token too large", nil)
 	}
 	var w wire
-	t, err := parser.ParseWithClaims(token, &w, v.keyFunc)
-	if err != nil {
-		if t != nil && t.Method != jwt.SigningMethodHS256 && !errors.Is(err, jwt.ErrTokenMalformed) {
-			// Refused by WithValidMethods (or the key func) before any
-			// signature check, or an unknown "alg".
-			return nil, unauthenticated("unsupported token algorithm", err)
-		}
-		return nil, mapErr(err)
+	if err := v.parse(parser, token, &w); err != nil {
+		return nil, err
 	}
 	c := &Claims{Subject: w.Subject, Roles: w.Roles, Serve: w.Serve, ID: w.ID, Addr: w.Addr, Nonce: w.Nonce}
 	switch len(w.Audience) {

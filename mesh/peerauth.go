@@ -132,18 +132,17 @@ func (g *guard) checkProof(resp *http.Response, addr, target, nonce string) erro
 type replayCache struct {
 	mu   sync.Mutex
 	seen map[string]time.Time // jti -> expiry
-	now  func() time.Time
 }
 
 func newReplayCache() *replayCache {
-	return &replayCache{seen: map[string]time.Time{}, now: time.Now}
+	return &replayCache{seen: map[string]time.Time{}}
 }
 
 // use records jti until exp, or refuses it if it was seen.
 func (r *replayCache) use(jti string, exp time.Time) *envelope.Error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
+	now := time.Now()
 	if t, ok := r.seen[jti]; ok && now.Before(t) {
 		return envelope.NewError(envelope.CodeUnauthenticated, "peer token refused: it was used already (peer tokens are for one dial)")
 	}

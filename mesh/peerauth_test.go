@@ -365,9 +365,22 @@ func TestReplayedPeerToken(t *testing.T) {
 	if ok > 3 || ran.Load()-before > 3 {
 		t.Errorf("40 calls with the captured peer token: %d answered, the agent ran %d; want at most B's burst of 3", ok, ran.Load()-before)
 	}
-	// The cluster still works.
-	if err := cl.Call(t.Context(), "echo.echo", 2, nil); err != nil {
-		t.Errorf("call through A to B after the replays: %v", err)
+	// The cluster still works, and the calls A forwards over its peer
+	// link are not held to B's limits (A counted them): 20 at once pass
+	// B's global burst of 3.
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 20 {
+		wg.Go(func() {
+			if err := cl.Call(t.Context(), "echo.echo", i, nil); err != nil {
+				failed.Add(1)
+				t.Logf("call %d through A to B after the replays: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Errorf("%d of 20 calls through A to B failed; want 0 (forwarded calls pass B's limits)", n)
 	}
 }
 

@@ -106,11 +106,8 @@ func (p *peers) link(ctx context.Context, hub, addr string) (*Link, error) {
 			err := st.err
 			p.mu.Unlock()
 			msg := "peer hub " + hub + " at " + addr + " is unreachable"
-			var e *envelope.Error
-			if errors.As(err, &e) {
-				msg += ": " + e.Message // e.g. the peer did not prove it is hub
-			} else if err != nil {
-				msg += ": " + err.Error()
+			if errors.Is(err, errNoProof) {
+				msg += ": " + envelope.AsError(err).Message // the dialler's doing: no internal detail
 			}
 			return nil, envelope.WrapError(envelope.CodeUnavailable, msg, err).MarkNotSent()
 		}

@@ -1,6 +1,8 @@
 package mesh
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -124,8 +126,11 @@ func (g *guard) checkProof(resp *http.Response, addr, target, nonce string) erro
 	if why == "" {
 		return nil
 	}
-	return envelope.Errorf(envelope.CodeUnavailable, "the peer at %s did not prove it is hub %s (%s)", addr, target, why).MarkNotSent()
+	return envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("the peer at %s did not prove it is hub %s (%s)", addr, target, why), errNoProof).MarkNotSent()
 }
+
+// errNoProof is the cause of checkProof's errors.
+var errNoProof = errors.New("mesh: the peer did not prove it is the hub named")
 
 // replayCache remembers the ids of the peer tokens accepted, each until
 // its token expires.

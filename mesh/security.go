@@ -165,7 +165,7 @@ func (g *guard) on() bool { return g != nil && g.verifier != nil }
 // authenticate checks an HTTP request's credential (Authorization: Bearer,
 // or a "bearer.<token>" WebSocket subprotocol). Cookies never count. A
 // token of role "hub" is refused: it opens a peer link only (serveWS,
-// authenticatePeer).
+// through authenticateAs).
 func (g *guard) authenticate(r *http.Request) (*Principal, *envelope.Error) {
 	return g.authenticateAs(r, false)
 }
@@ -327,9 +327,10 @@ func sameSubject(a, b *Principal) bool {
 // Every open link and WebSocket is checked again: those whose token no
 // longer verifies (its key was dropped) are closed with UNAUTHENTICATED;
 // the others go on untouched. A peer link, which outlives the short token
-// it was opened with, is checked for its key only. It returns how many were closed. It fails,
-// changing nothing, for a hub that authenticates nobody (authentication
-// is not switched on at run time) or an invalid key set.
+// it was opened with, is checked for its key only. It returns how many
+// were closed. It fails, changing nothing, for a hub that authenticates
+// nobody (authentication is not switched on at run time) or an invalid
+// key set.
 func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 	g := h.guard
 	if !g.on() {

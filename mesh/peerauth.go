@@ -27,9 +27,14 @@ import (
 // proof made for another dial does not match the nonce. So a forged
 // registry record (any hubAddr) gets a token no hub accepts, and no call.
 //
+// A hub that advertises no address accepts no peer link (no peer is told
+// to dial it). The link outlives its token: it lives on its heartbeat,
+// and a key rotation closes it when the key that signed the token is
+// dropped (Hub.SetAuthKeys).
+//
 // A principal of role "hub" may then send forwarded calls (Hops > 0) for
-// agents' methods over that link, nothing else (guard.authorizePeer); a
-// hub token is refused on every other surface.
+// agents' methods over that link, nothing else (authorizePeer); a hub
+// token is refused on every other surface.
 const (
 	peerTokenTTL    = 30 * time.Second
 	peerTokenMaxTTL = time.Minute

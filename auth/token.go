@@ -45,6 +45,17 @@ type Claims struct {
 	ExpiresAt time.Time `json:"exp"`
 	// ID is the token's unique id ("jti"); safe to log, unlike the token.
 	ID string `json:"jti"`
+	// Audience names the one party the token is for ("aud"): a hub's
+	// peer token names the hub it dials, a peer proof the hub that
+	// dialled. Empty: any. A token with several audiences is refused.
+	Audience string `json:"aud,omitempty"`
+	// Addr is the address the token was sent to ("addr"): a peer token
+	// names the host:port its hub dialled, so that the hub that
+	// advertises another refuses it.
+	Addr string `json:"addr,omitempty"`
+	// Nonce ("nonce") binds a peer proof to the token it answers (that
+	// token's ID).
+	Nonce string `json:"nonce,omitempty"`
 }
 
 // ErrExpired is the cause (errors.Is) of the UNAUTHENTICATED error Verify
@@ -56,6 +67,8 @@ var ErrExpired = errors.New("auth: token expired")
 type wire struct {
 	Roles []string `json:"roles,omitempty"`
 	Serve []string `json:"serve,omitempty"`
+	Addr  string   `json:"addr,omitempty"`
+	Nonce string   `json:"nonce,omitempty"`
 	jwt.RegisteredClaims
 }
 
@@ -76,6 +89,11 @@ func (c *Claims) check() error {
 			return fmt.Errorf("serve pattern %q: want a method name, name.* or *", p)
 		}
 	}
+	for _, f := range []struct{ name, v string }{{"audience", c.Audience}, {"addr", c.Addr}, {"nonce", c.Nonce}} {
+		if f.v != "" && !validSubject(f.v) {
+			return fmt.Errorf("%s must be 1 to 256 printable ASCII bytes without space", f.name)
+		}
+	}
 	return nil
 }
 
@@ -92,6 +110,21 @@ func Issue(key []byte, claims Claims, ttl time.Duration) (string, error) {
 // IssueKID is Issue with the "kid" header kid: the id a verifier knows
 // the key by (KeyID, or a label given with the key; see Key).
 func IssueKID(key []byte, kid string, claims Claims, ttl time.Duration) (string, error) {
+	return issue(key, kid, Issuer, claims, ttl)
+}
+
+// ProofIssuer is the "iss" of a peer proof (IssueProof): the answer a hub
+// gives a peer that dialled it, to prove it holds the mesh key. It is
+// never a credential: Verify refuses it ("wrong token issuer"), as
+// VerifyProof refuses every other token.
+const ProofIssuer = "agentmesh/peer-proof"
+
+// IssueProof is IssueKID for a peer proof (ProofIssuer).
+func IssueProof(key []byte, kid string, claims Claims, ttl time.Duration) (string, error) {
+	return issue(key, kid, ProofIssuer, claims, ttl)
+}
+
+func issue(key []byte, kid, iss string, claims Claims, ttl time.Duration) (string, error) {
 	if !validKID(kid) {
 		return "", fmt.Errorf("auth: key id %q: want 1 to 64 ASCII letters, digits or _-.:", kid)
 	}
@@ -115,13 +148,18 @@ func IssueKID(key []byte, kid string, claims Claims, ttl time.Duration) (string,
 	w := wire{
 		Roles: claims.Roles,
 		Serve: claims.Serve,
+		Addr:  claims.Addr,
+		Nonce: claims.Nonce,
 		RegisteredClaims: jwt.RegisteredClaims{
-			Issuer:    Issuer,
+			Issuer:    iss,
 			Subject:   claims.Subject,
 			IssuedAt:  jwt.NewNumericDate(claims.IssuedAt),
 			ExpiresAt: jwt.NewNumericDate(claims.IssuedAt.Add(ttl)),
 			ID:        claims.ID,
 		},
+	}
+	if claims.Audience != "" {
+		w.Audience = jwt.ClaimStrings{claims.Audience}
 	}
 	t := jwt.NewWithClaims(jwt.SigningMethodHS256, w)
 	t.Header["kid"] = kid
@@ -135,10 +173,12 @@ func IssueKID(key []byte, kid string, claims Claims, ttl time.Duration) (string,
 // Verifier checks tokens signed with any of its keys. It is safe for
 // concurrent use, SetKeys included.
 type Verifier struct {
-	keys   atomic.Pointer[keySet]
-	leeway time.Duration
-	now    func() time.Time
-	parser *jwt.Parser
+	keys     atomic.Pointer[keySet]
+	leeway   time.Duration
+	now      func() time.Time
+	parser   *jwt.Parser // tokens (Issuer)
+	proofs   *jwt.Parser // peer proofs (ProofIssuer)
+	keysOnly *jwt.Parser // CheckKey: the signature only
 }
 
 // VerifierOption configures a Verifier.
@@ -167,13 +207,21 @@ func NewKeySetVerifier(keys []Key, opts ...VerifierOption) (*Verifier, error) {
 	for _, o := range opts {
 		o(v)
 	}
-	v.parser = jwt.NewParser(
+	parser := func(iss string) *jwt.Parser {
+		return jwt.NewParser(
+			jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+			jwt.WithLeeway(v.leeway),
+			jwt.WithTimeFunc(v.now),
+			jwt.WithExpirationRequired(),
+			jwt.WithIssuedAt(),
+			jwt.WithIssuer(iss),
+			jwt.WithStrictDecoding(),
+		)
+	}
+	v.parser, v.proofs = parser(Issuer), parser(ProofIssuer)
+	v.keysOnly = jwt.NewParser(
 		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
-		jwt.WithLeeway(v.leeway),
-		jwt.WithTimeFunc(v.now),
-		jwt.WithExpirationRequired(),
-		jwt.WithIssuedAt(),
-		jwt.WithIssuer(Issuer),
+		jwt.WithoutClaimsValidation(),
 		jwt.WithStrictDecoding(),
 	)
 	return v, nil
@@ -196,8 +244,47 @@ var errNoToken = unauthenticated("missing token", nil)
 // expired", "token not valid yet", "wrong token issuer", "invalid token
 // claims"); an expired token's error also matches errors.Is(err,
 // ErrExpired). Tokens with alg "none" or any algorithm other than HS256,
-// and tokens with a "crit" header, are refused.
+// and tokens with a "crit" header, are refused. The audience, address and
+// nonce are returned, not checked: the party the token is presented to
+// checks they name it (a hub: mesh's guard).
 func (v *Verifier) Verify(token string) (*Claims, error) {
+	return v.verify(v.parser, token)
+}
+
+// VerifyProof is Verify for a peer proof (IssueProof): it refuses every
+// token that is not one, as Verify refuses proofs.
+func (v *Verifier) VerifyProof(token string) (*Claims, error) {
+	return v.verify(v.proofs, token)
+}
+
+// CheckKey reports whether token's signature (HS256) verifies under the
+// verifier's current keys, whatever its times and claims: a peer link
+// outlives the short token it was opened with, and is closed when a
+// rotation drops the key that signed it (see mesh's Hub.SetAuthKeys).
+func (v *Verifier) CheckKey(token string) error {
+	if token == "" || len(token) > MaxTokenLen {
+		return unauthenticated("malformed token", nil)
+	}
+	var w wire
+	return v.parse(v.keysOnly, token, &w)
+}
+
+// parse parses and checks token into w, mapping every failure to its
+// UNAUTHENTICATED error.
+func (v *Verifier) parse(parser *jwt.Parser, token string, w *wire) error {
+	t, err := parser.ParseWithClaims(token, w, v.keyFunc)
+	if err != nil {
+		if t != nil && t.Method != jwt.SigningMethodHS256 && !errors.Is(err, jwt.ErrTokenMalformed) {
+			// Refused by WithValidMethods (or the key func) before any
+			// signature check, or an unknown "alg".
+			return unauthenticated("unsupported token algorithm", err)
+		}
+		return mapErr(err)
+	}
+	return nil
+}
+
+func (v *Verifier) verify(parser *jwt.Parser, token string) (*Claims, error) {
 	switch {
 	case token == "":
 		return nil, errNoToken
@@ -205,16 +292,17 @@ func (v *Verifier) Verify(token string) (*Claims, error) {
 		return nil, unauthenticated("token too large", nil)
 	}
 	var w wire
-	t, err := v.parser.ParseWithClaims(token, &w, v.keyFunc)
-	if err != nil {
-		if t != nil && t.Method != jwt.SigningMethodHS256 && !errors.Is(err, jwt.ErrTokenMalformed) {
-			// Refused by WithValidMethods (or the key func) before any
-			// signature check, or an unknown "alg".
-			return nil, unauthenticated("unsupported token algorithm", err)
-		}
-		return nil, mapErr(err)
+	if err := v.parse(parser, token, &w); err != nil {
+		return nil, err
 	}
-	c := &Claims{Subject: w.Subject, Roles: w.Roles, Serve: w.Serve, ID: w.ID}
+	c := &Claims{Subject: w.Subject, Roles: w.Roles, Serve: w.Serve, ID: w.ID, Addr: w.Addr, Nonce: w.Nonce}
+	switch len(w.Audience) {
+	case 0:
+	case 1:
+		c.Audience = w.Audience[0]
+	default:
+		return nil, unauthenticated("invalid token claims", errors.New("more than one audience"))
+	}
 	if w.IssuedAt == nil || w.ExpiresAt == nil {
 		return nil, unauthenticated("invalid token claims", errors.New("iat and exp are required"))
 	}

@@ -405,3 +405,64 @@ func TestKeyRotation(t *testing.T) {
 		t.Error("IssueKID accepted a kid with a space")
 	}
 }
+
+// TestAudienceAddrNonce: the claims that bind a peer token and its proof
+// travel, and are checked for shape; several audiences are refused.
+func TestAudienceAddrNonce(t *testing.T) {
+	in := auth.Claims{Subject: "hub.a", Roles: []string{auth.RolePeer}, Audience: "b", Addr: "10.0.0.2:7700", Nonce: "n1"}
+	c, err := verifier(t, t0).Verify(issue(t, testKey, in, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Audience != "b" || c.Addr != "10.0.0.2:7700" || c.Nonce != "n1" {
+		t.Errorf("claims = %+v; want aud b, addr 10.0.0.2:7700, nonce n1", c)
+	}
+	for _, bad := range []auth.Claims{{Subject: "x", Audience: "a b"}, {Subject: "x", Addr: "\n"}, {Subject: "x", Nonce: strings.Repeat("n", 300)}} {
+		if _, err := auth.Issue(testKey, bad, time.Minute); err == nil {
+			t.Errorf("Issue(%+v) accepted", bad)
+		}
+	}
+	m := goodMap()
+	m["aud"] = []string{"a", "b"}
+	_, err = verifier(t, t0).Verify(signRaw(t, jwt.SigningMethodHS256, testKey, m, nil))
+	wantUnauth(t, err, "invalid token claims")
+}
+
+// TestProofIsNoToken: a peer proof verifies with VerifyProof only, a token
+// with Verify only.
+func TestProofIsNoToken(t *testing.T) {
+	v := verifier(t, t0)
+	proof, err := auth.IssueProof(testKey, auth.KeyID(testKey), auth.Claims{Subject: "hub.b", Audience: "a", Nonce: "j", IssuedAt: t0}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := v.VerifyProof(proof)
+	if err != nil || c.Subject != "hub.b" || c.Audience != "a" || c.Nonce != "j" {
+		t.Errorf("VerifyProof = %+v, %v", c, err)
+	}
+	_, err = v.Verify(proof)
+	wantUnauth(t, err, "wrong token issuer")
+	_, err = v.VerifyProof(issue(t, testKey, auth.Claims{Subject: "hub.b", Audience: "a", Nonce: "j"}, 30*time.Second))
+	wantUnauth(t, err, "wrong token issuer")
+	other, _ := auth.IssueProof(otherKey, auth.KeyID(otherKey), auth.Claims{Subject: "hub.b", IssuedAt: t0}, 30*time.Second)
+	_, err = v.VerifyProof(other)
+	wantUnauth(t, err, "unknown token key")
+}
+
+// TestCheckKey: the signature under the current keys, whatever the times.
+func TestCheckKey(t *testing.T) {
+	v := verifier(t, t0.Add(time.Hour)) // the token below expired at t0+30s
+	tok := issue(t, testKey, auth.Claims{Subject: "hub.a", Roles: []string{auth.RolePeer}}, 30*time.Second)
+	if _, err := v.Verify(tok); !errors.Is(err, auth.ErrExpired) {
+		t.Fatalf("Verify of the expired token = %v; want expired", err)
+	}
+	if err := v.CheckKey(tok); err != nil {
+		t.Errorf("CheckKey of an expired token signed with a key of the set: %v", err)
+	}
+	if err := v.SetKeys([]auth.Key{{Secret: otherKey}}); err != nil {
+		t.Fatal(err)
+	}
+	wantUnauth(t, v.CheckKey(tok), "unknown token key")
+	wantUnauth(t, v.CheckKey(""), "malformed token")
+	wantUnauth(t, v.CheckKey(signRaw(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, goodMap(), nil)), "unsupported token algorithm")
+}

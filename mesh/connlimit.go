@@ -118,17 +118,20 @@ func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
 // exemptFromLimits reports whether the per-connection and global limits
 // pass req: agent control, and calls a peer hub forwards (many callers
 // share a peer link, and the hub they entered counted them). With
-// authentication on, only a peer hub's token makes a call forwarded: a
-// client's hops header proves nothing. Without it, the header is all
-// there is to go by, so a client that sets it escapes these limits (at
-// the price of one attempt and local instances only); hubs that must
-// hold their limits against their clients run with --auth-key.
+// authentication on, only a call over the peer link a hub opened to this
+// one (both ends authenticated, peerauth.go) is forwarded: a client's
+// hops header proves nothing, nor does a hub token on any other link.
+// Without it, the header is all there is to go by, so a client that sets
+// it escapes these limits (at the price of one attempt and local
+// instances only); hubs that must hold their limits against their
+// clients run with --auth-key.
 func (h *Hub) exemptFromLimits(ctx context.Context, req *envelope.Request) bool {
 	if isAgentControl(req.Method) {
 		return true
 	}
 	if h.guard.on() {
-		return PrincipalOf(ctx).Peer()
+		// Peer() only on the peer link a hub opened (peerauth.go).
+		return PrincipalOf(ctx).Peer() && req.Headers.Hops > 0
 	}
 	return req.Headers.Hops > 0
 }

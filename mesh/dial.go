@@ -56,6 +56,14 @@ func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOptio
 
 // DialLinkToken is DialLink presenting a bearer token (none if empty).
 func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
+	return dialLink(ctx, hub, token, nil, cfg, opts...)
+}
+
+// dialLink is DialLinkToken; check, if set, is given the hub's answer to
+// the upgrade before the link starts: when it fails the socket is closed,
+// nothing having been sent over it, and its error returned (a peer hub's
+// proof, peerauth.go).
+func dialLink(ctx context.Context, hub, token string, check func(*http.Response) error, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
 	u, err := WSURL(hub)
 	if err != nil {
 		return nil, envelope.WrapError(envelope.CodeInvalidRequest, err.Error(), err)
@@ -90,6 +98,12 @@ func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts 
 	if ws.Subprotocol() != envelope.Subprotocol {
 		_ = ws.Close()
 		return nil, envelope.Errorf(envelope.CodeUnavailable, "hub %s does not speak %s", u, envelope.Subprotocol)
+	}
+	if check != nil {
+		if err := check(resp); err != nil {
+			_ = ws.Close()
+			return nil, err
+		}
 	}
 	return NewLink(ws, cfg, opts...), nil
 }

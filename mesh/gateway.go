@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,6 +143,11 @@ func (h *Hub) answer(ctx context.Context, c *RPCCall, l *Link) []byte {
 // learns nothing (403, S23); not while draining (503); then the
 // credential (401/429). On refusal it has answered.
 func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
+	return h.admitAs(w, r, false)
+}
+
+// admitAs is admit; with peerOK (serveWS) a hub's peer token is accepted.
+func (h *Hub) admitAs(w http.ResponseWriter, r *http.Request, peerOK bool) (*Principal, bool) {
 	if !h.guard.origins.Check(r) {
 		h.metrics().Refused("origin")
 		http.Error(w, "origin not allowed", http.StatusForbidden)
@@ -151,7 +157,7 @@ func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
 		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
 		return nil, false
 	}
-	who, aerr := h.guard.authenticate(r)
+	who, aerr := h.guard.authenticateAs(r, peerOK)
 	if aerr != nil {
 		h.metrics().Refused(refusal(aerr))
 		httpRefuse(w, aerr)
@@ -162,13 +168,30 @@ func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
 
 // serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
 // Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
-// plain JSON-RPC 2.0 and the envelope headers ride in "meta".
+// plain JSON-RPC 2.0 and the envelope headers ride in "meta". A hub's
+// peer token opens a native link only, answered with this hub's proof
+// (peerauth.go).
 func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admit(w, r)
+	who, ok := h.admitAs(w, r, true)
 	if !ok {
 		return
 	}
-	ws, err := h.upgrader.Upgrade(w, r, nil)
+	var hdr http.Header
+	if who.Peer() {
+		if !slices.Contains(websocket.Subprotocols(r), envelope.Subprotocol) {
+			h.metrics().Refused("unauthenticated")
+			httpRefuse(w, errHubTokenElsewhere)
+			return
+		}
+		proof, err := h.guard.peerProof(who.Claims)
+		if err != nil {
+			h.log.Error("cannot sign the peer proof", "error", err)
+			httpRefuse(w, envelope.NewError(envelope.CodeInternal, "cannot sign the peer proof"))
+			return
+		}
+		hdr = http.Header{peerProofHeader: {proof}}
+	}
+	ws, err := h.upgrader.Upgrade(w, r, hdr)
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
 	}

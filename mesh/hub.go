@@ -299,6 +299,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.self, g.advertise = cfg.ID, cfg.Advertise // what the peer tokens it accepts must name
 	cl, err := newConnLimiter(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)
@@ -678,6 +679,11 @@ func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Res
 		p := PrincipalOf(ctx)
 		if p == nil && tok != "" && h.guard.on() {
 			c, err := h.guard.verifier.Verify(tok)
+			if err == nil && hasRole(c.Roles, auth.RolePeer) {
+				err = errHubTokenElsewhere
+			} else if err == nil {
+				err = h.guard.checkAudience(c)
+			}
 			if err != nil {
 				h.metrics().Refused("unauthenticated")
 				return nil, err
@@ -800,7 +806,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		// Instances behind a peer link found dead are avoided while others
 		// serve the method; when only they are left one is tried, which
 		// fails fast (not sent) and kicks a re-dial.
-		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr) }
+		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr) }
 		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
 		if in == nil {
 			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
@@ -813,7 +819,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		}
 	}
 	// Picked although behind a down peer: no instance outside one was left.
-	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.HubAddr)
+	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr)
 	tried.Add(in.InstanceID)
 	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})

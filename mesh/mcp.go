@@ -97,8 +97,8 @@ func (g *guard) mayCall(p *Principal, m string) bool {
 	if p == nil || p.Claims == nil {
 		return false
 	}
-	if p.Peer() {
-		return true
+	if hasRole(p.Roles, auth.RolePeer) {
+		return false // a hub token opens a peer link, nothing else
 	}
 	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
 		return false

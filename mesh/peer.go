@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"sync"
 	"time"
 
@@ -21,17 +23,27 @@ import (
 // successful dial brings it back. So a partitioned peer costs its callers
 // nothing but a fast failure (S05), and a healed one is used again within
 // peerMaxBackoff plus a dial.
+//
+// A peer is a hub id at an address, as the registry names them: with
+// authentication on, the dial is bound to both, and the link is used only
+// once the hub there proved it is that hub (peerauth.go). Another id at
+// the same address (a stale or forged record) is another peer, down on
+// its own.
 type peers struct {
 	mu     sync.Mutex
-	hubs   map[string]*peerState // by hub address
-	closed bool                  // set by shutdown: start no more goroutines
-	cfg    ConnConfig            // peer links: short heartbeat (HubConfig.PeerHeartbeat)
+	hubs   map[peerKey]*peerState
+	closed bool       // set by shutdown: start no more goroutines
+	cfg    ConnConfig // peer links: short heartbeat (HubConfig.PeerHeartbeat)
 	h      *Hub
 	ctx    context.Context // ends at hub shutdown; bounds background dials
 	wg     sync.WaitGroup  // dials and re-dial loops
 }
 
+// peerKey names a peer: a hub id and the address it is dialled at.
+type peerKey struct{ hub, addr string }
+
 type peerState struct {
+	hub       string
 	addr      string
 	link      *Link
 	dialing   chan struct{} // non-nil while a dial runs; closed when it ends
@@ -48,7 +60,7 @@ const (
 )
 
 func newPeers(h *Hub, ctx context.Context, cfg ConnConfig) peers {
-	return peers{hubs: map[string]*peerState{}, cfg: cfg, h: h, ctx: ctx}
+	return peers{hubs: map[peerKey]*peerState{}, cfg: cfg, h: h, ctx: ctx}
 }
 
 // shutdown waits for the background dials once the hub's context ended;
@@ -60,16 +72,17 @@ func (p *peers) shutdown() {
 	p.wg.Wait()
 }
 
-// link returns a live link to the hub at addr. If none is open it starts a
-// dial (unless one runs or the backoff forbids it); a down peer fails at
-// once, otherwise the caller waits for the dial within ctx.
-func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
+// link returns a live link to the hub hub at addr. If none is open it
+// starts a dial (unless one runs or the backoff forbids it); a down peer
+// fails at once, otherwise the caller waits for the dial within ctx.
+func (p *peers) link(ctx context.Context, hub, addr string) (*Link, error) {
+	k := peerKey{hub, addr}
 	for {
 		p.mu.Lock()
-		st := p.hubs[addr]
+		st := p.hubs[k]
 		if st == nil {
-			st = &peerState{addr: addr}
-			p.hubs[addr] = st
+			st = &peerState{hub: hub, addr: addr}
+			p.hubs[k] = st
 		}
 		if st.link != nil {
 			err := st.link.Err()
@@ -92,7 +105,11 @@ func (p *peers) link(ctx context.Context, addr string) (*Link, error) {
 		if st.down {
 			err := st.err
 			p.mu.Unlock()
-			return nil, envelope.WrapError(envelope.CodeUnavailable, "peer hub "+addr+" is unreachable", err).MarkNotSent()
+			msg := "peer hub " + hub + " at " + addr + " is unreachable"
+			if errors.Is(err, errNoProof) {
+				msg += ": " + envelope.AsError(err).Message // the dialler's doing: no internal detail
+			}
+			return nil, envelope.WrapError(envelope.CodeUnavailable, msg, err).MarkNotSent()
 		}
 		wait := st.dialing
 		p.mu.Unlock()
@@ -119,21 +136,30 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PingInterval*3/2)
 	defer cancel()
-	// Peers authenticate with a short token this hub mints with the
-	// shared key, and speak TLS when the hub has a peer TLS config.
+	// Peers authenticate both ways (peerauth.go): this hub sends a token
+	// it mints for this dial, bound to the hub and address it dials, and
+	// uses the link only once the answer proves the hub there holds the
+	// key too. They speak TLS when the hub has a peer TLS config.
 	var tok string
-	if p.h.guard.on() {
+	var check func(*http.Response) error
+	if g := p.h.guard; g.on() {
+		var jti string
 		var err error
-		if tok, err = p.h.guard.peerToken(p.h.cfg.ID); err != nil {
+		if tok, jti, err = g.peerToken(p.h.cfg.ID, st.hub, st.addr); err != nil {
 			p.h.log.Error("cannot sign the peer token", "error", err)
+			p.mu.Lock()
+			st.dialing = nil
+			p.markDownLocked(st, envelope.WrapError(envelope.CodeInternal, "cannot sign the peer token", err).MarkNotSent())
+			p.mu.Unlock()
 			return
 		}
+		check = func(resp *http.Response) error { return g.checkProof(resp, st.addr, st.hub, jti) }
 	}
 	scheme := "ws://"
 	if p.cfg.TLS != nil {
 		scheme = "wss://"
 	}
-	l, err := DialLinkToken(ctx, scheme+st.addr+"/ws", tok, p.cfg, WithLinkLogger(p.h.log), withHubPeer(), WithLinkOnClose(func(l *Link, err error) {
+	l, err := dialLink(ctx, scheme+st.addr+"/ws", tok, check, p.cfg, WithLinkLogger(p.h.log), withHubPeer(), WithLinkOnClose(func(l *Link, err error) {
 		p.h.untrack(l)
 		p.mu.Lock()
 		if st.link == l {
@@ -142,13 +168,16 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 		}
 		p.mu.Unlock()
 		if p.ctx.Err() == nil {
-			p.h.log.Warn("peer link lost", "peer", st.addr, "error", err)
+			p.h.log.Warn("peer link lost", "peer", st.hub, "addr", st.addr, "error", err)
 		}
 	}))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st.dialing = nil
 	if err != nil {
+		if e := envelope.AsError(err); st.err == nil || st.err.Error() != e.Error() {
+			p.h.log.Warn("peer dial failed", "peer", st.hub, "addr", st.addr, "error", e.Message)
+		}
 		p.markDownLocked(st, err)
 		// The backoff counts from the dial's start: a dial that hung until
 		// its timeout has waited long enough.
@@ -161,7 +190,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 		return
 	}
 	if st.down {
-		p.h.log.Info("peer link back", "peer", st.addr)
+		p.h.log.Info("peer link back", "peer", st.hub, "addr", st.addr)
 	}
 	st.link, st.down, st.err, st.backoff, st.next = l, false, nil, 0, time.Time{}
 	p.wg.Add(1)
@@ -200,7 +229,7 @@ func (p *peers) redial(st *peerState) {
 			p.mu.Unlock()
 			return
 		}
-		wanted := p.wanted(st.addr)
+		wanted := p.wanted(st.hub, st.addr)
 		p.mu.Lock()
 		if !st.down || !wanted || p.closed {
 			st.redialing = false
@@ -222,25 +251,26 @@ func (p *peers) redial(st *peerState) {
 }
 
 // wanted reports whether some instance in the registry is attached to the
-// hub at addr.
-func (p *peers) wanted(addr string) bool {
+// hub hub at addr.
+func (p *peers) wanted(hub, addr string) bool {
 	for _, in := range p.h.reg.Snapshot().Instances() {
-		if in.HubAddr == addr {
+		if in.Hub == hub && in.HubAddr == addr {
 			return true
 		}
 	}
 	return false
 }
 
-// isDown reports whether the peer at addr is known to be unreachable (its
-// link was lost or its last dial failed, and no dial has succeeded since).
-func (p *peers) isDown(addr string) bool {
+// isDown reports whether the peer hub at addr is known to be unreachable
+// (its link was lost, its last dial failed or it did not prove it is
+// hub, and no dial has succeeded since).
+func (p *peers) isDown(hub, addr string) bool {
 	if addr == "" {
 		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.hubs[addr]
+	st := p.hubs[peerKey{hub, addr}]
 	return st != nil && st.down
 }
 
@@ -291,7 +321,11 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	if in.HubAddr == "" {
 		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
 	}
-	l, err := h.peers.link(ctx, in.HubAddr)
+	if in.Hub == "" && h.guard.on() {
+		// The peer token is bound to the hub's id: no id, no dial.
+		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on a hub at " + in.HubAddr + " whose id is unknown")
+	}
+	l, err := h.peers.link(ctx, in.Hub, in.HubAddr)
 	if err != nil {
 		return nil, true, envelope.AsError(err) // a failed dial is not sent
 	}

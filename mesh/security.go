@@ -24,8 +24,11 @@ import (
 type Security struct {
 	// Key signs and checks tokens (auth.LoadKey). Set: every surface
 	// (/rpc, /ws, peer links) requires a valid token, agents may register
-	// only what their token's serve patterns allow, and the hub dials its
-	// peers with a short-lived token of role "hub" signed with it.
+	// only what their token's serve patterns allow, and peer links
+	// authenticate both ends (peerauth.go): the hub dials its peers with a
+	// token of role "hub" it mints per dial, bound to the hub and address
+	// dialled, and accepts the link only once the peer proved it holds
+	// the key too.
 	Key []byte
 	// Keys, when set, replaces Key with a key set (rotation): every key
 	// verifies tokens (by their kid, or each in turn for a token without
@@ -58,11 +61,15 @@ type Security struct {
 type Principal struct {
 	*auth.Claims
 	token string // checked again when the hub's keys change (SetAuthKeys)
+	peer  bool   // a peer link's: its hub token passed checkPeer on a native /ws upgrade
 }
 
-// Peer reports whether the principal is another hub of the mesh.
+// Peer reports whether the principal is another hub of the mesh on the
+// peer link it opened to this hub: a token of role "hub" bound to this
+// hub (see peerauth.go), accepted on a native /ws upgrade. A hub token
+// anywhere else authenticates nobody.
 func (p *Principal) Peer() bool {
-	return p != nil && p.Claims != nil && hasRole(p.Roles, auth.RolePeer)
+	return p != nil && p.Claims != nil && p.peer
 }
 
 func hasRole(roles []string, r string) bool {
@@ -94,12 +101,16 @@ var adminMethods = map[string]bool{"mesh.agents": true, "mesh.breakers": true}
 
 // guard is a Hub's compiled Security.
 type guard struct {
-	verifier *auth.Verifier
-	key      atomic.Pointer[auth.Key] // signs the hub's peer tokens
-	roles    roleTable
-	origins  *auth.Origins
-	limiter  *ratelimit.Limiter
-	failures *ratelimit.Limiter // failed authentications per source address
+	self      string // the hub's id: the audience of the peer tokens it accepts
+	advertise string // the hub's advertised address: the addr of those tokens
+	replay    *replayCache
+	peerTTL   time.Duration // of the peer tokens it mints (peerTokenTTL; tests shorten it)
+	verifier  *auth.Verifier
+	key       atomic.Pointer[auth.Key] // signs the hub's peer tokens
+	roles     roleTable
+	origins   *auth.Origins
+	limiter   *ratelimit.Limiter
+	failures  *ratelimit.Limiter // failed authentications per source address
 }
 
 func newGuard(s *Security) (*guard, error) {
@@ -127,6 +138,7 @@ func newGuard(s *Security) (*guard, error) {
 		return nil, fmt.Errorf("mesh: auth key: %w", err)
 	}
 	g.key.Store(&keys[0])
+	g.replay, g.peerTTL = newReplayCache(), peerTokenTTL
 	fr, fb := s.FailedAuthRate, s.FailedAuthBurst
 	if fr == 0 {
 		fr, fb = 20, 100
@@ -151,12 +163,20 @@ func newGuard(s *Security) (*guard, error) {
 func (g *guard) on() bool { return g != nil && g.verifier != nil }
 
 // authenticate checks an HTTP request's credential (Authorization: Bearer,
-// or a "bearer.<token>" WebSocket subprotocol). Cookies never count.
+// or a "bearer.<token>" WebSocket subprotocol). Cookies never count. A
+// token of role "hub" is refused: it opens a peer link only (serveWS,
+// through authenticateAs).
 func (g *guard) authenticate(r *http.Request) (*Principal, *envelope.Error) {
+	return g.authenticateAs(r, false)
+}
+
+// authenticateAs is authenticate; with peerOK (a native /ws upgrade) it
+// accepts a hub token that passes checkPeer, as a peer principal.
+func (g *guard) authenticateAs(r *http.Request, peerOK bool) (*Principal, *envelope.Error) {
 	if !g.on() {
 		return nil, nil
 	}
-	p, e := g.authenticate1(r)
+	p, e := g.authenticate1(r, peerOK)
 	if e != nil && g.failures != nil {
 		// Failed attempts are budgeted per source address (S24 f): past
 		// the budget the source is told to back off (OVERLOADED, HTTP
@@ -172,7 +192,7 @@ func (g *guard) authenticate(r *http.Request) (*Principal, *envelope.Error) {
 	return p, e
 }
 
-func (g *guard) authenticate1(r *http.Request) (*Principal, *envelope.Error) {
+func (g *guard) authenticate1(r *http.Request, peerOK bool) (*Principal, *envelope.Error) {
 	tok, err := auth.BearerToken(r)
 	if err != nil {
 		return nil, envelope.AsError(err)
@@ -184,7 +204,32 @@ func (g *guard) authenticate1(r *http.Request) (*Principal, *envelope.Error) {
 	if err != nil {
 		return nil, envelope.AsError(err)
 	}
+	if e := g.checkAudience(c); e != nil {
+		return nil, e
+	}
+	if hasRole(c.Roles, auth.RolePeer) {
+		if !peerOK {
+			return nil, errHubTokenElsewhere
+		}
+		if e := g.checkPeer(c); e != nil {
+			return nil, e
+		}
+		return &Principal{Claims: c, token: tok, peer: true}, nil
+	}
 	return &Principal{Claims: c, token: tok}, nil
+}
+
+// errHubTokenElsewhere refuses a token of role "hub" anywhere but on the
+// upgrade of a peer link.
+var errHubTokenElsewhere = envelope.NewError(envelope.CodeUnauthenticated,
+	"a token of role hub only opens a peer link (a hub's native /ws dial, bound to this hub); it authenticates nothing else")
+
+// checkAudience refuses a token meant for another party ("aud").
+func (g *guard) checkAudience(c *auth.Claims) *envelope.Error {
+	if c.Audience != "" && c.Audience != g.self {
+		return envelope.Errorf(envelope.CodeUnauthenticated, "this token is for %q, not for this hub", c.Audience)
+	}
+	return nil
 }
 
 // authorize decides whether p may call req.Method, before any routing.
@@ -195,8 +240,8 @@ func (g *guard) authorize(p *Principal, req *envelope.Request) error {
 	if p == nil || p.Claims == nil {
 		return envelope.NewError(envelope.CodeUnauthenticated, "missing token")
 	}
-	if p.Peer() {
-		return nil // the hub that forwarded the call authorised it
+	if hasRole(p.Roles, auth.RolePeer) {
+		return authorizePeer(p, req)
 	}
 	m := req.Method
 	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
@@ -215,6 +260,23 @@ func (g *guard) authorize(p *Principal, req *envelope.Request) error {
 			return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this identity exceeded; retry in %d ms", ms).
 				WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
 		}
+	}
+	return nil
+}
+
+// authorizePeer: a hub may send calls over the peer link it opened to
+// this hub, calls it forwards (Hops > 0) for agents' methods; the hub
+// that forwarded a call authorised it, and counted it against its limits.
+// Nothing else: no built-in (mesh.agents, agent.register...), no call of
+// its own, no hub token on any other link.
+func authorizePeer(p *Principal, req *envelope.Request) error {
+	switch {
+	case !p.Peer():
+		return envelope.NewError(envelope.CodePermissionDenied, "the hub role only forwards calls over a peer link")
+	case req.Headers.Hops <= 0:
+		return envelope.Errorf(envelope.CodePermissionDenied, "%s: a peer link carries forwarded calls only (hops > 0)", req.Method)
+	case reservedCapability(req.Method):
+		return envelope.Errorf(envelope.CodePermissionDenied, "%s: a peer link carries calls for agents only, not for the hub's own methods", req.Method)
 	}
 	return nil
 }
@@ -259,24 +321,16 @@ func sameSubject(a, b *Principal) bool {
 	return a != nil && b != nil && a.Claims != nil && b.Claims != nil && a.Subject == b.Subject
 }
 
-// peerToken is the token this hub dials its peers with.
-func (g *guard) peerToken(hubID string) (string, error) {
-	k := g.key.Load()
-	kid := k.ID
-	if kid == "" {
-		kid = auth.KeyID(k.Secret)
-	}
-	return auth.IssueKID(k.Secret, kid, auth.Claims{Subject: "hub." + hubID, Roles: []string{auth.RolePeer}}, 10*time.Minute)
-}
-
 // SetAuthKeys replaces the hub's token keys while it runs (key rotation;
 // meshd reloads its --auth-key files on SIGHUP): from then on tokens are
 // checked against keys only, and the first signs the hub's peer tokens.
 // Every open link and WebSocket is checked again: those whose token no
 // longer verifies (its key was dropped) are closed with UNAUTHENTICATED;
-// the others go on untouched. It returns how many were closed. It fails,
-// changing nothing, for a hub that authenticates nobody (authentication
-// is not switched on at run time) or an invalid key set.
+// the others go on untouched. A peer link, which outlives the short token
+// it was opened with, is checked for its key only. It returns how many
+// were closed. It fails, changing nothing, for a hub that authenticates
+// nobody (authentication is not switched on at run time) or an invalid
+// key set.
 func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 	g := h.guard
 	if !g.on() {
@@ -305,7 +359,13 @@ func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 		if who == nil || who.token == "" {
 			continue
 		}
-		if _, verr := g.verifier.Verify(who.token); verr != nil {
+		verr := error(nil)
+		if who.Peer() {
+			verr = g.verifier.CheckKey(who.token)
+		} else {
+			_, verr = g.verifier.Verify(who.token)
+		}
+		if verr != nil {
 			e := envelope.AsError(verr)
 			h.log.Info("closing a connection: its token is no longer valid under the hub's keys", "subject", who.Subject, "jti", who.ID, "error", e.Message)
 			cut(envelope.Errorf(envelope.CodeUnauthenticated, "the hub's keys changed: %s; reconnect with a fresh token", e.Message))
@@ -316,9 +376,11 @@ func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 }
 
 // expireLink closes l when its token expires (S24 e): a token is checked
-// once per link, so the link must not outlive it.
+// once per link, so the link must not outlive it. A peer link is the
+// exception: its token is minted for the dial (peerTokenTTL), the link
+// lives on its heartbeat, and a key rotation checks it (SetAuthKeys).
 func expireLink(l *Link, p *Principal) {
-	if p == nil || p.Claims == nil || p.ExpiresAt.IsZero() {
+	if p == nil || p.Claims == nil || p.ExpiresAt.IsZero() || p.Peer() {
 		return
 	}
 	t := time.AfterFunc(time.Until(p.ExpiresAt), func() {

@@ -15,3 +15,13 @@ func WithReadTimeouts(header, whole time.Duration) HubOption {
 // (default 10,000): a native link's WithMaxServing, a plain JSON-RPC
 // WebSocket's bound.
 func WithMaxPending(n int) HubOption { return func(h *Hub) { h.maxPending = n } }
+
+// WithPeerTokenTTL sets the lifetime of the peer tokens the hub mints per
+// dial (default 30 s; at least 1 s), so that a test can outlive one.
+func WithPeerTokenTTL(d time.Duration) HubOption {
+	return func(h *Hub) {
+		if h.guard.on() {
+			h.guard.peerTTL = d
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,14 +68,20 @@ func (g *ctlFlags) tokenIssueCmd() *cobra.Command {
 names are ASCII letters, digits, "_" and "-" in dot-separated segments.
 
 The token's "kid" header names its key, so that hubs holding several keys
-(a rotation: meshd --auth-key old.key,new.key) check it with that one.`,
+(a rotation: meshd --auth-key old.key,new.key) check it with that one.
+
+The role "hub" is refused: peer hubs mint their own tokens, one per dial,
+bound to the hub and address they dial, and answer with a proof of their
+own; a hub accepts no other hub token.`,
 		Example: `  meshctl token issue --key auth.key --sub memory-agent --serve 'memory.*'
-  meshctl token issue --key auth.key --sub console --role reader --ttl 1h
-  meshctl token issue --key auth.key --sub hub-b --role hub --ttl 720h`,
+  meshctl token issue --key auth.key --sub console --role reader --ttl 1h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if keyFile == "" || sub == "" {
 				return usageErr("--key FILE and --sub NAME are required")
+			}
+			if slices.Contains(roles, auth.RolePeer) {
+				return usageErr("--role %s: peer tokens are minted by the hubs themselves, per dial; a hub accepts no other", auth.RolePeer)
 			}
 			key, err := auth.LoadKey(keyFile)
 			if err != nil {

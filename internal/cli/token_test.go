@@ -105,6 +105,7 @@ func TestMeshctlToken(t *testing.T) {
 		{"inspect without key", []string{"token", "inspect", tok}, cli.ExitUsage, "--key FILE is required"},
 		{"issue without sub", []string{"token", "issue", "--key", key}, cli.ExitUsage, "--sub NAME"},
 		{"issue alias pattern", []string{"token", "issue", "--key", key, "--sub", "y", "--serve", "memory.get."}, cli.ExitUsage, `serve pattern "memory.get."`},
+		{"issue a hub token", []string{"token", "issue", "--key", key, "--sub", "hub.hub-b", "--role", "reader", "--role", "hub"}, cli.ExitUsage, "--role hub: peer tokens are minted by the hubs themselves"},
 		{"issue zero ttl", []string{"token", "issue", "--key", key, "--sub", "y", "--ttl", "0s"}, cli.ExitUsage, "ttl"},
 		{"issue missing key file", []string{"token", "issue", "--key", filepath.Join(dir, "nope"), "--sub", "y"}, cli.ExitUsage, "key file"},
 	} {

@@ -35,6 +35,7 @@ type Metrics struct {
 	refused              *prometheus.CounterVec
 	lateResponses        prometheus.Counter
 	pingAbuse            prometheus.Counter
+	slowConsumers        prometheus.Counter
 	invalidFrames        *prometheus.CounterVec
 
 	labels *Labeler
@@ -97,11 +98,14 @@ func NewMetrics(labels *Labeler) *Metrics {
 		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
 		}),
+		slowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_link_slow_consumers_total", Help: "WebSockets closed because the peer took none of the bytes written to it for the write timeout (1008 slow consumer).",
+		}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -147,6 +151,14 @@ func (m *Metrics) LateResponse() {
 func (m *Metrics) PingAbuse() {
 	if m != nil {
 		m.pingAbuse.Inc()
+	}
+}
+
+// SlowConsumer counts a WebSocket closed for not reading (1008 slow
+// consumer).
+func (m *Metrics) SlowConsumer() {
+	if m != nil {
+		m.slowConsumers.Inc()
 	}
 }
 
@@ -215,7 +227,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames,
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames,
 			stateCollector{}} {
 			c.Describe(ch)
 		}

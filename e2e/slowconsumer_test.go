@@ -217,7 +217,7 @@ func TestSlowConsumer(t *testing.T) {
 
 	growth := peak.Load() - rss0
 	ph, pa := pctl(healthy, 0.99), pctl(attacked, 0.99)
-	t.Logf("attacker: %d of %d requests written before the hub stopped reading; %d runs; %d answers read, then %v",
+	t.Logf("attacker: %d of %d requests written (into the sockets' buffers) before its writes blocked; %d runs of count.echo; %d answers read, then %v",
 		written.Load(), requests, len(runs), len(answered), closeErr)
 	t.Logf("hub RSS %.1f MiB before, peak %.1f MiB: growth %.1f MiB (bound %d MiB + 10 MiB)",
 		mib(rss0), mib(peak.Load()), mib(growth), bound>>20)

@@ -163,16 +163,28 @@ func TestBackpressureBounds(t *testing.T) {
 			if n := got(); n != 3 {
 				t.Fatalf("read %d messages of %d bytes with %d bytes allowed; want 3", n, msgSize, 3*msgSize)
 			}
-			// Answers queued to a peer that does not read count too: one
-			// of msgSize keeps the reader at the bound after a release.
-			b := getBuf()
-			*b = append((*b)[:0], msg...)
-			if !c.trySend(b) {
+			// A frame of this side's own (a request: trySend) queued to a
+			// peer that does not read is not owed: the room freed by an
+			// answer is taken by the next message.
+			own := getBuf()
+			*own = append((*own)[:0], msg...)
+			if !c.trySend(own) {
 				t.Fatal("trySend refused")
 			}
 			release(1)
+			if n := got(); n != 3 {
+				t.Fatalf("a request of ours queued unwritten and one call released: %d held; want 3", n)
+			}
+			// An answer queued unwritten (send) counts: it takes the room
+			// freed by the next release.
+			b := getBuf()
+			*b = append((*b)[:0], msg...)
+			if !c.send(b) {
+				t.Fatal("send refused")
+			}
+			release(1)
 			if n := got(); n != 2 {
-				t.Fatalf("one answer queued unwritten and one call released: %d held; want 2 (the queued answer fills the room)", n)
+				t.Fatalf("an answer queued unwritten and one call released: %d held; want 2 (the answer fills the room)", n)
 			}
 		})
 	})

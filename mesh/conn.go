@@ -211,7 +211,9 @@ type wsConn struct {
 	// Backpressure (bp), on the connections the hub serves calls on: see
 	// ConnConfig.MaxUnwrittenBytes and admit, release, underBounds.
 	bp        bool
-	qbytes    int64         // bytes queued or being written; under qmu
+	acc       []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
+	qbytes    atomic.Int64  // bytes of the owed frames queued or being written; changed under qmu
+	qowed     atomic.Int64  // those frames; changed under qmu
 	inCalls   atomic.Int64  // calls admitted whose answers are not queued yet
 	inBytes   atomic.Int64  // their requests' bytes
 	paused    atomic.Bool   // the reader waits for the counts to fall
@@ -280,12 +282,12 @@ func (c *wsConn) release(calls, n int) {
 	}
 }
 
-// overLocked reports whether a bound is reached; under qmu.
-func (c *wsConn) overLocked() bool {
-	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes+c.inBytes.Load() >= int64(m) {
+// over reports whether a bound is reached.
+func (c *wsConn) over() bool {
+	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load()+c.inBytes.Load() >= int64(m) {
 		return true
 	}
-	if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.inCalls.Load()+int64(len(c.q))+int64(c.writing.Load()) >= int64(m) {
+	if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.inCalls.Load()+c.qowed.Load() >= int64(m) {
 		return true
 	}
 	return false
@@ -293,7 +295,7 @@ func (c *wsConn) overLocked() bool {
 
 // wakeReaderLocked lets a paused reader go on once under the bounds.
 func (c *wsConn) wakeReaderLocked() {
-	if c.resume != nil && (c.closed || !c.overLocked()) {
+	if c.resume != nil && (c.closed || !c.over()) {
 		close(c.resume)
 		c.resume = nil
 	}
@@ -304,8 +306,11 @@ func (c *wsConn) wakeReaderLocked() {
 // is read, so the idle deadline is lifted: the writer's own deadline
 // closes a peer that does not read, and calls in flight end by theirs.
 func (c *wsConn) underBounds() (ok, waited bool) {
+	if !c.over() {
+		return true, false // a closed connection fails the next read
+	}
 	c.qmu.Lock()
-	if c.closed || !c.overLocked() {
+	if c.closed || !c.over() {
 		closed := c.closed
 		c.qmu.Unlock()
 		return !closed, false
@@ -313,7 +318,7 @@ func (c *wsConn) underBounds() (ok, waited bool) {
 	_ = c.ws.SetReadDeadline(time.Time{})
 	for !c.closed {
 		c.paused.Store(true) // before the check: release sees it or the check sees its count
-		if !c.overLocked() {
+		if !c.over() {
 			break
 		}
 		ch := make(chan struct{})
@@ -553,11 +558,16 @@ func (c *wsConn) writeLoop() {
 		c.q = c.spare[:0]
 		c.spare = nil
 		c.writing.Store(int32(len(frames)))
-		var taken int64 // the frames' bytes, out of qbytes once written
+		var taken int64 // the owed frames' bytes, out of qbytes once written
+		var takenN int
 		if c.bp {
-			for _, b := range frames {
-				taken += int64(cap(*b))
+			for _, n := range c.acc {
+				if n > 0 {
+					taken += int64(n)
+					takenN++
+				}
 			}
+			c.acc = c.acc[:0]
 		}
 		if c.room != nil {
 			close(c.room)
@@ -580,7 +590,8 @@ func (c *wsConn) writeLoop() {
 		if c.spare == nil {
 			c.spare = frames[:0]
 		}
-		c.qbytes -= taken
+		c.qbytes.Add(-taken)
+		c.qowed.Add(-int64(takenN))
 		c.wakeReaderLocked()
 		c.qmu.Unlock()
 		if err != nil {
@@ -746,8 +757,10 @@ func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
 
 // trySend queues a frame without waiting; false if the queue is full or
 // the connection closed. The buffer belongs to the connection afterwards.
+// It is for this side's own frames (requests, cancels): they do not count
+// towards the bounds of what is owed to the peer.
 func (c *wsConn) trySend(b *[]byte) bool {
-	if ok, _ := c.enqueue(b, false); ok {
+	if ok, _ := c.enqueue(b, false, false); ok {
 		return true
 	}
 	putBuf(b)
@@ -755,9 +768,11 @@ func (c *wsConn) trySend(b *[]byte) bool {
 }
 
 // send queues a frame, waiting up to WriteTimeout for room; a peer that
-// does not drain its queue for that long is cut off.
+// does not drain its queue for that long is cut off. It is for frames
+// owed to the peer (answers): with backpressure they count towards
+// MaxUnwrittenBytes and MaxUnwrittenCalls until written.
 func (c *wsConn) send(b *[]byte) bool {
-	ok, room := c.enqueue(b, true)
+	ok, room := c.enqueue(b, true, true)
 	if ok {
 		return true
 	}
@@ -781,7 +796,7 @@ func (c *wsConn) send(b *[]byte) bool {
 			putBuf(b)
 			return false
 		}
-		if ok, room = c.enqueue(b, true); ok {
+		if ok, room = c.enqueue(b, true, true); ok {
 			return true
 		}
 	}
@@ -792,7 +807,7 @@ func (c *wsConn) send(b *[]byte) bool {
 // enqueue queues b unless the connection is closed or the queue is full;
 // then, if wait, it returns a channel closed when the writer next takes
 // frames out. It starts a writer if none runs, or wakes the idle one.
-func (c *wsConn) enqueue(b *[]byte, wait bool) (ok bool, room <-chan struct{}) {
+func (c *wsConn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
 	c.qmu.Lock()
 	if c.closed {
 		c.qmu.Unlock()
@@ -809,7 +824,15 @@ func (c *wsConn) enqueue(b *[]byte, wait bool) (ok bool, room <-chan struct{}) {
 		return false, room
 	}
 	c.q = append(c.q, b)
-	c.qbytes += int64(cap(*b)) // what it holds, not what it says
+	if c.bp {
+		var n int32
+		if owed {
+			n = int32(cap(*b)) // what it holds, not what it says
+			c.qbytes.Add(int64(n))
+			c.qowed.Add(1)
+		}
+		c.acc = append(c.acc, n)
+	}
 	switch {
 	case !c.writerOn:
 		c.writerOn = true
@@ -837,9 +860,13 @@ func (c *wsConn) shutdown(err error) {
 		c.closed = true
 		dropped := c.q
 		c.q = nil
-		for _, b := range dropped {
-			c.qbytes -= int64(cap(*b))
+		for _, n := range c.acc {
+			if n > 0 {
+				c.qbytes.Add(-int64(n))
+				c.qowed.Add(-1)
+			}
 		}
+		c.acc = nil
 		if c.room != nil {
 			close(c.room)
 			c.room = nil

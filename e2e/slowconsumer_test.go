@@ -27,8 +27,9 @@ import (
 // it with 1008 "slow consumer" within the write timeout (seen by the
 // client once it reads, after every answer the hub wrote before it), and
 // count it; meanwhile 20 JSON-RPC WebSocket clients calling echo.echo keep
-// their p99 within 1.5 × the p99 measured without the attacker, with no
-// error; and the counting agent runs no request twice.
+// their p99 within 1.5 × the p99 measured without the attacker (the
+// slower of a phase before and one after the attack), with no error; and
+// the counting agent runs no request twice.
 func TestSlowConsumer(t *testing.T) {
 	// 1 MiB, not the default 4: what the hub holds for a connection that
 	// stopped reading comes to about 2.5 times the bound in RSS (the
@@ -212,18 +213,28 @@ func TestSlowConsumer(t *testing.T) {
 		_ = json.Unmarshal(msg, &res)
 		answered[string(res.ID)]++
 	}
-	// The peak stays the peak over the hub's close and the reads.
-	stopMonitor()
+	// The peak over the attack, the hub's close and the reads.
+	peakAttack := peak.Load()
 
-	growth := peak.Load() - rss0
-	ph, pa := pctl(healthy, 0.99), pctl(attacked, 0.99)
+	// Healthy again, the attacker gone: the load of the other engineers'
+	// work on this host drifts, and the callers' baseline is the slower
+	// of the two healthy phases around the attack.
+	healthy2, errs2 := phase(after(writeTimeout + time.Second))
+	stopMonitor()
+	if len(errs2) > 0 {
+		t.Errorf("healthy phase after the attack: %d errors, first %s", len(errs2), errs2[0])
+	}
+
+	growth := peakAttack - rss0
+	ph1, ph2, pa := pctl(healthy, 0.99), pctl(healthy2, 0.99), pctl(attacked, 0.99)
+	ph := max(ph1, ph2)
 	t.Logf("attacker: %d of %d requests written (into the sockets' buffers) before its writes blocked; %d runs of count.echo; %d answers read, then %v",
 		written.Load(), requests, len(runs), len(answered), closeErr)
 	t.Logf("hub RSS %.1f MiB before, peak %.1f MiB: growth %.1f MiB (bound %d MiB + 10 MiB)",
-		mib(rss0), mib(peak.Load()), mib(growth), bound>>20)
+		mib(rss0), mib(peakAttack), mib(growth), bound>>20)
 	t.Logf("slow consumer closed %v after the attack began (write timeout %v)", closedAfter, writeTimeout)
-	t.Logf("callers: healthy p99 %v over %d calls, under attack p99 %v over %d calls: %.2fx",
-		ph, len(healthy), pa, len(attacked), float64(pa)/float64(ph))
+	t.Logf("callers: healthy p99 %v over %d calls before, %v over %d after; under attack p99 %v over %d calls: %.2fx the slower healthy",
+		ph1, len(healthy), ph2, len(healthy2), pa, len(attacked), float64(pa)/float64(ph))
 
 	if len(errs) > 0 {
 		t.Errorf("callers under attack: %d errors, first %s", len(errs), errs[0])

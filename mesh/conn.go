@@ -315,7 +315,7 @@ func (c *wsConn) underBounds() (ok, waited bool) {
 		c.qmu.Unlock()
 		return !closed, false
 	}
-	_ = c.ws.SetReadDeadline(time.Time{})
+	_ = c.setReadDeadline(time.Time{})
 	for !c.closed {
 		c.paused.Store(true) // before the check: release sees it or the check sees its count
 		if !c.over() {
@@ -335,9 +335,22 @@ func (c *wsConn) underBounds() (ok, waited bool) {
 	closed := c.closed
 	c.qmu.Unlock()
 	if !closed {
-		_ = c.ws.SetReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
+		_ = c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
 	}
 	return !closed, true
+}
+
+// setReadDeadline sets the read deadline from the reader goroutine. Once
+// the connection lingers (closed as a slow consumer) the deadline is now,
+// whatever the reader asked: shutdown sets lingering, then the deadline,
+// so one of the two sees the other and the reader cannot move shutdown's
+// wake-up away.
+func (c *wsConn) setReadDeadline(t time.Time) error {
+	err := c.ws.SetReadDeadline(t)
+	if c.lingering.Load() {
+		err = c.ws.SetReadDeadline(time.Now())
+	}
+	return err
 }
 
 // readerExit ends the reader goroutine: a connection closed as a slow
@@ -415,8 +428,8 @@ func (c *wsConn) sendPing() {
 func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
-	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
-	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
+	_ = c.setReadDeadline(time.Now().Add(idle))
+	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
 	// The deadline moves with each message, but only when it has aged by
 	// an eighth of idle: moving it costs a runtime timer update, which at
@@ -441,7 +454,7 @@ func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 			return
 		}
 		if now := time.Now(); now.Sub(last) >= idle/8 {
-			_ = c.ws.SetReadDeadline(now.Add(idle))
+			_ = c.setReadDeadline(now.Add(idle))
 			last = now
 		}
 		if c.cfg.Bytes != nil {
@@ -607,10 +620,13 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 	var err error
 	for len(frames) > 0 && err == nil {
 		if c.raw != nil {
-			if err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
+			var waited bool
+			if waited, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
 				break
 			}
-			_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+			if waited { // the deadline is for the write, not the wait
+				_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+			}
 		}
 		var n, used int
 		if c.batch && len(frames) > 1 {
@@ -662,10 +678,10 @@ func (c *wsConn) nextWrite(frames []*[]byte) int {
 // Looking costs two system calls; it is done only once the bytes written
 // since the last look could exceed the room seen then (credit), so a
 // connection whose peer keeps up looks about once per half-buffer.
-func (c *wsConn) waitSendRoom(n int) error {
+func (c *wsConn) waitSendRoom(n int) (waited bool, err error) {
 	if c.credit >= n {
 		c.credit -= n
-		return nil
+		return false, nil
 	}
 	var t *time.Timer
 	defer func() {
@@ -679,12 +695,12 @@ func (c *wsConn) waitSendRoom(n int) error {
 		q, size, ok := sendQueue(c.raw)
 		if !ok {
 			c.raw = nil // not a socket that says: write as before
-			return nil
+			return t != nil, nil
 		}
 		room := size/2 - q - closeReserve
 		if room >= n || q == 0 {
 			c.credit = room - n
-			return nil
+			return t != nil, nil
 		}
 		now := time.Now()
 		if last < 0 || q < last {
@@ -692,7 +708,7 @@ func (c *wsConn) waitSendRoom(n int) error {
 		}
 		last = q
 		if now.Sub(progress) >= c.cfg.WriteTimeout {
-			return errSlowConsumer
+			return true, errSlowConsumer
 		}
 		if t == nil {
 			t = time.NewTimer(delay)
@@ -702,7 +718,7 @@ func (c *wsConn) waitSendRoom(n int) error {
 		select {
 		case <-t.C:
 		case <-c.closing:
-			return errConnClosed
+			return true, errConnClosed
 		}
 		delay = min(2*delay, 5*time.Millisecond)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/envelope"
 )
 
 // TestSlowConsumer is issue [M9]'s client that does not read: over a
@@ -47,24 +48,7 @@ func TestSlowConsumer(t *testing.T) {
 	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10))
 	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws)
 
-	// The attacker's method: an echo that counts its runs per key.
-	var mu sync.Mutex
-	runs := map[string]int{}
-	a := agents.New("count", agents.WithID("count-1"))
-	a.Handle("count.echo", func(_ context.Context, p json.RawMessage) (any, error) {
-		var in struct {
-			K string `json:"k"`
-		}
-		_ = json.Unmarshal(p, &in)
-		mu.Lock()
-		runs[in.K]++
-		mu.Unlock()
-		return p, nil
-	})
-	actx, acancel := context.WithCancel(context.Background())
-	agentDone := make(chan struct{})
-	go func() { defer close(agentDone); _ = a.Run(actx, h.ws) }()
-	t.Cleanup(func() { acancel(); <-agentDone })
+	mu, runs := countAgent(t, h.ws)
 	waitMethods(t, h.ws, "echo.echo", "count.echo")
 
 	pid := h.cmd.Process.Pid
@@ -300,3 +284,150 @@ func pctl(d []time.Duration, p float64) time.Duration {
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// countAgent runs, in this process, an agent whose count.echo answers its
+// params and counts its runs per params.k.
+func countAgent(t *testing.T, ws string) (*sync.Mutex, map[string]int) {
+	mu := new(sync.Mutex)
+	runs := map[string]int{}
+	a := agents.New("count", agents.WithID("count-1"))
+	a.Handle("count.echo", func(_ context.Context, p json.RawMessage) (any, error) {
+		var in struct {
+			K string `json:"k"`
+		}
+		_ = json.Unmarshal(p, &in)
+		mu.Lock()
+		runs[in.K]++
+		mu.Unlock()
+		return p, nil
+	})
+	actx, acancel := context.WithCancel(context.Background())
+	agentDone := make(chan struct{})
+	go func() { defer close(agentDone); _ = a.Run(actx, ws) }()
+	t.Cleanup(func() { acancel(); <-agentDone })
+	return mu, runs
+}
+
+// TestSlowConsumerNative is TestSlowConsumer's attacker on a native link
+// (subprotocol agentmesh.v1, as the SDK speaks): 1,000 request frames of
+// 32 KiB, nothing read. The hub stops reading it within its bound, closes
+// it 1008 "slow consumer" after the last whole frame within the write
+// timeout, and runs no request twice.
+func TestSlowConsumerNative(t *testing.T) {
+	const (
+		bound        = int64(1 << 20)
+		writeTimeout = 3 * time.Second
+		requests     = 1000
+	)
+	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10))
+	mu, runs := countAgent(t, h.ws)
+	waitMethods(t, h.ws, "count.echo")
+	pid := h.cmd.Process.Pid
+	pad, _ := json.Marshal(strings.Repeat("x", 32<<10))
+	// Warm-up: 300 such calls by a client that reads, so that the
+	// baseline is a hub that has served them, not an idle one.
+	warm, _, err := websocket.DefaultDialer.Dial(h.ws, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		req := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"count.echo","params":{"k":"w%d","pad":%s}}`, i, i, pad)
+		if err := warm.WriteMessage(websocket.TextMessage, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		if _, msg, err := warm.ReadMessage(); err != nil || !strings.Contains(string(msg), `"result"`) {
+			t.Fatalf("warm-up call %d: %s %v", i, msg, err)
+		}
+	}
+	warm.Close()
+	rss0 := vmRSS(t, pid)
+	slow0 := metric(h.base, "agentmesh_link_slow_consumers_total")
+
+	d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
+	ws, _, err := d.Dial(h.ws, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if ws.Subprotocol() != envelope.Subprotocol {
+		t.Fatalf("subprotocol %q; want %s", ws.Subprotocol(), envelope.Subprotocol)
+	}
+	go func() {
+		for i := range requests {
+			req := &envelope.Request{ID: fmt.Sprintf("n%d", i), Method: "count.echo",
+				Params: json.RawMessage(fmt.Sprintf(`{"k":"n%d","pad":%s}`, i, pad))}
+			req.Headers.TTL = 30000
+			if ws.WriteMessage(websocket.TextMessage, envelope.AppendRequestFrame(nil, uint64(i+1), req)) != nil {
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	var peak int64
+	var closedAfter time.Duration
+	for time.Since(start) < writeTimeout+5*time.Second {
+		if r := vmRSS(t, pid); r > peak {
+			peak = r
+		}
+		if metric(h.base, "agentmesh_link_slow_consumers_total") > slow0 {
+			closedAfter = time.Since(start)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Read at last: response frames (alone or in JSON-array batches),
+	// then the close frame.
+	_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answered := map[uint64]int{}
+	var closeErr error
+	for {
+		_, msg, err := ws.ReadMessage()
+		if err != nil {
+			closeErr = err
+			break
+		}
+		var frames []struct {
+			Type string `json:"type"`
+			Seq  uint64 `json:"seq"`
+		}
+		if len(msg) > 0 && msg[0] != '[' {
+			msg = append(append([]byte{'['}, msg...), ']')
+		}
+		if err := json.Unmarshal(msg, &frames); err != nil {
+			t.Fatalf("an undecodable message: %v", err)
+		}
+		for _, f := range frames {
+			if f.Type == "res" {
+				answered[f.Seq]++
+			}
+		}
+	}
+	if r := vmRSS(t, pid); r > peak {
+		peak = r
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d runs of count.echo, %d answers read, then %v; closed %v after the attack began; hub RSS growth %.1f MiB",
+		len(runs), len(answered), closeErr, closedAfter, mib(peak-rss0))
+	if closedAfter == 0 || closedAfter > writeTimeout+1500*time.Millisecond {
+		t.Errorf("slow consumer counted %v after the attack began; want within the write timeout %v (+1.5 s to fill the buffers)", closedAfter, writeTimeout)
+	}
+	var ce *websocket.CloseError
+	if !errors.As(closeErr, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "slow consumer" {
+		t.Errorf("the read ended with %v; want close 1008 slow consumer", closeErr)
+	}
+	if peak-rss0 > bound+10<<20 {
+		t.Errorf("hub RSS grew %.1f MiB; want at most %.1f MiB", mib(peak-rss0), mib(bound+10<<20))
+	}
+	for k, n := range runs {
+		if n > 1 {
+			t.Errorf("count.echo ran %s %d times", k, n)
+		}
+	}
+	for seq, n := range answered {
+		if n > 1 {
+			t.Errorf("seq %d answered %d times", seq, n)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -80,17 +81,27 @@ func pipeWS(t *testing.T) (server, client *websocket.Conn) {
 	return server, client
 }
 
-// TestBackpressureBounds: a wsConn with backpressure stops reading at
-// each of its bounds (calls whose answers are not yet written, bytes held)
-// and reads on once under them; nothing is lost on the way, and a
-// connection without backpressure reads on regardless. In a synctest
-// bubble over net.Pipe: "stops reading" is every goroutine blocked with
-// the peer's messages unread.
+// TestBackpressureBounds: a wsConn with backpressure, whose peer does not
+// read the answers queued for it, stops reading at each of its bounds
+// (calls whose answers are not yet written, bytes held) and reads on once
+// under them; nothing is lost on the way. Calls that are only running,
+// with every answer written, never stop it; nor does anything on a
+// connection without backpressure. In a synctest bubble over net.Pipe:
+// "stops reading" is every goroutine blocked with the peer's messages
+// unread.
 func TestBackpressureBounds(t *testing.T) {
 	const msgSize = 1000
 	msg := []byte(`"` + strings.Repeat("x", msgSize-2) + `"`)
 	type held struct{ n int }
-	run := func(t *testing.T, cfg ConnConfig, bp, peerReads bool, send int, check func(t *testing.T, c *wsConn, got func() int, release func(int))) {
+	type env struct {
+		c       *wsConn
+		got     func() int // calls admitted and not released
+		release func(int)  // releases the first k of them
+		answer  func()     // queues an answer of msgSize (send)
+		read    func()     // the peer starts reading
+		pongs   func() int // the pongs the peer got
+	}
+	run := func(t *testing.T, cfg ConnConfig, bp bool, owed, send int, check func(t *testing.T, e env)) {
 		synctest.Test(t, func(t *testing.T) {
 			sws, cws := pipeWS(t)
 			c := newWSConn(sws, cfg)
@@ -106,14 +117,19 @@ func TestBackpressureBounds(t *testing.T) {
 				mu.Unlock()
 			}, nil)
 			defer c.Close()
-			if peerReads { // and answers pings: net.Pipe holds no byte unread
-				go func() {
-					for {
-						if _, _, err := cws.ReadMessage(); err != nil {
-							return
-						}
-					}
-				}()
+			e := env{c: c}
+			e.answer = func() {
+				b := getBuf()
+				*b = append((*b)[:0], msg...)
+				if !c.send(b) {
+					t.Fatal("send refused")
+				}
+				synctest.Wait()
+			}
+			// Answers the peer does not read: net.Pipe holds no byte, so
+			// the writer stays in its first write, as on a full socket.
+			for range owed {
+				e.answer()
 			}
 			go func() {
 				for range send {
@@ -123,8 +139,8 @@ func TestBackpressureBounds(t *testing.T) {
 				}
 			}()
 			synctest.Wait()
-			got := func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
-			release := func(k int) {
+			e.got = func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
+			e.release = func(k int) {
 				mu.Lock()
 				r := admitted[:k]
 				admitted = admitted[k:]
@@ -134,88 +150,133 @@ func TestBackpressureBounds(t *testing.T) {
 				}
 				synctest.Wait()
 			}
-			check(t, c, got, release)
+			var pongs atomic.Int32
+			cws.SetPongHandler(func(string) error { pongs.Add(1); return nil })
+			e.pongs = func() int { return int(pongs.Load()) }
+			e.read = func() {
+				go func() {
+					for {
+						if _, _, err := cws.ReadMessage(); err != nil {
+							return
+						}
+					}
+				}()
+				synctest.Wait()
+			}
+			check(t, e)
 			_ = cws.Close()
 		})
 	}
 
 	t.Run("calls", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, false, 10, func(t *testing.T, c *wsConn, got func() int, release func(int)) {
-			if n := got(); n != 4 {
-				t.Fatalf("read %d messages with 4 calls allowed unanswered; want 4", n)
+		// One answer unwritten: 3 calls more reach the bound of 4.
+		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 1, 10, func(t *testing.T, e env) {
+			if n := e.got(); n != 3 {
+				t.Fatalf("read %d messages with 4 calls allowed unanswered, 1 answer unwritten; want 3", n)
 			}
-			release(2)
-			if n := got(); n != 4 {
-				t.Fatalf("after 2 answers: %d held; want 4 (2 more read)", n)
+			e.release(2)
+			if n := e.got(); n != 3 {
+				t.Fatalf("after 2 answers queued: %d held; want 3 (2 more read)", n)
 			}
-			release(4)
-			if n := got(); n != 4 {
-				t.Fatalf("after 4 more answers: %d held; want the last 4", n)
+			e.read() // the peer reads: the answer is written, one more call is read
+			if n := e.got(); n != 4 {
+				t.Fatalf("the answer written: %d held; want 4", n)
 			}
-			release(4)
-			if n := got(); n != 0 {
-				t.Fatalf("%d still held; want 0: all 10 read", n)
+			e.release(4)
+			if n := e.got(); n != 4 {
+				t.Fatalf("after 4 more answers: %d held; want the last 4 of 10", n)
 			}
 		})
 	})
 	t.Run("bytes", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 3 * msgSize}, true, false, 10, func(t *testing.T, c *wsConn, got func() int, release func(int)) {
-			if n := got(); n != 3 {
-				t.Fatalf("read %d messages of %d bytes with %d bytes allowed; want 3", n, msgSize, 3*msgSize)
+		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 1, 10, func(t *testing.T, e env) {
+			// The unwritten answer counts its buffer's capacity (>= msgSize).
+			if n := e.got(); n != 3 {
+				t.Fatalf("read %d messages of %d bytes with %d bytes allowed, one answer unwritten; want 3", n, msgSize, 4*msgSize)
 			}
 			// A frame of this side's own (a request: trySend) queued to a
-			// peer that does not read is not owed: the room freed by an
-			// answer is taken by the next message.
+			// peer that does not read is not owed: the room freed by a
+			// release is taken by the next message.
 			own := getBuf()
 			*own = append((*own)[:0], msg...)
-			if !c.trySend(own) {
+			if !e.c.trySend(own) {
 				t.Fatal("trySend refused")
 			}
-			release(1)
-			if n := got(); n != 3 {
+			e.release(1)
+			if n := e.got(); n != 3 {
 				t.Fatalf("a request of ours queued unwritten and one call released: %d held; want 3", n)
 			}
-			// An answer queued unwritten (send) counts: it takes the room
-			// freed by the next release.
-			b := getBuf()
-			*b = append((*b)[:0], msg...)
-			if !c.send(b) {
-				t.Fatal("send refused")
-			}
-			release(1)
-			if n := got(); n != 2 {
+			// Another answer queued unwritten (send) counts: it takes the
+			// room freed by the next release.
+			e.answer()
+			e.release(1)
+			if n := e.got(); n != 2 {
 				t.Fatalf("an answer queued unwritten and one call released: %d held; want 2 (the answer fills the room)", n)
 			}
 		})
 	})
+	t.Run("running calls, pongs", func(t *testing.T) {
+		// Calls only running (every answer written) count too; while
+		// the reader waits for them, the peer gets a pong a second, so
+		// that a peer counting pongs as life does not take the link for
+		// dead while its long calls run.
+		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, WriteTimeout: 2 * time.Hour}
+		run(t, cfg, true, 0, 5, func(t *testing.T, e env) {
+			if n := e.got(); n != 2 {
+				t.Fatalf("read %d of 5 messages with 2 calls allowed running; want 2", n)
+			}
+			e.read()
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			if n := e.pongs(); n < 55 {
+				t.Errorf("the peer got %d pongs in a minute's pause; want one a second", n)
+			}
+			e.release(2)
+			if n := e.got(); n != 2 {
+				t.Fatalf("after 2 answers: %d held; want 2 (2 more read)", n)
+			}
+			e.release(2)
+			if n := e.got(); n != 1 {
+				t.Fatalf("after 2 more answers: %d held; want the last 1", n)
+			}
+		})
+	})
 	t.Run("no backpressure", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, false, 10, func(t *testing.T, c *wsConn, got func() int, release func(int)) {
-			if n := got(); n != 10 {
+		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, 1, 10, func(t *testing.T, e env) {
+			if n := e.got(); n != 10 {
 				t.Fatalf("read %d of 10 messages on a connection without backpressure; want all", n)
 			}
 		})
 	})
 	t.Run("paused past the idle timeout", func(t *testing.T) {
 		// A paused reader reads nothing, not even pongs: the idle
-		// deadline must not close the connection under it.
-		run(t, ConnConfig{MaxUnwrittenCalls: 1, MaxUnwrittenBytes: -1, PingInterval: time.Second}, true, true, 3, func(t *testing.T, c *wsConn, got func() int, release func(int)) {
+		// deadline (2 s) must not close the connection under it, nor
+		// the first read after it. (The writer's timeout, whose job it
+		// is to close a peer that reads nothing, is set beyond the test.)
+		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, IdleTimeout: 2 * time.Second, WriteTimeout: 2 * time.Hour}
+		run(t, cfg, true, 1, 3, func(t *testing.T, e env) {
+			if n := e.got(); n != 1 {
+				t.Fatalf("%d held; want 1 (then paused)", n)
+			}
 			time.Sleep(time.Minute)
 			synctest.Wait()
 			select {
-			case <-c.done():
-				t.Fatalf("a paused connection closed: %v", c.err)
+			case <-e.c.done():
+				t.Fatalf("a paused connection closed: %v", e.c.err)
 			default:
 			}
-			for i := range 3 {
-				if n := got(); n != 1 {
-					t.Fatalf("message %d: %d held after a minute's pause; want 1 (read, the next waiting)", i+1, n)
-				}
-				release(1)
-				select {
-				case <-c.done():
-					t.Fatalf("closed once reading again after a minute's pause: %v", c.err)
-				default:
-				}
+			e.read()
+			if n := e.got(); n != 2 {
+				t.Fatalf("%d held once the peer read; want 2", n)
+			}
+			e.release(2)
+			if n := e.got(); n != 1 {
+				t.Fatalf("%d held after 2 answers; want the last 1", n)
+			}
+			select {
+			case <-e.c.done():
+				t.Fatalf("closed once reading again after a minute's pause: %v", e.c.err)
+			default:
 			}
 		})
 	})

@@ -3,10 +3,12 @@ package mesh
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -37,6 +39,31 @@ type ConnConfig struct {
 	// QueueSize bounds frames waiting for the writer (default 256; with
 	// batching, one write drains up to 128 of them).
 	QueueSize int
+	// MaxUnwrittenBytes bounds, on a connection the hub serves calls on
+	// (a plain JSON-RPC WebSocket, or a native link a client or agent
+	// opened), the bytes of the requests admitted and not yet answered
+	// plus the bytes of frames queued for the writer or being written
+	// (default 4 MiB; negative: no bound). At the bound the hub stops
+	// reading the connection until the count falls below it: a client
+	// that does not read its answers fills its own socket, not the hub's
+	// memory. 4 MiB is 128 calls of 32 KiB in flight, far beyond what a
+	// multiplexing client such as meshctl bench -c 128 holds with
+	// ordinary params; a client of larger calls is paced, not refused.
+	// What a client that stops reading makes the hub hold grows with it
+	// (measured: RSS about 2.5 × the bound + 6 MiB, the garbage
+	// collector's headroom included), and so does the work it gets done
+	// before it is paused, which other clients feel.
+	MaxUnwrittenBytes int
+	// MaxUnwrittenCalls bounds, on the same connections, the calls
+	// admitted whose answers are not yet written (default 4096; negative:
+	// no bound). At the bound the hub stops reading, as above.
+	MaxUnwrittenCalls int
+	// CloseGrace is how long a connection closed as a slow consumer is
+	// kept after its close frame went to the kernel (default 2 s): the
+	// hub discards what the peer still sends, so that the socket is not
+	// reset (a reset would drop the close frame still queued), until the
+	// peer's kernel has taken every byte or the grace ends.
+	CloseGrace time.Duration
 	// Limits bound each incoming message (default 1 MiB, depth 64).
 	Limits envelope.Limits
 	// TLS configures the dialler for wss:// hubs (ClientTLS); nil: the
@@ -58,6 +85,10 @@ type ConnConfig struct {
 	// when it was not and the link was closed 1007. For metrics; it must
 	// not block.
 	InvalidFrame func(outcome string)
+	// SlowConsumer, if set, is told when the connection is closed 1008
+	// "slow consumer": its writer made no progress for WriteTimeout. For
+	// metrics; it must not block.
+	SlowConsumer func()
 }
 
 func (c ConnConfig) withDefaults() ConnConfig {
@@ -75,6 +106,15 @@ func (c ConnConfig) withDefaults() ConnConfig {
 	}
 	if c.QueueSize <= 0 {
 		c.QueueSize = 256
+	}
+	if c.MaxUnwrittenBytes == 0 {
+		c.MaxUnwrittenBytes = 4 << 20
+	}
+	if c.MaxUnwrittenCalls == 0 {
+		c.MaxUnwrittenCalls = 4096
+	}
+	if c.CloseGrace <= 0 {
+		c.CloseGrace = 2 * time.Second
 	}
 	if c.Limits.MaxBytes <= 0 {
 		c.Limits.MaxBytes = envelope.DefaultLimits().MaxBytes
@@ -96,6 +136,9 @@ func (e *closeError) Error() string { return e.text }
 var (
 	errConnClosed   = errors.New("connection closed")
 	errTooManyPings = errors.New("peer pings too often: too many pings")
+	// errSlowConsumer: the peer took none of the bytes written to it for
+	// WriteTimeout (or left its send queue full that long).
+	errSlowConsumer = errors.New("peer does not read: slow consumer")
 )
 
 // pingBurst is how many pings a peer may send at once; past that it must
@@ -164,6 +207,22 @@ type wsConn struct {
 	room     chan struct{} // closed when the writer takes a batch, for senders waiting on a full queue
 	wake     chan struct{} // tells an idle writer that frames are queued
 	writing  atomic.Int32  // frames the writer took and has not written yet
+
+	// Backpressure (bp), on the connections the hub serves calls on: see
+	// ConnConfig.MaxUnwrittenBytes and admit, release, underBounds.
+	bp        bool
+	acc       []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
+	qbytes    atomic.Int64  // bytes of the owed frames queued or being written; changed under qmu
+	qowed     atomic.Int64  // those frames; changed under qmu
+	inCalls   atomic.Int64  // calls admitted whose answers are not queued yet
+	inBytes   atomic.Int64  // their requests' bytes
+	paused    atomic.Bool   // the reader waits for the counts to fall
+	resume    chan struct{} // closed when the paused reader may go on; under qmu
+	raw       syscall.RawConn
+	credit    int         // bytes the kernel can take without a new look (writer only)
+	lingering atomic.Bool // closed as a slow consumer: the reader lingers, then closes
+	quit      chan struct{}
+	quitOnce  sync.Once
 }
 
 // writerLinger is how long a writer goroutine waits for more frames
@@ -187,7 +246,179 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 		cfg:     cfg,
 		closing: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
 		pings:   newPingPolicy(cfg.PeerPingMin),
+	}
+}
+
+// withBackpressure makes the reader pause at the bounds (MaxUnwrittenBytes,
+// MaxUnwrittenCalls) and the writer hand the kernel whole frames only, so
+// that a slow consumer can be closed with a close frame. Set before start.
+func (c *wsConn) withBackpressure() {
+	c.bp = true
+	c.raw = rawConn(c.ws.NetConn())
+}
+
+// admit counts a call read from the peer, of n bytes, until release.
+func (c *wsConn) admit(calls, n int) {
+	if c.bp {
+		c.inCalls.Add(int64(calls))
+		c.inBytes.Add(int64(n))
+	}
+}
+
+// release ends what admit counted: the calls' answers are queued (or
+// there is none to send).
+func (c *wsConn) release(calls, n int) {
+	if !c.bp {
+		return
+	}
+	c.inCalls.Add(-int64(calls))
+	c.inBytes.Add(-int64(n))
+	if c.paused.Load() {
+		c.qmu.Lock()
+		c.wakeReaderLocked()
+		c.qmu.Unlock()
+	}
+}
+
+// over reports whether a bound is reached. Running calls count, not
+// only answers waiting to be written: otherwise a client that does not
+// read gets as many calls started as the reader reads in the time of an
+// answer's round trip (measured on a native link: 7 MiB of 32 KiB calls).
+func (c *wsConn) over() bool {
+	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load()+c.inBytes.Load() >= int64(m) {
+		return true
+	}
+	if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.inCalls.Load()+c.qowed.Load() >= int64(m) {
+		return true
+	}
+	return false
+}
+
+// wakeReaderLocked lets a paused reader go on once under the bounds.
+func (c *wsConn) wakeReaderLocked() {
+	if c.resume != nil && (c.closed || !c.over()) {
+		close(c.resume)
+		c.resume = nil
+	}
+}
+
+// underBounds waits, on the reader goroutine, until the connection is
+// under its bounds; false if it closed meanwhile. While it waits nothing
+// is read, so the idle deadline is lifted: the writer's own deadline
+// closes a peer that does not read, and calls in flight end by theirs.
+func (c *wsConn) underBounds() (ok, waited bool) {
+	if !c.over() {
+		return true, false // a closed connection fails the next read
+	}
+	c.qmu.Lock()
+	if c.closed || !c.over() {
+		closed := c.closed
+		c.qmu.Unlock()
+		return !closed, false
+	}
+	_ = c.setReadDeadline(time.Time{})
+	var keepalive *time.Timer
+	for !c.closed {
+		c.paused.Store(true) // before the check: release sees it or the check sees its count
+		if !c.over() {
+			break
+		}
+		ch := make(chan struct{})
+		c.resume = ch
+		c.qmu.Unlock()
+		if keepalive == nil {
+			keepalive = time.NewTimer(pausedPong)
+		}
+		select {
+		case <-ch:
+		case <-c.closing:
+		case <-keepalive.C:
+			// The peer's pings are not read while paused, nor answered:
+			// an unsolicited pong (RFC 6455 5.5.3) keeps a peer that
+			// reads, and counts pongs as life (this mesh's links do),
+			// from taking the hub for dead while its long calls run.
+			_ = c.ws.WriteControl(websocket.PongMessage, nil, time.Now().Add(time.Second))
+			keepalive.Reset(pausedPong)
+		}
+		c.qmu.Lock()
+	}
+	if keepalive != nil {
+		keepalive.Stop()
+	}
+	c.paused.Store(false)
+	c.resume = nil
+	closed := c.closed
+	c.qmu.Unlock()
+	if !closed {
+		_ = c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
+	}
+	return !closed, true
+}
+
+// pausedPong is how often a paused reader's connection sends the peer an
+// unsolicited pong: under the 2.5 s in which a peer hub's link is dead
+// (--peer-heartbeat 1 s), and a client's 10 s.
+const pausedPong = time.Second
+
+// setReadDeadline sets the read deadline from the reader goroutine. Once
+// the connection lingers (closed as a slow consumer) the deadline is now,
+// whatever the reader asked: shutdown sets lingering, then the deadline,
+// so one of the two sees the other and the reader cannot move shutdown's
+// wake-up away.
+func (c *wsConn) setReadDeadline(t time.Time) error {
+	err := c.ws.SetReadDeadline(t)
+	if c.lingering.Load() {
+		err = c.ws.SetReadDeadline(time.Now())
+	}
+	return err
+}
+
+// readerExit ends the reader goroutine: a connection closed as a slow
+// consumer lingers first (linger), and is closed here.
+func (c *wsConn) readerExit() {
+	if c.lingering.Load() {
+		c.linger()
+		_ = c.ws.Close()
+	}
+}
+
+// linger keeps a connection closed as a slow consumer open for up to
+// CloseGrace after its close frame was handed to the kernel: it reads
+// and discards what the peer still sends, for closing a socket with
+// unread bytes resets it, and a reset drops what the kernel still holds
+// to send, the close frame among it. It ends once the peer's kernel has
+// taken every byte (from there a reset loses nothing the peer can still
+// read), when the peer closes, or at the grace's end.
+func (c *wsConn) linger() {
+	nc := c.ws.NetConn()
+	end := time.Now().Add(c.cfg.CloseGrace)
+	buf := make([]byte, 4096)
+	for {
+		select {
+		case <-c.quit:
+			return
+		default:
+		}
+		now := time.Now()
+		if !now.Before(end) {
+			return
+		}
+		if q, _, ok := sendQueue(c.raw); !ok || q == 0 {
+			return
+		}
+		d := now.Add(20 * time.Millisecond)
+		if d.After(end) {
+			d = end
+		}
+		_ = nc.SetReadDeadline(d)
+		if _, err := nc.Read(buf); err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				return
+			}
+		}
 	}
 }
 
@@ -219,8 +450,8 @@ func (c *wsConn) sendPing() {
 func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
-	_ = c.ws.SetReadDeadline(time.Now().Add(idle))
-	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(idle)) })
+	_ = c.setReadDeadline(time.Now().Add(idle))
+	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
 	// The deadline moves with each message, but only when it has aged by
 	// an eighth of idle: moving it costs a runtime timer update, which at
@@ -228,13 +459,24 @@ func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	// is thus closed after between 7/8 × idle and idle of silence.
 	last := time.Now()
 	for {
+		if c.bp {
+			ok, waited := c.underBounds()
+			if !ok {
+				c.readerExit()
+				return
+			}
+			if waited {
+				last = time.Now() // underBounds moved the deadline
+			}
+		}
 		typ, data, refused, err := c.readMessage()
 		if err != nil {
 			c.shutdown(err)
+			c.readerExit()
 			return
 		}
 		if now := time.Now(); now.Sub(last) >= idle/8 {
-			_ = c.ws.SetReadDeadline(now.Add(idle))
+			_ = c.setReadDeadline(now.Add(idle))
 			last = now
 		}
 		if c.cfg.Bytes != nil {
@@ -351,6 +593,17 @@ func (c *wsConn) writeLoop() {
 		c.q = c.spare[:0]
 		c.spare = nil
 		c.writing.Store(int32(len(frames)))
+		var taken int64 // the owed frames' bytes, out of qbytes once written
+		var takenN int
+		if c.bp {
+			for _, n := range c.acc {
+				if n > 0 {
+					taken += int64(n)
+					takenN++
+				}
+			}
+			c.acc = c.acc[:0]
+		}
 		if c.room != nil {
 			close(c.room)
 			c.room = nil
@@ -372,6 +625,9 @@ func (c *wsConn) writeLoop() {
 		if c.spare == nil {
 			c.spare = frames[:0]
 		}
+		c.qbytes.Add(-taken)
+		c.qowed.Add(-int64(takenN))
+		c.wakeReaderLocked()
 		c.qmu.Unlock()
 		if err != nil {
 			c.shutdown(err)
@@ -385,6 +641,15 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 	var err error
 	for len(frames) > 0 && err == nil {
+		if c.raw != nil {
+			var waited bool
+			if waited, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
+				break
+			}
+			if waited { // the deadline is for the write, not the wait
+				_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+			}
+		}
 		var n, used int
 		if c.batch && len(frames) > 1 {
 			n, used, err = c.writeBatch(frames)
@@ -402,6 +667,83 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 		putBuf(b) // not written: the connection is going
 	}
 	return err
+}
+
+// closeReserve is the room waitSendRoom keeps free in the kernel's send
+// buffer for what is written beside the writer: pings, pongs and the
+// close frame (at most 2 + 4 + 125 bytes each).
+const closeReserve = 4 << 10
+
+// nextWrite is the size of the next message writeFrames writes from
+// frames (as writeBatch picks it), with its WebSocket header.
+func (c *wsConn) nextWrite(frames []*[]byte) int {
+	n := len(*frames[0])
+	if c.batch && len(frames) > 1 {
+		budget := c.cfg.Limits.MaxBytes / 2
+		n += 2
+		for used := 1; used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget; used++ {
+			n += len(*frames[used]) + 1
+		}
+	}
+	return n + 14
+}
+
+// waitSendRoom waits until the kernel's send buffer can take n more
+// bytes (keeping closeReserve free), so that a write never blocks with a
+// frame cut in two: when the peer stops reading, the frames written are
+// whole and a close frame can still follow them. The kernel holds at
+// most half its buffer's size in data here (the buffer's size counts
+// the kernel's own bookkeeping too). An empty queue takes any frame,
+// even one larger than that. If the peer takes nothing of what is
+// queued for WriteTimeout, it is a slow consumer (errSlowConsumer).
+//
+// Looking costs two system calls; it is done only once the bytes written
+// since the last look could exceed the room seen then (credit), so a
+// connection whose peer keeps up looks about once per half-buffer.
+func (c *wsConn) waitSendRoom(n int) (waited bool, err error) {
+	if c.credit >= n {
+		c.credit -= n
+		return false, nil
+	}
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	last, progress := -1, time.Now()
+	delay := 50 * time.Microsecond
+	for {
+		q, size, ok := sendQueue(c.raw)
+		if !ok {
+			c.raw = nil // not a socket that says: write as before
+			return t != nil, nil
+		}
+		room := size/2 - q - closeReserve
+		if room >= n || q == 0 {
+			c.credit = room - n
+			return t != nil, nil
+		}
+		now := time.Now()
+		if last < 0 || q < last {
+			progress = now // the peer took bytes
+		}
+		last = q
+		if now.Sub(progress) >= c.cfg.WriteTimeout {
+			return true, errSlowConsumer
+		}
+		if t == nil {
+			t = time.NewTimer(delay)
+		} else {
+			t.Reset(delay)
+		}
+		select {
+		case <-t.C:
+		case <-c.closing:
+			return true, errConnClosed
+		}
+		delay = min(2*delay, 5*time.Millisecond)
+	}
 }
 
 // batchYieldGap: a frame queued within this long of the previous write
@@ -453,8 +795,10 @@ func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
 
 // trySend queues a frame without waiting; false if the queue is full or
 // the connection closed. The buffer belongs to the connection afterwards.
+// It is for this side's own frames (requests, cancels): they do not count
+// towards the bounds of what is owed to the peer.
 func (c *wsConn) trySend(b *[]byte) bool {
-	if ok, _ := c.enqueue(b, false); ok {
+	if ok, _ := c.enqueue(b, false, false); ok {
 		return true
 	}
 	putBuf(b)
@@ -462,9 +806,11 @@ func (c *wsConn) trySend(b *[]byte) bool {
 }
 
 // send queues a frame, waiting up to WriteTimeout for room; a peer that
-// does not drain its queue for that long is cut off.
+// does not drain its queue for that long is cut off. It is for frames
+// owed to the peer (answers): with backpressure they count towards
+// MaxUnwrittenBytes and MaxUnwrittenCalls until written.
 func (c *wsConn) send(b *[]byte) bool {
-	ok, room := c.enqueue(b, true)
+	ok, room := c.enqueue(b, true, true)
 	if ok {
 		return true
 	}
@@ -480,11 +826,15 @@ func (c *wsConn) send(b *[]byte) bool {
 			putBuf(b)
 			return false
 		case <-t.C:
-			c.shutdown(errors.New("peer does not read: send queue full"))
+			if c.bp {
+				c.shutdown(fmt.Errorf("%w: send queue full", errSlowConsumer))
+			} else {
+				c.shutdown(errors.New("peer does not read: send queue full"))
+			}
 			putBuf(b)
 			return false
 		}
-		if ok, room = c.enqueue(b, true); ok {
+		if ok, room = c.enqueue(b, true, true); ok {
 			return true
 		}
 	}
@@ -495,7 +845,7 @@ func (c *wsConn) send(b *[]byte) bool {
 // enqueue queues b unless the connection is closed or the queue is full;
 // then, if wait, it returns a channel closed when the writer next takes
 // frames out. It starts a writer if none runs, or wakes the idle one.
-func (c *wsConn) enqueue(b *[]byte, wait bool) (ok bool, room <-chan struct{}) {
+func (c *wsConn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
 	c.qmu.Lock()
 	if c.closed {
 		c.qmu.Unlock()
@@ -512,6 +862,15 @@ func (c *wsConn) enqueue(b *[]byte, wait bool) (ok bool, room <-chan struct{}) {
 		return false, room
 	}
 	c.q = append(c.q, b)
+	if c.bp {
+		var n int32
+		if owed {
+			n = int32(cap(*b)) // what it holds, not what it says
+			c.qbytes.Add(int64(n))
+			c.qowed.Add(1)
+		}
+		c.acc = append(c.acc, n)
+	}
 	switch {
 	case !c.writerOn:
 		c.writerOn = true
@@ -539,10 +898,18 @@ func (c *wsConn) shutdown(err error) {
 		c.closed = true
 		dropped := c.q
 		c.q = nil
+		for _, n := range c.acc {
+			if n > 0 {
+				c.qbytes.Add(-int64(n))
+				c.qowed.Add(-1)
+			}
+		}
+		c.acc = nil
 		if c.room != nil {
 			close(c.room)
 			c.room = nil
 		}
+		c.wakeReaderLocked()
 		c.qmu.Unlock()
 		for _, b := range dropped {
 			putBuf(b)
@@ -556,6 +923,11 @@ func (c *wsConn) shutdown(err error) {
 		switch {
 		case errors.Is(err, errTooManyPings):
 			code, text = websocket.ClosePolicyViolation, "too many pings"
+		case errors.Is(err, errSlowConsumer):
+			code, text = websocket.ClosePolicyViolation, "slow consumer"
+			if c.cfg.SlowConsumer != nil {
+				c.cfg.SlowConsumer() // counted before the peer can see the close
+			}
 		case errors.As(err, &ce):
 			code, text = ce.code, ce.text
 		}
@@ -567,18 +939,31 @@ func (c *wsConn) shutdown(err error) {
 		// (measured in the netns lab, S05: detection 3.5 s, not 2.5 s).
 		var ne net.Error
 		if !errors.As(err, &ne) || !ne.Timeout() {
-			_ = c.ws.WriteControl(websocket.CloseMessage,
+			werr := c.ws.WriteControl(websocket.CloseMessage,
 				websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
+			if werr == nil && errors.Is(err, errSlowConsumer) && c.raw != nil {
+				// The writer handed the kernel whole frames only, with
+				// room to spare (waitSendRoom): the close frame follows
+				// the last of them. The reader discards what the peer
+				// still sends until the kernel delivered it (linger),
+				// then closes; the deadline wakes it if it is reading.
+				c.lingering.Store(true)
+				_ = c.ws.NetConn().SetReadDeadline(time.Now())
+			}
 		}
-		_ = c.ws.Close()
+		if !c.lingering.Load() {
+			_ = c.ws.Close()
+		}
 		if c.onClose != nil {
 			c.onClose(err)
 		}
 	})
 }
 
-// Close closes the connection and waits for its goroutines.
+// Close closes the connection and waits for its goroutines (it cuts a
+// slow consumer's linger short).
 func (c *wsConn) Close() {
+	c.quitOnce.Do(func() { close(c.quit) })
 	c.shutdown(nil)
 	c.wg.Wait()
 }
@@ -596,4 +981,28 @@ func putBuf(b *[]byte) {
 	}
 	*b = (*b)[:0]
 	bufPool.Put(b)
+}
+
+// rawConn finds the socket beneath a connection the hub accepted or
+// dialled (through its readAhead and TLS wrappers); nil if there is none.
+func rawConn(nc net.Conn) syscall.RawConn {
+	for nc != nil {
+		switch c := nc.(type) {
+		case *cappedConn:
+			nc = c.Conn
+		case *readAheadConn:
+			nc = c.Conn
+		case *tls.Conn:
+			nc = c.NetConn()
+		case syscall.Conn:
+			raw, err := c.SyscallConn()
+			if err != nil {
+				return nil
+			}
+			return raw
+		default:
+			return nil
+		}
+	}
+	return nil
 }

@@ -262,6 +262,7 @@ type rpcConn struct {
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h, who: who}
+	rc.c.withBackpressure()
 	lim := rc.c.cfg.Limits
 	rc.c.check = func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }
 	base := context.Background()
@@ -320,17 +321,23 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.send(b)
 		return
 	}
+	// Counted until the answer is queued: a client that does not read
+	// its answers stops being read at the connection's bounds
+	// (ConnConfig.MaxUnwrittenBytes, MaxUnwrittenCalls), rather than
+	// refused: a refusal is an answer too, which such a client would
+	// not read either.
+	n := len(data)
+	rc.c.admit(len(calls), n)
 	rc.wg.Add(1)
 	go func() {
 		defer rc.wg.Done()
 		defer rc.busy.Add(-int64(len(calls)))
+		defer rc.c.release(len(calls), n)
 		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
 		if out == nil {
 			return
 		}
-		b := getBuf()
-		*b = append(*b, out...)
-		rc.c.send(b)
+		rc.c.send(&out) // not copied: a copy is one more answer's size held
 	}()
 }
 

@@ -362,6 +362,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		onRetry = m.Retry
 		h.cfg.Conn.Bytes = m.Bytes
 		h.cfg.Conn.PingAbuse = m.PingAbuse
+		h.cfg.Conn.SlowConsumer = m.SlowConsumer
 		h.cfg.Conn.LateResponse = m.LateResponse
 		h.cfg.Conn.InvalidFrame = m.InvalidFrame
 		m.RegisterHubState(h.state)

@@ -109,6 +109,12 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 	for _, o := range opts {
 		o(l)
 	}
+	if l.accepted {
+		// The hub serves this peer's calls: bound what it owes it
+		// (ConnConfig.MaxUnwrittenBytes). Only the accepting side
+		// pauses its reader, so two ends never wait on each other.
+		c.withBackpressure()
+	}
 	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
 	l.base = context.WithoutCancel(l.ctx)
 	l.c.start(l.onMessage, l.connClosed)
@@ -390,6 +396,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.nserving.Add(-1)
 		return
 	}
+	l.c.admit(1, requestBytes(req))
 	l.serving[seq] = cancel
 	r := new(envelope.Request)
 	*r = *req
@@ -440,6 +447,7 @@ func (l *Link) worker(t task) {
 // serveOne runs the handler for one incoming request and answers it.
 func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
 	start := time.Now()
+	held := requestBytes(r) // as startServing admitted it, before serve can touch r
 	res, err := l.serve(ctx, r)
 	// Answer first, then leave the serving map: Serving() == 0 means every
 	// answer is queued (a draining hub waits for that before closing).
@@ -452,12 +460,17 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 		}
 		l.reply(seq, res, nil)
 	}
+	l.c.release(1, held)
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
 	cancel()
 	l.nserving.Add(-1)
 }
+
+// requestBytes is what a served request holds of the message it came in
+// (its params, the bulk of it), for the connection's bounds.
+func requestBytes(r *envelope.Request) int { return len(r.Params) + 256 }
 
 // connClosed runs once when the connection closes: it fails every pending
 // call and cancels every handler.

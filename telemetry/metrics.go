@@ -35,6 +35,7 @@ type Metrics struct {
 	refused              *prometheus.CounterVec
 	lateResponses        prometheus.Counter
 	pingAbuse            prometheus.Counter
+	slowConsumers        prometheus.Counter
 	invalidFrames        *prometheus.CounterVec
 	invalidRecords       *prometheus.CounterVec
 
@@ -101,11 +102,14 @@ func NewMetrics(labels *Labeler) *Metrics {
 		pingAbuse: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_link_ping_abuse_total", Help: "WebSockets closed because the peer pinged more often than the policy allows (1008 too many pings).",
 		}),
+		slowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentmesh_link_slow_consumers_total", Help: "WebSockets closed because the peer took none of the bytes written to it for the write timeout (1008 slow consumer).",
+		}),
 	}
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames, m.invalidRecords,
+		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -169,6 +173,14 @@ func (m *Metrics) InitInvalidRecords(reasons []string) {
 func (m *Metrics) PingAbuse() {
 	if m != nil {
 		m.pingAbuse.Inc()
+	}
+}
+
+// SlowConsumer counts a WebSocket closed for not reading (1008 slow
+// consumer).
+func (m *Metrics) SlowConsumer() {
+	if m != nil {
+		m.slowConsumers.Inc()
 	}
 }
 
@@ -237,7 +249,7 @@ func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.invalidFrames, m.invalidRecords,
+			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
 			stateCollector{}} {
 			c.Describe(ch)
 		}

@@ -35,6 +35,11 @@ import (
 func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 	var linkPing time.Duration // --link-ping
 	var (
+		linkWriteTimeout time.Duration // --link-write-timeout
+		maxUnwrittenB    int           // --link-max-unwritten-bytes
+		maxUnwrittenN    int           // --link-max-unwritten-calls
+	)
+	var (
 		listen, id, logLevel, conf  string
 		logFormat, otlpEndpoint     string
 		adminAddr                   string
@@ -229,7 +234,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, GlobalRate: globalRate, GlobalBurst: globalBurst, PeerHeartbeat: peerHeartbeat,
-				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
+				Conn: mesh.ConnConfig{PingInterval: linkPing, WriteTimeout: linkWriteTimeout,
+					MaxUnwrittenBytes: maxUnwrittenB, MaxUnwrittenCalls: maxUnwrittenN},
+				TLS: srvTLS, PeerTLS: peerTLS,
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -380,6 +387,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
+	f.DurationVar(&linkWriteTimeout, "link-write-timeout", 10*time.Second, "a WebSocket peer that takes none of the bytes written to it for this long is closed (1008 slow consumer, counted in agentmesh_link_slow_consumers_total)")
+	f.IntVar(&maxUnwrittenB, "link-max-unwritten-bytes", 4<<20, "per client WebSocket: bytes of requests being served plus answers not yet written, past which the hub stops reading it until they fall (negative: no bound)")
+	f.IntVar(&maxUnwrittenN, "link-max-unwritten-calls", 4096, "per client WebSocket: calls whose answers are not yet written, past which the hub stops reading it until they fall (negative: no bound)")
 	f.DurationVar(&peerHeartbeat, "peer-heartbeat", time.Second, "ping interval of links to other hubs; a peer silent for 2.5 intervals is dead and its calls fail over")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
 	f.StringVar(&tlsCert, "tls-cert", envOr("MESH_TLS_CERT", ""), "serve TLS with this certificate (PEM); also presented to peer hubs [$MESH_TLS_CERT]")

@@ -1,0 +1,103 @@
+package mesh
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// TestSlowConsumerCloseFrame: on a real loopback socket, a peer that
+// reads nothing. The connection's writer hands the kernel whole frames
+// only, stops when the buffer is half full, and after WriteTimeout with
+// no progress closes with 1008 "slow consumer", counted once; the peer,
+// reading afterwards, gets every frame the writer wrote, whole and in
+// order, then that close frame (without the whole-frames rule it gets a
+// frame cut short and 1006).
+func TestSlowConsumerCloseFrame(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *websocket.Conn, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err == nil {
+			got <- ws
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	cws, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cws.Close()
+	var slow atomic.Int32
+	const writeTimeout = 500 * time.Millisecond
+	c := newWSConn(<-got, ConnConfig{WriteTimeout: writeTimeout, SlowConsumer: func() { slow.Add(1) }})
+	c.withBackpressure()
+	closed := make(chan error, 1)
+	c.start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
+	defer c.Close()
+
+	// 60 KiB frames, numbered, until the connection closes.
+	frame := func(i int) []byte {
+		b := []byte(strings.Repeat(string(rune('a'+i%26)), 60<<10))
+		return b
+	}
+	sent := 0
+	start := time.Now()
+	go func() {
+		for i := 0; ; i++ {
+			b := getBuf()
+			*b = append((*b)[:0], frame(i)...)
+			if !c.send(b) {
+				return
+			}
+		}
+	}()
+	var cerr error
+	select {
+	case cerr = <-closed:
+	case <-time.After(10 * writeTimeout):
+		t.Fatal("a peer reading nothing was not closed")
+	}
+	took := time.Since(start)
+	if !errors.Is(cerr, errSlowConsumer) {
+		t.Errorf("closed with %v; want errSlowConsumer", cerr)
+	}
+	if took > writeTimeout+time.Second {
+		t.Errorf("closed %v after the first frame; want about the write timeout %v", took, writeTimeout)
+	}
+	if n := slow.Load(); n != 1 {
+		t.Errorf("SlowConsumer told %d times; want 1", n)
+	}
+	// The peer reads at last.
+	_ = cws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		_, msg, err := cws.ReadMessage()
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "slow consumer" {
+				t.Errorf("after %d frames the peer read %v; want close 1008 slow consumer", sent, err)
+			}
+			break
+		}
+		if want := frame(sent); string(msg) != string(want) {
+			t.Fatalf("frame %d: %d bytes, not the frame written", sent, len(msg))
+		}
+		sent++
+	}
+	t.Logf("closed %v after the first frame; the peer read %d frames of 60 KiB, then the close frame", took.Round(time.Millisecond), sent)
+	if sent == 0 {
+		t.Error("the peer read no frame before the close")
+	}
+}

@@ -329,6 +329,14 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		h.reg = memory.New()
 		h.ownsReg = true
 	}
+	if b, ok := h.reg.(interface{ SetHub(id, addr string) error }); ok {
+		// A cluster registry writes its records in this hub's name and
+		// at its address: other hubs route to its agents only through
+		// them.
+		if err := b.SetHub(cfg.ID, cfg.Advertise); err != nil {
+			return nil, err
+		}
+	}
 	h.upgrader = websocket.Upgrader{
 		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
 		// Browsers only from the allowed origins (no same-host fallback:

@@ -552,8 +552,9 @@ func (r *Registry) session1() error {
 	if err != nil {
 		return err
 	}
-	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+r.cfg.Hub, r.presence(), clientv3.WithLease(lease.ID))}
 	r.mu.Lock()
+	hub := r.cfg.Hub // SetHub may rename it meanwhile: see below
+	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+hub, r.presence(), clientv3.WithLease(lease.ID))}
 	ids := make([]string, 0, len(r.local))
 	for id, in := range r.local {
 		ops = append(ops, clientv3.OpPut(r.key(id), r.value(in), clientv3.WithLease(lease.ID)))
@@ -584,6 +585,9 @@ func (r *Registry) session1() error {
 	}
 	r.session = lease.ID
 	close(r.upCh)
+	if hub != r.cfg.Hub {
+		r.repairLocked(r.hubsP+r.cfg.Hub, 0) // renamed while the session started
+	}
 	r.mu.Unlock()
 	if len(ids) > 0 {
 		r.log.Info("etcd registry: new session; agents written again", "agents", len(ids))

@@ -431,3 +431,46 @@ func (r *Registry) Reseal(ctx context.Context) error {
 	}
 	return nil
 }
+
+// SetHub names the hub this registry writes for, and the address peers
+// reach it at, when they were not known at New (a hub given a registry
+// made before it listened: mesh.NewHub calls it). The records name this
+// hub and its address whatever a registration says, so that the other
+// hubs route to its agents only through its presence. It must come before
+// the first Register; a presence already written under the old name is
+// replaced.
+func (r *Registry) SetHub(id, addr string) error {
+	if !validID(id) {
+		return fmt.Errorf("etcd registry: hub id %q: want 1 to 256 printable bytes without space or /", id)
+	}
+	if addr != "" && !validAddr(addr) {
+		return fmt.Errorf("etcd registry: hub address %q: want host:port", addr)
+	}
+	r.mu.Lock()
+	if id == r.cfg.Hub && addr == r.cfg.HubAddr {
+		r.mu.Unlock()
+		return nil
+	}
+	if len(r.local) > 0 || len(r.pending) > 0 {
+		r.mu.Unlock()
+		return errors.New("etcd registry: SetHub after agents registered")
+	}
+	oldKey := r.hubsP + r.cfg.Hub
+	r.cfg.Hub, r.cfg.HubAddr = id, addr
+	delete(r.hubs, id) // this hub's own presence is not another's
+	lease := r.session
+	val := r.presence()
+	r.mu.Unlock()
+	if lease == 0 {
+		return nil // the session writes the new presence when it starts
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
+	defer cancel()
+	_, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(oldKey), "=", lease)).
+		Then(clientv3.OpDelete(oldKey), clientv3.OpPut(r.hubsP+id, val, clientv3.WithLease(lease))).
+		Else(clientv3.OpPut(r.hubsP+id, val, clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd registry: writing the presence of hub %s: %w", id, err)
+	}
+	return nil
+}

@@ -46,6 +46,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		demo                       bool
 		heartbeat, defTimeout, dur time.Duration
 		hubTTL                     time.Duration
+		warmUp                     time.Duration
 		authKeys                   []string
 		allowRemote                bool
 		origins                    []string
@@ -176,6 +177,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, GlobalRate: globalRate, GlobalBurst: globalBurst, PeerHeartbeat: peerHeartbeat,
 				Conn: mesh.ConnConfig{PingInterval: linkPing}, TLS: srvTLS, PeerTLS: peerTLS,
+				WarmUp: hubWarmUp(warmUp),
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -318,6 +320,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
+	f.DurationVar(&warmUp, "warm-up", -1, "after the hub starts, and after it lists etcd again, methods no agent has registered yet answer UNAVAILABLE (retryable) rather than METHOD_NOT_FOUND for this long, while agents reconnect (default 2 × --heartbeat; 0: none)")
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
 	f.DurationVar(&peerHeartbeat, "peer-heartbeat", time.Second, "ping interval of links to other hubs; a peer silent for 2.5 intervals is dead and its calls fail over")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")
@@ -469,4 +472,16 @@ func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, specs []string) {
 		}
 	}
 	log.Info("SIGHUP: auth keys reloaded", "keys", ids, "missingFiles", missing, "closedConnections", closed)
+}
+
+// hubWarmUp maps --warm-up onto HubConfig.WarmUp: the flag's default (-1)
+// is the hub's (two heartbeat intervals), 0 is none.
+func hubWarmUp(flag time.Duration) time.Duration {
+	switch {
+	case flag < 0:
+		return 0
+	case flag == 0:
+		return -1
+	}
+	return flag
 }

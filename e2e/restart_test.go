@@ -156,4 +156,3 @@ func lastBefore(ts []time.Time, at time.Time) time.Time {
 	}
 	return last
 }
-

@@ -828,7 +828,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 				// Just started, or just listed the registry again: the
 				// agents serving it may not have registered (again) yet.
 				// Retryable, unlike METHOD_NOT_FOUND, which every client
-				// takes as final (warmUp).
+				// takes as final (HubConfig.WarmUp).
 				return nil, unavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
 			}
 			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)

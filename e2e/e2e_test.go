@@ -240,10 +240,12 @@ type hub struct {
 
 // startHub runs meshd on a port of the kernel's choosing on loopback, reads
 // the address back from its "hub listening" log line and waits until
-// /readyz answers 200.
+// /readyz answers 200. The hub has no warm-up (--warm-up 0) unless extra
+// sets one: it is new, no agent reconnects to it, and the tests want a
+// method nobody serves answered METHOD_NOT_FOUND at once.
 func startHub(t *testing.T, extra ...string) *hub {
 	t.Helper()
-	p := start(t, "meshd", append([]string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms"}, extra...)...)
+	p := start(t, "meshd", append([]string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms", "--warm-up", "0"}, extra...)...)
 	h := &hub{proc: p}
 	waitFor(t, `meshd logging "hub listening"`, 10*time.Second, func() bool {
 		if p.exitedYet() {

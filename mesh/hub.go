@@ -124,6 +124,14 @@ type HubConfig struct {
 	// gets OVERLOADED with a retry-after hint. 0: no limit.
 	GlobalRate  float64
 	GlobalBurst int
+	// WarmUp is how long after the hub starts, and after its registry
+	// lists its content again (an etcd watch lost and resynced), a method
+	// no agent has registered yet is answered UNAVAILABLE (not sent,
+	// retryable) rather than METHOD_NOT_FOUND: after a restart the agents
+	// that served it reconnect within about a heartbeat interval, and a
+	// METHOD_NOT_FOUND meanwhile is final to every client (default two
+	// HeartbeatIntervals; negative: none).
+	WarmUp time.Duration
 }
 
 // DefaultHubConfig returns the defaults.
@@ -177,6 +185,9 @@ func (c HubConfig) withDefaults() HubConfig {
 	}
 	if c.IdempotencyKeys <= 0 {
 		c.IdempotencyKeys = 100000
+	}
+	if c.WarmUp == 0 {
+		c.WarmUp = 2 * c.HeartbeatInterval
 	}
 	return c
 }
@@ -251,6 +262,7 @@ type Hub struct {
 
 	draining atomic.Bool
 	inflight atomic.Int64
+	started  atomic.Int64 // unix ns: NewHub, then Serve; the warm-up counts from it
 
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -322,6 +334,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		readTimeout:       defaultReadTimeout,
 		maxPending:        defaultMaxPending,
 	}
+	h.started.Store(time.Now().UnixNano())
 	for _, o := range opts {
 		o(h)
 	}
@@ -490,6 +503,7 @@ func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
 	h.mu.Lock()
 	h.srv = srv
 	h.mu.Unlock()
+	h.started.Store(time.Now().UnixNano()) // agents can register from now on
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	h.log.Info("hub listening", "addr", ln.Addr().String(), "hub", h.cfg.ID)
@@ -664,6 +678,24 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 	}
 }
 
+// warmingUp reports whether the hub is within WarmUp of its start or of
+// its registry's last listing (a registry that says when it last synced,
+// as the etcd one does: LastSync). Only a call to a method no agent has
+// registered asks.
+func (h *Hub) warmingUp() bool {
+	w := h.cfg.WarmUp
+	if w <= 0 {
+		return false
+	}
+	since := time.Since(time.Unix(0, h.started.Load()))
+	if s, ok := h.reg.(interface{ LastSync() time.Time }); ok {
+		if t := s.LastSync(); !t.IsZero() {
+			since = min(since, time.Since(t))
+		}
+	}
+	return since < w
+}
+
 // ingress is the dispatcher as callers see it: it counts calls for the
 // drain and refuses new ones while draining.
 func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
@@ -807,6 +839,13 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			if snap.Known(req.Method) {
 				return nil, unavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
 			}
+			if h.warmingUp() {
+				// Just started, or just listed the registry again: the
+				// agents serving it may not have registered (again) yet.
+				// Retryable, unlike METHOD_NOT_FOUND, which every client
+				// takes as final (HubConfig.WarmUp).
+				return nil, unavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
+			}
 			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
 		}
 		open := func(in *registry.Instance) bool {
@@ -824,7 +863,17 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			in = registry.Pick(cands, open) // every instance tried: any that is not open
 		}
 		if in == nil {
-			return nil, envelope.Errorf(envelope.CodeCircuitOpen, "the circuit is open for every instance serving %s", req.Method).MarkNotSent()
+			// Every instance is behind an open breaker: refused at once.
+			// A retry loop tries again when the first of them admits a
+			// probe, if that is before the call's deadline; never after a
+			// mere backoff (CircuitOpen).
+			var probe time.Time
+			for _, c := range cands {
+				if at, ok := h.breakers.ProbeAt(reliability.BreakerKey{Method: req.Method, Instance: c.InstanceID}); ok && (probe.IsZero() || at.Before(probe)) {
+					probe = at
+				}
+			}
+			return nil, reliability.CircuitOpen("the circuit is open for every instance serving "+req.Method, probe)
 		}
 	}
 	// Picked although behind a down peer: no instance outside one was left.

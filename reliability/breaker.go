@@ -3,6 +3,7 @@ package reliability
 import (
 	"errors"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -57,8 +58,16 @@ type BreakerInfo struct {
 // allocates nothing. Safe for concurrent use.
 type Breakers struct {
 	cfg      BreakerConfig
-	m        cow.Map[BreakerKey, *gobreaker.TwoStepCircuitBreaker[struct{}]]
+	m        cow.Map[BreakerKey, *breaker]
 	onChange func(k BreakerKey, from, to gobreaker.State)
+}
+
+// breaker is one gobreaker with the time it last opened, which gobreaker
+// keeps to itself: the breaker admits a probe once RecoveryTimeout has
+// passed since then (ProbeAt).
+type breaker struct {
+	cb     *gobreaker.TwoStepCircuitBreaker[struct{}]
+	opened atomic.Int64 // unix ns of the last transition to open; written under cb's lock
 }
 
 // NewBreakers returns an empty set. onChange, if not nil, is called on
@@ -89,8 +98,9 @@ func counted(err error) bool {
 	return true
 }
 
-func (b *Breakers) get(k BreakerKey) *gobreaker.TwoStepCircuitBreaker[struct{}] {
-	return b.m.LoadOrCreate(k, func() *gobreaker.TwoStepCircuitBreaker[struct{}] {
+func (b *Breakers) get(k BreakerKey) *breaker {
+	return b.m.LoadOrCreate(k, func() *breaker {
+		br := &breaker{}
 		threshold := b.cfg.FailureThreshold
 		st := gobreaker.Settings{
 			Name:        k.Method + "@" + k.Instance,
@@ -98,11 +108,19 @@ func (b *Breakers) get(k BreakerKey) *gobreaker.TwoStepCircuitBreaker[struct{}] 
 			Timeout:     b.cfg.RecoveryTimeout,
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= threshold },
 			IsExcluded:  func(err error) bool { return !counted(err) },
+			OnStateChange: func(_ string, from, to gobreaker.State) {
+				if to == gobreaker.StateOpen {
+					// gobreaker took its clock just before: this time is
+					// at or after the one its expiry counts from.
+					br.opened.Store(time.Now().UnixNano())
+				}
+				if b.onChange != nil {
+					b.onChange(k, from, to)
+				}
+			},
 		}
-		if b.onChange != nil {
-			st.OnStateChange = func(_ string, from, to gobreaker.State) { b.onChange(k, from, to) }
-		}
-		return gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+		br.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+		return br
 	})
 }
 
@@ -110,7 +128,7 @@ func (b *Breakers) get(k BreakerKey) *gobreaker.TwoStepCircuitBreaker[struct{}] 
 // call done with the outcome; otherwise the error is CIRCUIT_OPEN (marked
 // not sent).
 func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
-	done, err = b.get(k).Allow()
+	done, err = b.get(k).cb.Allow()
 	if err != nil {
 		msg := "circuit open for " + k.Method
 		if k.Instance != "" {
@@ -127,8 +145,40 @@ func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
 // IsOpen reports whether k's breaker refuses calls now (open, or
 // half-open with its probes all in flight is not counted: it may admit).
 func (b *Breakers) IsOpen(k BreakerKey) bool {
-	cb, ok := b.m.Load(k)
-	return ok && cb.State() == gobreaker.StateOpen
+	br, ok := b.m.Load(k)
+	return ok && br.cb.State() == gobreaker.StateOpen
+}
+
+// ProbeAt reports when k's breaker, open now, turns half-open: the first
+// instant at which it admits a probe (gobreaker opens it at expiry,
+// RecoveryTimeout after it opened, for calls strictly after that). ok is
+// false when the breaker is not open.
+func (b *Breakers) ProbeAt(k BreakerKey) (at time.Time, ok bool) {
+	br, found := b.m.Load(k)
+	if !found || br.cb.State() != gobreaker.StateOpen {
+		return time.Time{}, false
+	}
+	// State took the breaker's lock after the transition to open, whose
+	// callback stored the time under that lock.
+	return time.Unix(0, br.opened.Load()).Add(b.cfg.RecoveryTimeout + time.Nanosecond), true
+}
+
+// CircuitOpen is the refusal of a call whose every candidate is behind an
+// open breaker: CIRCUIT_OPEN, marked not sent. probe is the earliest
+// ProbeAt of those breakers (zero: none known). With no probe the error
+// carries the attempts mark, so that no retry loop tries again. With one
+// it carries {"retryAfterMs": the time until then} instead, and the retry
+// loop tries again at that moment if the call's deadline, its attempts and
+// the budget allow, else gives up at once: either way nothing waits a
+// backoff that cannot help.
+func CircuitOpen(msg string, probe time.Time) *envelope.Error {
+	e := envelope.NewError(envelope.CodeCircuitOpen, msg)
+	if probe.IsZero() {
+		return e.MarkNotSent().WithAttempts(1)
+	}
+	d := max(time.Until(probe), 0)
+	ms := (d + time.Millisecond - 1) / time.Millisecond // rounded up: not before the probe is due
+	return e.WithData(map[string]int64{"retryAfterMs": max(int64(ms), 1)}).MarkNotSent()
 }
 
 // Forget drops the breakers of an instance that left.
@@ -136,13 +186,14 @@ func (b *Breakers) Forget(instance string) {
 	if instance == "" {
 		return
 	}
-	b.m.DeleteFunc(func(k BreakerKey, _ *gobreaker.TwoStepCircuitBreaker[struct{}]) bool { return k.Instance == instance })
+	b.m.DeleteFunc(func(k BreakerKey, _ *breaker) bool { return k.Instance == instance })
 }
 
 // List returns every breaker's state, sorted by method then instance.
 func (b *Breakers) List() []BreakerInfo {
 	out := make([]BreakerInfo, 0, b.m.Len())
-	b.m.Range(func(k BreakerKey, cb *gobreaker.TwoStepCircuitBreaker[struct{}]) {
+	b.m.Range(func(k BreakerKey, br *breaker) {
+		cb := br.cb
 		c := cb.Counts()
 		out = append(out, BreakerInfo{
 			Method: k.Method, Instance: k.Instance, State: cb.State().String(),

@@ -50,12 +50,13 @@ func (b *Bulkheads) Middleware(next envelope.Invoker) envelope.Invoker {
 // Middleware puts the per-method breaker (BreakerKey{Method}) around each
 // call: an open breaker answers CIRCUIT_OPEN at once, and the call's
 // outcome is recorded. On the client it sits outside the retry loop, so
-// a rejection is never retried.
+// a rejection is never retried; it carries the attempts mark, so that no
+// loop outside retries it either.
 func (b *Breakers) Middleware(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		done, err := b.Allow(BreakerKey{Method: req.Method})
 		if err != nil {
-			return nil, err
+			return nil, envelope.AsError(err).WithAttempts(1)
 		}
 		res, err := next(ctx, req)
 		done(err)

@@ -157,6 +157,13 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 				delays = p.Backoff.NewBackOff()
 			}
 			wait := max(delays.NextBackOff(), e.RetryAfter()) // the callee's pushback wins if longer
+			if e.Code == envelope.CodeCircuitOpen && e.NotSent() && e.RetryAfter() > 0 {
+				// Every instance is behind an open breaker and one admits
+				// a probe then (CircuitOpen): that moment, not a backoff,
+				// is when another try can help. Nothing was sent, and the
+				// breaker itself bounds the probes.
+				wait = e.RetryAfter()
+			}
 			if left, has := timeLeft(ctx); has {
 				if p90, known := o.Latency.P90(req.Method); left <= wait || (known && left < wait+p90) {
 					ok, reason = false, "deadline"

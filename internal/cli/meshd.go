@@ -54,6 +54,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		demo                        bool
 		heartbeat, defTimeout, dur  time.Duration
 		hubTTL                      time.Duration
+		warmUp                      time.Duration
 		authKeys                    []string
 		allowRemote                 bool
 		origins                     []string
@@ -237,6 +238,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				Conn: mesh.ConnConfig{PingInterval: linkPing, WriteTimeout: linkWriteTimeout,
 					MaxUnwrittenBytes: maxUnwrittenB, MaxUnwrittenCalls: maxUnwrittenN},
 				TLS: srvTLS, PeerTLS: peerTLS,
+				WarmUp: hubWarmUp(warmUp),
 			}, hubOpts...)
 			if err != nil {
 				_ = ln.Close()
@@ -386,6 +388,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.StringVar(&otlpEndpoint, "otlp-endpoint", "", "OTLP receiver for traces, e.g. http://127.0.0.1:4318 (default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)")
 	f.Float64Var(&sampleRatio, "trace-sample-ratio", 0, "share of new traces sampled, 0..1 (default: $OTEL_TRACES_SAMPLER, else all)")
 	f.DurationVar(&heartbeat, "heartbeat", 5*time.Second, "heartbeat interval assigned to agents (they expire after 3 missed)")
+	f.DurationVar(&warmUp, "warm-up", -1, "after the hub starts, and after it lists etcd again, methods no agent has registered yet answer UNAVAILABLE (retryable) rather than METHOD_NOT_FOUND for this long, while agents reconnect (default 2 × --heartbeat; 0: none)")
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
 	f.DurationVar(&linkWriteTimeout, "link-write-timeout", 10*time.Second, "a WebSocket peer that takes none of the bytes written to it for this long is closed (1008 slow consumer, counted in agentmesh_link_slow_consumers_total)")
 	f.IntVar(&maxUnwrittenB, "link-max-unwritten-bytes", 4<<20, "per client WebSocket: bytes of requests being served plus answers not yet written, past which the hub stops reading it until they fall (negative: no bound)")
@@ -543,4 +546,16 @@ func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, onKeys func([]auth.Key), sp
 		}
 	}
 	log.Info("SIGHUP: auth keys reloaded", "keys", ids, "missingFiles", missing, "closedConnections", closed)
+}
+
+// hubWarmUp maps --warm-up onto HubConfig.WarmUp: the flag's default (-1)
+// is the hub's (two heartbeat intervals), 0 is none.
+func hubWarmUp(flag time.Duration) time.Duration {
+	switch {
+	case flag < 0:
+		return 0
+	case flag == 0:
+		return -1
+	}
+	return flag
 }

@@ -24,8 +24,14 @@ type Mesh struct {
 }
 
 // Start runs a hub on 127.0.0.1 on a free port until the test ends.
+//
+// The hubs started here have no warm-up (HubConfig.WarmUp) unless cfg
+// sets one: each is new, with no agent reconnecting to it, and a call to
+// a method nobody serves gets METHOD_NOT_FOUND at once, as after the
+// warm-up of a restarted meshd.
 func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
 	tb.Helper()
+	cfg = noWarmUp(cfg)
 	h, err := mesh.NewHub(cfg, opts...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
@@ -154,13 +160,23 @@ func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, opts
 }
 
 // StartClusterOn is StartCluster on a listener of the caller's, keeping
-// cfg.Advertise (e.g. a fault proxy in front of ln).
+// cfg.Advertise (e.g. a fault proxy in front of ln). Like Start, no
+// warm-up unless cfg sets one.
 func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln net.Listener, opts ...mesh.HubOption) *Mesh {
 	tb.Helper()
+	cfg = noWarmUp(cfg)
 	h, err := mesh.NewHub(cfg, append([]mesh.HubOption{mesh.WithRegistry(reg)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}
 	tb.Cleanup(func() { _ = reg.Close() })
 	return serveCfg(tb, h, ln, cfg)
+}
+
+// noWarmUp turns the warm-up off unless cfg sets one (see Start).
+func noWarmUp(cfg mesh.HubConfig) mesh.HubConfig {
+	if cfg.WarmUp == 0 {
+		cfg.WarmUp = -1
+	}
+	return cfg
 }

@@ -114,6 +114,7 @@ type Registry struct {
 
 	*registry.Publisher // snapshots and watchers
 	synced              atomic.Bool
+	lastSync            atomic.Int64 // unix ns of the last list of the prefix by follow (LastSync)
 
 	mu      sync.Mutex
 	insts   map[string]*registry.Instance // every instance in etcd or local, routable or not
@@ -283,6 +284,16 @@ func (r *Registry) Synced() bool {
 	up := r.session != 0
 	r.mu.Unlock()
 	return r.synced.Load() && up
+}
+
+// LastSync is when follow last listed the prefix (at start, and after
+// every lost watch): the hub answers methods it has not seen UNAVAILABLE
+// for a while after it (HubConfig.WarmUp). Zero before the first list.
+func (r *Registry) LastSync() time.Time {
+	if ns := r.lastSync.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // Epoch is this process's incarnation, written with its presence.
@@ -729,6 +740,7 @@ func (r *Registry) follow() {
 			continue
 		}
 		backoff = 100 * time.Millisecond
+		r.lastSync.Store(time.Now().UnixNano())
 		r.synced.Store(true)
 		wctx, wcancel := context.WithCancel(r.ctx)
 		r.watchMu.Lock()

@@ -112,10 +112,13 @@ func TestReadAhead(t *testing.T) {
 	if ra.buf != nil {
 		t.Error("the buffer is held after the end of the stream")
 	}
-	// ~3 MiB at most 64 KiB per syscall, plus the large reads and the
-	// end: far fewer syscalls than the hundreds of small reads.
+	// ~3 MiB at most 64 KiB per syscall (48 at least), plus one per large
+	// read and the end: far fewer syscalls than the hundreds of small
+	// reads, each of which is a syscall without read-ahead. (The bound was
+	// small/4: with ~190 small reads that is under the 48 syscalls 3 MiB
+	// needs at best, and a CI run failed with 55 for 185.)
 	reads := readSyscalls(t) - reads0
-	if reads > small/4 {
+	if reads > small/2 {
 		t.Errorf("%d read syscalls for %d small reads", reads, small)
 	}
 	t.Logf("%d read syscalls for %d small reads", reads, small)

@@ -1,13 +1,10 @@
 package e2e_test
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/tokentap"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 )
@@ -44,10 +42,10 @@ func TestClusterPeerTokenReplay(t *testing.T) {
 		t.Errorf("meshctl token issue --role hub: exit 0; want it refused")
 	}
 	bAddr := freeAddr(t)
-	tap := startTap(t, bAddr)
+	tap := tokentap.Start(t, bAddr)
 	common := []string{"--registry", "etcd", "--etcd-endpoints", srv.Endpoint, "--etcd-prefix", "/e2e-peerauth/", "--auth-key", key}
 	a := startHub(t, append(common, "--id", "hub-A")...)
-	b := startHub(t, append(common, "--id", "hub-B", "--listen", bAddr, "--advertise", tap.addr)...)
+	b := startHub(t, append(common, "--id", "hub-B", "--listen", bAddr, "--advertise", tap.Addr)...)
 	startWithEnv(t, []string{"MESH_TOKEN=" + issue("--sub", "echo", "--serve", "echo.*")}, "meshctl", "agent", "run", "echo", "--id", "echo-b", "--hub", b.ws)
 
 	cl, err := mesh.NewClient([]string{a.ws}, mesh.WithToken(issue("--sub", "caller")), mesh.WithoutReliability())
@@ -65,7 +63,7 @@ func TestClusterPeerTokenReplay(t *testing.T) {
 			t.Fatalf("call %d through A to B: %d, %v", i, got, err)
 		}
 	}
-	toks := tap.captured()
+	toks := tap.Captured()
 	if len(toks) == 0 {
 		t.Fatal("the tap saw no peer token (A's peer link did not cross it)")
 	}
@@ -115,69 +113,4 @@ func TestClusterPeerTokenReplay(t *testing.T) {
 	} else if res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("an unbound, hour-long hub token on B's /ws: %v; want HTTP 401", err)
 	}
-}
-
-// tap is a TCP proxy that keeps the bearer token of the first HTTP request
-// of each connection.
-type tap struct {
-	addr   string
-	mu     sync.Mutex
-	tokens []string
-}
-
-func startTap(t *testing.T, target string) *tap {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tap{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	var open sync.Map
-	t.Cleanup(func() {
-		ln.Close()
-		open.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			open.Store(c, struct{}{})
-			open.Store(s, struct{}{})
-			wg.Go(func() {
-				defer s.Close()
-				br := bufio.NewReader(c)
-				if req, err := http.ReadRequest(br); err == nil {
-					if tok, _ := auth.BearerToken(req); tok != "" {
-						p.mu.Lock()
-						p.tokens = append(p.tokens, tok)
-						p.mu.Unlock()
-					}
-					if req.Write(s) != nil {
-						return
-					}
-				}
-				_, _ = io.Copy(s, br)
-			})
-			wg.Go(func() {
-				defer c.Close()
-				_, _ = io.Copy(c, s)
-			})
-		}
-	})
-	return p
-}
-
-func (p *tap) captured() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.tokens...)
 }

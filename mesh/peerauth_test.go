@@ -1,7 +1,6 @@
 package mesh_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/tokentap"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry"
@@ -79,77 +79,10 @@ func startFakeHub(t *testing.T, proof func(tok string) string) *fakeHub {
 	return f
 }
 
-func (f *fakeHub) captured() []string {
+func (f *fakeHub) Captured() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.tokens...)
-}
-
-// recordingProxy is a TCP proxy in front of a hub that keeps the bearer
-// token of every HTTP request crossing it (a wiretap on a peer link).
-type recordingProxy struct {
-	addr   string
-	conns  atomic.Int64
-	mu     sync.Mutex
-	tokens []string
-}
-
-func startRecordingProxy(t *testing.T, target string) *recordingProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &recordingProxy{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	var open sync.Map // net.Conn -> struct{}
-	t.Cleanup(func() {
-		ln.Close()
-		open.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.conns.Add(1)
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			open.Store(c, struct{}{})
-			open.Store(s, struct{}{})
-			wg.Go(func() {
-				defer s.Close()
-				br := bufio.NewReader(c)
-				if req, err := http.ReadRequest(br); err == nil {
-					if tok, _ := auth.BearerToken(req); tok != "" {
-						p.mu.Lock()
-						p.tokens = append(p.tokens, tok)
-						p.mu.Unlock()
-					}
-					if req.Write(s) != nil {
-						return
-					}
-				}
-				_, _ = io.Copy(s, br)
-			})
-			wg.Go(func() {
-				defer c.Close()
-				_, _ = io.Copy(c, s)
-			})
-		}
-	})
-	return p
-}
-
-func (p *recordingProxy) captured() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.tokens...)
 }
 
 // upgrade asks hub (ws://…/ws) for a native link with tok and returns the
@@ -258,7 +191,7 @@ func TestForgedPeerGetsNoUsableToken(t *testing.T) {
 		t.Errorf("hub A sent %d calls to the listener posing as a hub; want 0", n)
 	}
 
-	toks := fake.captured()
+	toks := fake.Captured()
 	if len(toks) == 0 {
 		t.Fatal("hub A never dialled the forged address (nothing tested)")
 	}
@@ -289,10 +222,10 @@ func TestReplayedPeerToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap := startRecordingProxy(t, lnB.Addr().String())
+	tap := tokentap.Start(t, lnB.Addr().String())
 	secB := peerSec()
 	secB.RatePerToken, secB.BurstPerToken = 2, 3
-	b := meshtest.StartClusterOn(t, mesh.HubConfig{ID: "hub-B", Advertise: tap.addr, Security: secB, GlobalRate: 2, GlobalBurst: 3}, reg, lnB)
+	b := meshtest.StartClusterOn(t, mesh.HubConfig{ID: "hub-B", Advertise: tap.Addr, Security: secB, GlobalRate: 2, GlobalBurst: 3}, reg, lnB)
 	var ran atomic.Int64
 	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(a.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
@@ -300,7 +233,7 @@ func TestReplayedPeerToken(t *testing.T) {
 	if err := cl.Call(t.Context(), "echo.echo", 1, nil); err != nil {
 		t.Fatalf("call through A to B over the tapped peer link: %v", err)
 	}
-	toks := tap.captured()
+	toks := tap.Captured()
 	if len(toks) != 1 {
 		t.Fatalf("the tap captured %d tokens; want the one of A's dial", len(toks))
 	}
@@ -495,8 +428,8 @@ func TestPeerLinkOutlivesItsToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap := startRecordingProxy(t, lnB.Addr().String())
-	b := meshtest.StartClusterOn(t, mesh.HubConfig{ID: "hub-B", Advertise: tap.addr, Security: peerSec()}, reg, lnB)
+	tap := tokentap.Start(t, lnB.Addr().String())
+	b := meshtest.StartClusterOn(t, mesh.HubConfig{ID: "hub-B", Advertise: tap.Addr, Security: peerSec()}, reg, lnB)
 	var ran atomic.Int64
 	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(a.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
@@ -510,7 +443,7 @@ func TestPeerLinkOutlivesItsToken(t *testing.T) {
 			t.Errorf("call %d after the peer token expired: %v", i, err)
 		}
 	}
-	if n := tap.conns.Load(); n != 1 {
+	if n := tap.Conns.Load(); n != 1 {
 		t.Errorf("A dialled B %d times; want 1 (the link outlives its token)", n)
 	}
 }
@@ -652,7 +585,7 @@ func TestPeerMustProveItsIdentity(t *testing.T) {
 		if n := fake.calls.Load(); n != 0 {
 			t.Errorf("proof %s: the listener ran %d calls; want 0", tc.name, n)
 		}
-		if len(fake.captured()) == 0 {
+		if len(fake.Captured()) == 0 {
 			t.Errorf("proof %s: A never dialled the listener (nothing tested)", tc.name)
 		}
 	}

@@ -2,11 +2,11 @@ package mesh
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -81,11 +81,12 @@ func pipeWS(t *testing.T) (server, client *websocket.Conn) {
 	return server, client
 }
 
-// TestBackpressureBounds: a wsConn with backpressure, whose peer does not
-// read the answers queued for it, stops reading at each of its bounds
-// (calls whose answers are not yet written, bytes held) and reads on once
-// under them; nothing is lost on the way. Calls that are only running,
-// with every answer written, never stop it; nor does anything on a
+// TestBackpressureBounds: a wsConn with backpressure stops reading when
+// the answers it owes its peer and could not write reach a bound (calls
+// or bytes), and reads on once the peer takes them; calls read past the
+// bounds on calls running and answers owed are refused (tryAdmit false),
+// not waited for, so that the reader goes on carrying the peer's other
+// frames (an agent's answers, heartbeats, cancels). Nothing of this on a
 // connection without backpressure. In a synctest bubble over net.Pipe:
 // "stops reading" is every goroutine blocked with the peer's messages
 // unread.
@@ -96,12 +97,11 @@ func TestBackpressureBounds(t *testing.T) {
 	type env struct {
 		c       *wsConn
 		got     func() int // calls admitted and not released
-		release func(int)  // releases the first k of them
-		answer  func()     // queues an answer of msgSize (send)
+		refused func() int // calls tryAdmit refused
 		read    func()     // the peer starts reading
-		pongs   func() int // the pongs the peer got
+		release func(int)  // releases the first k admitted calls
 	}
-	run := func(t *testing.T, cfg ConnConfig, bp bool, owed, send int, check func(t *testing.T, e env)) {
+	run := func(t *testing.T, cfg ConnConfig, bp bool, owed, own, send int, check func(t *testing.T, e env)) {
 		synctest.Test(t, func(t *testing.T) {
 			sws, cws := pipeWS(t)
 			c := newWSConn(sws, cfg)
@@ -110,27 +110,37 @@ func TestBackpressureBounds(t *testing.T) {
 			}
 			var mu sync.Mutex
 			var admitted []held
+			refused := 0
 			c.start(func(data []byte, _ *envelope.Error) {
-				c.admit(1, len(data))
 				mu.Lock()
-				admitted = append(admitted, held{len(data)})
-				mu.Unlock()
+				defer mu.Unlock()
+				if c.tryAdmit(1, len(data)) {
+					admitted = append(admitted, held{len(data)})
+				} else {
+					refused++
+				}
 			}, nil)
 			defer c.Close()
 			e := env{c: c}
-			e.answer = func() {
+			// Answers (send: owed) and requests of this side's own
+			// (trySend: not owed) the peer does not read: net.Pipe holds
+			// no byte, so the writer stays in its first write, as on a
+			// full socket.
+			for range owed {
 				b := getBuf()
 				*b = append((*b)[:0], msg...)
 				if !c.send(b) {
 					t.Fatal("send refused")
 				}
-				synctest.Wait()
 			}
-			// Answers the peer does not read: net.Pipe holds no byte, so
-			// the writer stays in its first write, as on a full socket.
-			for range owed {
-				e.answer()
+			for range own {
+				b := getBuf()
+				*b = append((*b)[:0], msg...)
+				if !c.trySend(b) {
+					t.Fatal("trySend refused")
+				}
 			}
+			synctest.Wait()
 			go func() {
 				for range send {
 					if cws.WriteMessage(websocket.TextMessage, msg) != nil {
@@ -140,6 +150,7 @@ func TestBackpressureBounds(t *testing.T) {
 			}()
 			synctest.Wait()
 			e.got = func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
+			e.refused = func() int { mu.Lock(); defer mu.Unlock(); return refused }
 			e.release = func(k int) {
 				mu.Lock()
 				r := admitted[:k]
@@ -150,9 +161,6 @@ func TestBackpressureBounds(t *testing.T) {
 				}
 				synctest.Wait()
 			}
-			var pongs atomic.Int32
-			cws.SetPongHandler(func(string) error { pongs.Add(1); return nil })
-			e.pongs = func() int { return int(pongs.Load()) }
 			e.read = func() {
 				go func() {
 					for {
@@ -168,83 +176,53 @@ func TestBackpressureBounds(t *testing.T) {
 		})
 	}
 
-	t.Run("calls", func(t *testing.T) {
-		// One answer unwritten: 3 calls more reach the bound of 4.
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 1, 10, func(t *testing.T, e env) {
-			if n := e.got(); n != 3 {
-				t.Fatalf("read %d messages with 4 calls allowed unanswered, 1 answer unwritten; want 3", n)
+	t.Run("answers owed, calls", func(t *testing.T) {
+		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 4, 0, 10, func(t *testing.T, e env) {
+			if n := e.got() + e.refused(); n != 0 {
+				t.Fatalf("read %d messages with 4 answers owed unwritten and 4 allowed; want 0 (paused)", n)
 			}
-			e.release(2)
-			if n := e.got(); n != 3 {
-				t.Fatalf("after 2 answers queued: %d held; want 3 (2 more read)", n)
-			}
-			e.read() // the peer reads: the answer is written, one more call is read
-			if n := e.got(); n != 4 {
-				t.Fatalf("the answer written: %d held; want 4", n)
-			}
-			e.release(4)
-			if n := e.got(); n != 4 {
-				t.Fatalf("after 4 more answers: %d held; want the last 4 of 10", n)
+			e.read() // the peer reads: the answers are written, the reader goes on
+			if n, r := e.got(), e.refused(); n != 4 || r != 6 {
+				t.Fatalf("once the peer read: %d admitted, %d refused; want 4 admitted (the bound), 6 refused", n, r)
 			}
 		})
 	})
-	t.Run("bytes", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 1, 10, func(t *testing.T, e env) {
-			// The unwritten answer counts its buffer's capacity (>= msgSize).
-			if n := e.got(); n != 3 {
-				t.Fatalf("read %d messages of %d bytes with %d bytes allowed, one answer unwritten; want 3", n, msgSize, 4*msgSize)
-			}
-			// A frame of this side's own (a request: trySend) queued to a
-			// peer that does not read is not owed: the room freed by a
-			// release is taken by the next message.
-			own := getBuf()
-			*own = append((*own)[:0], msg...)
-			if !e.c.trySend(own) {
-				t.Fatal("trySend refused")
-			}
-			e.release(1)
-			if n := e.got(); n != 3 {
-				t.Fatalf("a request of ours queued unwritten and one call released: %d held; want 3", n)
-			}
-			// Another answer queued unwritten (send) counts: it takes the
-			// room freed by the next release.
-			e.answer()
-			e.release(1)
-			if n := e.got(); n != 2 {
-				t.Fatalf("an answer queued unwritten and one call released: %d held; want 2 (the answer fills the room)", n)
-			}
-		})
-	})
-	t.Run("running calls, pongs", func(t *testing.T) {
-		// Calls only running (every answer written) count too; while
-		// the reader waits for them, the peer gets a pong a second, so
-		// that a peer counting pongs as life does not take the link for
-		// dead while its long calls run.
-		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, WriteTimeout: 2 * time.Hour}
-		run(t, cfg, true, 0, 5, func(t *testing.T, e env) {
-			if n := e.got(); n != 2 {
-				t.Fatalf("read %d of 5 messages with 2 calls allowed running; want 2", n)
+	t.Run("answers owed, bytes", func(t *testing.T) {
+		// An unwritten answer counts its buffer's capacity (>= msgSize).
+		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 4, 0, 10, func(t *testing.T, e env) {
+			if n := e.got() + e.refused(); n != 0 {
+				t.Fatalf("read %d messages with 4 answers of %d bytes owed and %d allowed; want 0 (paused)", n, msgSize, 4*msgSize)
 			}
 			e.read()
-			time.Sleep(time.Minute)
-			synctest.Wait()
-			if n := e.pongs(); n < 55 {
-				t.Errorf("the peer got %d pongs in a minute's pause; want one a second", n)
+			if n, r := e.got(), e.refused(); n != 4 || r != 6 {
+				t.Fatalf("once the peer read: %d admitted, %d refused; want 4, 6", n, r)
+			}
+		})
+	})
+	t.Run("own frames are not owed", func(t *testing.T) {
+		// Requests of this side's own queued to a peer that does not read
+		// neither pause the reader nor take the calls' room.
+		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 2 * msgSize}, true, 0, 5, 3, func(t *testing.T, e env) {
+			if n, r := e.got(), e.refused(); n != 2 || r != 1 {
+				t.Fatalf("with 5 requests of ours unwritten: %d admitted, %d refused; want 2 (the bytes bound), 1", n, r)
+			}
+		})
+	})
+	t.Run("running calls are refused, not waited for", func(t *testing.T) {
+		run(t, ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1}, true, 0, 0, 5, func(t *testing.T, e env) {
+			if n, r := e.got(), e.refused(); n != 2 || r != 3 {
+				t.Fatalf("5 calls with 2 allowed running: %d admitted, %d refused; want 2, 3 (every message read)", n, r)
 			}
 			e.release(2)
-			if n := e.got(); n != 2 {
-				t.Fatalf("after 2 answers: %d held; want 2 (2 more read)", n)
-			}
-			e.release(2)
-			if n := e.got(); n != 1 {
-				t.Fatalf("after 2 more answers: %d held; want the last 1", n)
+			if n := e.c.inCalls.Load(); n != 0 {
+				t.Fatalf("%d calls counted after every release; want 0", n)
 			}
 		})
 	})
 	t.Run("no backpressure", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, 1, 10, func(t *testing.T, e env) {
+		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, 4, 0, 10, func(t *testing.T, e env) {
 			if n := e.got(); n != 10 {
-				t.Fatalf("read %d of 10 messages on a connection without backpressure; want all", n)
+				t.Fatalf("admitted %d of 10 messages on a connection without backpressure; want all", n)
 			}
 		})
 	})
@@ -254,9 +232,9 @@ func TestBackpressureBounds(t *testing.T) {
 		// the first read after it. (The writer's timeout, whose job it
 		// is to close a peer that reads nothing, is set beyond the test.)
 		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, IdleTimeout: 2 * time.Second, WriteTimeout: 2 * time.Hour}
-		run(t, cfg, true, 1, 3, func(t *testing.T, e env) {
-			if n := e.got(); n != 1 {
-				t.Fatalf("%d held; want 1 (then paused)", n)
+		run(t, cfg, true, 2, 0, 3, func(t *testing.T, e env) {
+			if n := e.got() + e.refused(); n != 0 {
+				t.Fatalf("%d read; want 0 (paused)", n)
 			}
 			time.Sleep(time.Minute)
 			synctest.Wait()
@@ -266,12 +244,8 @@ func TestBackpressureBounds(t *testing.T) {
 			default:
 			}
 			e.read()
-			if n := e.got(); n != 2 {
-				t.Fatalf("%d held once the peer read; want 2", n)
-			}
-			e.release(2)
-			if n := e.got(); n != 1 {
-				t.Fatalf("%d held after 2 answers; want the last 1", n)
+			if n, r := e.got(), e.refused(); n != 2 || r != 1 {
+				t.Fatalf("once the peer read: %d admitted, %d refused; want 2, 1", n, r)
 			}
 			select {
 			case <-e.c.done():
@@ -279,5 +253,58 @@ func TestBackpressureBounds(t *testing.T) {
 			default:
 			}
 		})
+	})
+}
+
+// TestBoundedLinkKeepsCarryingAnswers: the link of an agent the hub
+// accepted, whose own calls through the hub fill the bound on calls
+// running, still carries the agent's answers to the hub's calls (and so
+// its heartbeats and cancels): the calls past the bound are refused
+// OVERLOADED, not sent, and the reader goes on. (With a pause on running
+// calls, the hub's call waited for its deadline, and an agent whose long
+// calls held the bound missed its heartbeats and expired.)
+func TestBoundedLinkKeepsCarryingAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sws, cws := pipeWS(t)
+		hold := make(chan struct{})
+		hub := NewLink(sws, ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour},
+			func(l *Link) { l.accepted = true },
+			WithLinkHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+				<-hold // the agent's own long calls
+				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`"done"`)}, nil
+			}))
+		agent := NewLink(cws, ConnConfig{PingInterval: time.Hour},
+			WithLinkHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`"pong"`)}, nil
+			}))
+		defer hub.Close()
+		defer agent.Close()
+		call := func(l *Link, method string) (*envelope.Response, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return l.Call(ctx, &envelope.Request{ID: envelope.NewID(), Method: method, Version: envelope.Version})
+		}
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				if _, err := call(agent, "slow.call"); err != nil {
+					t.Errorf("an admitted long call: %v", err)
+				}
+			})
+		}
+		synctest.Wait()
+		if _, err := call(agent, "slow.call"); envelope.CodeOf(err) != envelope.CodeOverloaded || !envelope.AsError(err).NotSent() {
+			t.Errorf("a call past the bound: %v; want OVERLOADED, not sent", err)
+		}
+		start := time.Now()
+		res, err := call(hub, "agent.ping")
+		if err != nil || string(res.Result) != `"pong"` {
+			t.Fatalf("the hub's call to the agent while its own calls fill the bound: %v, %v", res, err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("the agent's answer took %v of the bubble's time; want it at once", d)
+		}
+		close(hold)
+		wg.Wait()
 	})
 }

@@ -210,7 +210,8 @@ type wsConn struct {
 
 	// Backpressure (bp), on the connections the hub serves calls on: see
 	// ConnConfig.MaxUnwrittenBytes and admit, release, underBounds.
-	bp        bool
+	bp          bool
+	noCallBound bool // running calls are not bounded here (a peer hub's link: the origin hub bounds its callers)
 	acc       []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
 	qbytes    atomic.Int64  // bytes of the owed frames queued or being written; changed under qmu
 	qowed     atomic.Int64  // those frames; changed under qmu
@@ -259,18 +260,32 @@ func (c *wsConn) withBackpressure() {
 	c.raw = rawConn(c.ws.NetConn())
 }
 
-// admit counts a call read from the peer, of n bytes, until release.
-func (c *wsConn) admit(calls, n int) {
-	if c.bp {
-		c.inCalls.Add(int64(calls))
-		c.inBytes.Add(int64(n))
+// tryAdmit counts calls read from the peer, of n bytes, until release,
+// if they fit under the bounds with what already runs and what is owed;
+// false: they are to be refused (OVERLOADED, not sent). Calls always fit
+// when none runs, so that one larger than the bound still runs. Only
+// the reader admits, so the check and the count need no lock.
+func (c *wsConn) tryAdmit(calls, n int) bool {
+	if !c.bp || c.noCallBound {
+		return true
 	}
+	if c.inCalls.Load() > 0 {
+		if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load()+c.inBytes.Load()+int64(n) > int64(m) {
+			return false
+		}
+		if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.inCalls.Load()+c.qowed.Load()+int64(calls) > int64(m) {
+			return false
+		}
+	}
+	c.inCalls.Add(int64(calls))
+	c.inBytes.Add(int64(n))
+	return true
 }
 
 // release ends what admit counted: the calls' answers are queued (or
 // there is none to send).
 func (c *wsConn) release(calls, n int) {
-	if !c.bp {
+	if !c.bp || c.noCallBound {
 		return
 	}
 	c.inCalls.Add(-int64(calls))
@@ -282,15 +297,17 @@ func (c *wsConn) release(calls, n int) {
 	}
 }
 
-// over reports whether a bound is reached. Running calls count, not
-// only answers waiting to be written: otherwise a client that does not
-// read gets as many calls started as the reader reads in the time of an
-// answer's round trip (measured on a native link: 7 MiB of 32 KiB calls).
+// over reports whether the answers owed to the peer and not yet written
+// reach a bound: the peer is not reading, and the reader pauses. Running
+// calls do not pause it (tryAdmit refuses the calls past the bound
+// instead): the same reader carries an agent's answers to the hub's
+// calls, its heartbeats and cancels, which a pause would hold up while
+// the agent's own long calls run (a review found an agent expired so).
 func (c *wsConn) over() bool {
-	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load()+c.inBytes.Load() >= int64(m) {
+	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load() >= int64(m) {
 		return true
 	}
-	if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.inCalls.Load()+c.qowed.Load() >= int64(m) {
+	if m := c.cfg.MaxUnwrittenCalls; m > 0 && c.qowed.Load() >= int64(m) {
 		return true
 	}
 	return false

@@ -293,7 +293,11 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	// its own id: a batch is answered with an array of refusals (one per
 	// call that is not a notification), as JSON-RPC 2.0 answers a batch,
 	// so that a client waiting on those ids hears of every one.
-	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) {
+	// The same for the connection's bounds on bytes and calls running
+	// or owed (ConnConfig.MaxUnwrittenBytes, MaxUnwrittenCalls); a
+	// client that does not read its answers is then paused, not read.
+	n := len(data)
+	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) || !rc.c.tryAdmit(len(calls), n) {
 		rc.busy.Add(-int64(len(calls)))
 		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
 		b := getBuf()
@@ -321,13 +325,7 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.send(b)
 		return
 	}
-	// Counted until the answer is queued: a client that does not read
-	// its answers stops being read at the connection's bounds
-	// (ConnConfig.MaxUnwrittenBytes, MaxUnwrittenCalls), rather than
-	// refused: a refusal is an answer too, which such a client would
-	// not read either.
-	n := len(data)
-	rc.c.admit(len(calls), n)
+	// Counted (tryAdmit) until the answer is queued.
 	rc.wg.Add(1)
 	go func() {
 		defer rc.wg.Done()

@@ -114,6 +114,11 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		// (ConnConfig.MaxUnwrittenBytes). Only the accepting side
 		// pauses its reader, so two ends never wait on each other.
 		c.withBackpressure()
+		// A peer hub's link carries every caller of that hub, each
+		// bounded there: a bound on running calls here would let one of
+		// them refuse the others' calls (only a peer hub that does not
+		// read is paused).
+		c.noCallBound = l.who.Peer()
 	}
 	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
 	l.base = context.WithoutCancel(l.ctx)
@@ -396,7 +401,13 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.nserving.Add(-1)
 		return
 	}
-	l.c.admit(1, requestBytes(req))
+	if !l.c.tryAdmit(1, requestBytes(req)) {
+		l.mu.Unlock()
+		cancel()
+		l.nserving.Add(-1)
+		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+		return
+	}
 	l.serving[seq] = cancel
 	r := new(envelope.Request)
 	*r = *req

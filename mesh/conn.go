@@ -211,19 +211,19 @@ type wsConn struct {
 	// Backpressure (bp), on the connections the hub serves calls on: see
 	// ConnConfig.MaxUnwrittenBytes and admit, release, underBounds.
 	bp          bool
-	noCallBound bool // running calls are not bounded here (a peer hub's link: the origin hub bounds its callers)
-	acc       []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
-	qbytes    atomic.Int64  // bytes of the owed frames queued or being written; changed under qmu
-	qowed     atomic.Int64  // those frames; changed under qmu
-	inCalls   atomic.Int64  // calls admitted whose answers are not queued yet
-	inBytes   atomic.Int64  // their requests' bytes
-	paused    atomic.Bool   // the reader waits for the counts to fall
-	resume    chan struct{} // closed when the paused reader may go on; under qmu
-	raw       syscall.RawConn
-	credit    int         // bytes the kernel can take without a new look (writer only)
-	lingering atomic.Bool // closed as a slow consumer: the reader lingers, then closes
-	quit      chan struct{}
-	quitOnce  sync.Once
+	noCallBound bool          // running calls are not bounded here (a peer hub's link: the origin hub bounds its callers)
+	acc         []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
+	qbytes      atomic.Int64  // bytes of the owed frames queued or being written; changed under qmu
+	qowed       atomic.Int64  // those frames; changed under qmu
+	inCalls     atomic.Int64  // calls admitted whose answers are not queued yet
+	inBytes     atomic.Int64  // their requests' bytes
+	paused      atomic.Bool   // the reader waits for the counts to fall
+	resume      chan struct{} // closed when the paused reader may go on; under qmu
+	raw         syscall.RawConn
+	credit      int         // bytes the kernel can take without a new look (writer only)
+	lingering   atomic.Bool // closed as a slow consumer: the reader lingers, then closes
+	quit        chan struct{}
+	quitOnce    sync.Once
 }
 
 // writerLinger is how long a writer goroutine waits for more frames

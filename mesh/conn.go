@@ -42,21 +42,20 @@ type ConnConfig struct {
 	// MaxUnwrittenBytes bounds, on a connection the hub serves calls on
 	// (a plain JSON-RPC WebSocket, or a native link a client or agent
 	// opened), the bytes of the requests admitted and not yet answered
-	// plus the bytes of frames queued for the writer or being written
-	// (default 4 MiB; negative: no bound). At the bound the hub stops
-	// reading the connection until the count falls below it: a client
-	// that does not read its answers fills its own socket, not the hub's
-	// memory. 4 MiB is 128 calls of 32 KiB in flight, far beyond what a
-	// multiplexing client such as meshctl bench -c 128 holds with
-	// ordinary params; a client of larger calls is paced, not refused.
-	// What a client that stops reading makes the hub hold grows with it
-	// (measured: RSS about 2.5 × the bound + 6 MiB, the garbage
-	// collector's headroom included), and so does the work it gets done
-	// before it is paused, which other clients feel.
+	// plus the bytes of the answers queued for the writer or being
+	// written (default 4 MiB; negative: no bound). A call read past it is
+	// refused OVERLOADED, not sent (tryAdmit). When the answers alone
+	// reach it, the peer is not reading: the hub stops reading the
+	// connection until they fall below it, so that such a client fills
+	// its own socket, not the hub's memory. 4 MiB is 128 calls of 32 KiB
+	// in flight, far beyond what a multiplexing client such as meshctl
+	// bench -c 128 holds with ordinary params. What a client that stops
+	// reading makes the hub hold grows with it (measured: RSS about 2.5 ×
+	// the bound + 6 MiB, the garbage collector's headroom included).
 	MaxUnwrittenBytes int
 	// MaxUnwrittenCalls bounds, on the same connections, the calls
 	// admitted whose answers are not yet written (default 4096; negative:
-	// no bound). At the bound the hub stops reading, as above.
+	// no bound), as MaxUnwrittenBytes does.
 	MaxUnwrittenCalls int
 	// CloseGrace is how long a connection closed as a slow consumer is
 	// kept after its close frame went to the kernel (default 2 s): the

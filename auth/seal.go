@@ -96,6 +96,15 @@ func (s *Sealer) Open(msg []byte, seal string) bool {
 	return hmac.Equal([]byte(mac), []byte(sealMAC(key, msg)))
 }
 
+// Knows reports whether seal names a key of the set (whether or not it
+// opens a given message): a seal of an unknown key may be another hub's
+// during a rotation, one of a known key that does not open is forged or
+// moved.
+func (s *Sealer) Knows(seal string) bool {
+	kid, _, _ := strings.Cut(seal, ".")
+	return s.set.Load().byID[kid] != nil
+}
+
 // SealedBy returns the id of the key that made seal (its kid), for a
 // writer that re-seals what an old key sealed.
 func SealedBy(seal string) string {

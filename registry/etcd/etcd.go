@@ -308,16 +308,16 @@ func (r *Registry) Revision() int64 {
 
 func (r *Registry) key(id string) string { return r.prefix + id }
 
-func (r *Registry) value(in *registry.Instance) string {
+func (r *Registry) value(in *registry.Instance, lease clientv3.LeaseID) string {
 	reg := in.Registration
 	reg.Hub, reg.HubAddr = r.cfg.Hub, r.cfg.HubAddr
-	return r.encode(r.key(in.InstanceID), record{Registration: reg, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
+	return r.encode(r.key(in.InstanceID), lease, record{Registration: reg, HeartbeatMs: in.HeartbeatInterval.Milliseconds(),
 		State: in.State(), Load: in.Load(), RegisteredAt: in.RegisteredAt, HubEpoch: r.epoch})
 }
 
 // presence is this hub's record under hubs/.
-func (r *Registry) presence() string {
-	return r.encode(r.hubsP+r.cfg.Hub, hubRecord{ID: r.cfg.Hub, Addr: r.cfg.HubAddr, Epoch: r.epoch, Started: time.Now().UTC()})
+func (r *Registry) presence(lease clientv3.LeaseID) string {
+	return r.encode(r.hubsP+r.cfg.Hub, lease, hubRecord{ID: r.cfg.Hub, Addr: r.cfg.HubAddr, Epoch: r.epoch, Started: time.Now().UTC()})
 }
 
 // waitSession returns the session lease, waiting for one while ctx lasts.
@@ -359,7 +359,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	r.mu.Lock()
 	r.pending[reg.InstanceID]++
 	r.mu.Unlock()
-	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), r.value(in), clientv3.WithLease(lease))
+	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), r.value(in, lease), clientv3.WithLease(lease))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pending[reg.InstanceID]--; r.pending[reg.InstanceID] == 0 {
@@ -402,7 +402,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, b registry.Beat) er
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
-	if err := r.putIfOurs(ctx, id, r.value(in), lease); err != nil {
+	if err := r.putIfOurs(ctx, id, r.value(in, lease), lease); err != nil {
 		return fmt.Errorf("etcd registry: put: %w", err)
 	}
 	return nil
@@ -565,10 +565,10 @@ func (r *Registry) session1() error {
 	}
 	r.mu.Lock()
 	hub := r.cfg.Hub // SetHub may rename it meanwhile: see below
-	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+hub, r.presence(), clientv3.WithLease(lease.ID))}
+	ops := []clientv3.Op{clientv3.OpPut(r.hubsP+hub, r.presence(lease.ID), clientv3.WithLease(lease.ID))}
 	ids := make([]string, 0, len(r.local))
 	for id, in := range r.local {
-		ops = append(ops, clientv3.OpPut(r.key(id), r.value(in), clientv3.WithLease(lease.ID)))
+		ops = append(ops, clientv3.OpPut(r.key(id), r.value(in, lease.ID), clientv3.WithLease(lease.ID)))
 		ids = append(ids, id)
 	}
 	r.mu.Unlock()
@@ -841,7 +841,7 @@ func (r *Registry) list() (int64, error) {
 	ours := false
 	for _, kv := range res.Kvs {
 		if string(kv.Key) == r.hubsP+r.cfg.Hub {
-			if ours = true; !r.isOurPresence(kv.Value) {
+			if ours = true; !r.isOurPresence(kv) {
 				r.ourPresenceChangedLocked(kv.ModRevision, false)
 			}
 		}
@@ -853,7 +853,7 @@ func (r *Registry) list() (int64, error) {
 	for _, kv := range res.Kvs {
 		key := string(kv.Key)
 		if id, ok := strings.CutPrefix(key, r.prefix); ok {
-			if r.upsertLocked(id, kv) != nil {
+			if in, _ := r.upsertLocked(id, kv); in != nil {
 				seen[id] = true
 				r.modRev[id] = max(r.modRev[id], kv.ModRevision)
 			}
@@ -931,10 +931,20 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 		r.modRev[id] = ev.Kv.ModRevision
 		switch ev.Type {
 		case clientv3.EventTypePut:
-			if r.upsertLocked(id, ev.Kv) == nil && r.local[id] != nil {
-				// A local agent's key overwritten with a record no hub
-				// wrote: ours again.
-				r.repairLocked(key, ev.Kv.ModRevision)
+			in, why := r.upsertLocked(id, ev.Kv)
+			switch {
+			case in != nil:
+			case r.local[id] != nil:
+				if ownerless(why) {
+					// A local agent's key overwritten with a record no
+					// hub wrote: ours again.
+					r.repairLocked(key, ev.Kv.ModRevision)
+				}
+			case r.insts[id] != nil:
+				// What etcd holds now is refused: the instance leaves,
+				// as a listing would drop it (the view must not depend
+				// on whether it came from a watch or a list).
+				r.removeLocked(r.insts[id], now)
 			}
 		case clientv3.EventTypeDelete:
 			in := r.insts[id]
@@ -960,16 +970,22 @@ func (r *Registry) apply(evs []*clientv3.Event) {
 // nothing, for a record it refuses (see parseInstance). A valid record of
 // a local agent written by another hub means the agent moved there: it is
 // no longer ours.
-func (r *Registry) upsertLocked(id string, kv *mvccpb.KeyValue) *registry.Instance {
-	rec, o, ok := r.parseInstance(id, kv)
-	if !ok {
-		return nil
+func (r *Registry) upsertLocked(id string, kv *mvccpb.KeyValue) (*registry.Instance, string) {
+	rec, o, why := r.parseInstance(id, kv)
+	if why != "" {
+		return nil, why
 	}
 	if loc := r.local[id]; loc != nil {
-		if o.epoch == r.epoch {
-			return loc // our own write coming back
+		if rec.Hub == r.cfg.Hub {
+			if o.epoch == r.epoch {
+				return loc, "" // our own write coming back
+			}
+			// A record of a previous life of this hub (or one replayed):
+			// the agent is attached here, now.
+			r.repairLocked(string(kv.Key), kv.ModRevision)
+			return loc, ""
 		}
-		delete(r.local, id)
+		delete(r.local, id) // the agent moved to another hub
 	} else if o.epoch == r.epoch && r.pending[id] == 0 {
 		// Written by us, but not (or no longer) attached here: a
 		// registration that landed after its caller gave up, or a
@@ -982,7 +998,7 @@ func (r *Registry) upsertLocked(id string, kv *mvccpb.KeyValue) *registry.Instan
 	}
 	r.setInstLocked(in, o)
 	in.Beat(registry.Beat{State: rec.State, Load: rec.Load}, time.Now())
-	return in
+	return in, ""
 }
 
 func sameRegistration(a, b registry.Registration) bool {

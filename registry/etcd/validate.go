@@ -45,30 +45,32 @@ const (
 // Reasons a record is refused (the reason label of
 // agentmesh_registry_invalid_records_total).
 const (
-	ReasonBadKey     = "bad_key"     // the key's id is empty, too long or not printable
-	ReasonUnknownKey = "unknown_key" // under the prefix, but neither hubs/ nor instances/
-	ReasonTooLarge   = "too_large"   // over MaxRecordBytes
-	ReasonUnsealed   = "unsealed"    // no seal, with a Sealer configured
-	ReasonBadSeal    = "bad_seal"    // a seal no key of this mesh made for this key
-	ReasonJSON       = "json"        // not the JSON of a record
-	ReasonIDMismatch = "id_mismatch" // the value names another id than its key
-	ReasonSchema     = "schema"      // a field out of its bounds (capabilities, state, heartbeat, address, epoch)
-	ReasonNoHub      = "no_hub"      // an instance whose hub is not present
-	ReasonNotOwner   = "not_owner"   // an instance not under its hub's lease, or at another address
-	ReasonNoLease    = "no_lease"    // a presence without a lease: it would never leave
-	ReasonOverLimit  = "over_limit"  // past MaxInstancesPerHub or MaxInstances
-	ReasonNotOurs    = "not_ours"    // this hub's own presence, written by someone else
+	ReasonBadKey         = "bad_key"          // the key's id is empty, too long or not printable
+	ReasonUnknownKey     = "unknown_key"      // under the prefix, but neither hubs/ nor instances/
+	ReasonTooLarge       = "too_large"        // over MaxRecordBytes
+	ReasonUnsealed       = "unsealed"         // no seal, with a Sealer configured
+	ReasonBadSeal        = "bad_seal"         // a seal of a known key that does not open: forged, or moved to another key or lease
+	ReasonUnknownSealKey = "unknown_seal_key" // a seal of a key this hub does not hold (a rotation under way, or another mesh)
+	ReasonJSON           = "json"             // not the JSON of a record
+	ReasonIDMismatch     = "id_mismatch"      // the value names another id than its key
+	ReasonSchema         = "schema"           // a field out of its bounds (capabilities, state, heartbeat, address, epoch)
+	ReasonNoHub          = "no_hub"           // an instance whose hub is not present
+	ReasonNotOwner       = "not_owner"        // an instance not under its hub's lease, or at another address
+	ReasonNoLease        = "no_lease"         // a presence without a lease: it would never leave
+	ReasonOverLimit      = "over_limit"       // past MaxInstancesPerHub or MaxInstances
+	ReasonNotOurs        = "not_ours"         // this hub's own presence, written by someone else
 )
 
 // Reasons lists every reason a record can be refused for, so that a
 // metric can show each at 0 before the first refusal.
-var Reasons = []string{ReasonBadKey, ReasonUnknownKey, ReasonTooLarge, ReasonUnsealed, ReasonBadSeal, ReasonJSON,
+var Reasons = []string{ReasonBadKey, ReasonUnknownKey, ReasonTooLarge, ReasonUnsealed, ReasonBadSeal, ReasonUnknownSealKey, ReasonJSON,
 	ReasonIDMismatch, ReasonSchema, ReasonNoHub, ReasonNotOwner, ReasonNoLease, ReasonOverLimit, ReasonNotOurs}
 
 // RecordSealer seals and opens records (auth.Sealer).
 type RecordSealer interface {
 	Seal(msg []byte) string
 	Open(msg []byte, seal string) bool
+	Knows(seal string) bool // seal names one of the keys
 }
 
 // sealMember is how the seal ends a sealed record: it is the record's
@@ -76,20 +78,27 @@ type RecordSealer interface {
 // closing brace), so that no re-encoding is needed to check it.
 var sealMember = []byte(`,"seal":"`)
 
-func sealMessage(key string, body []byte) []byte {
-	msg := make([]byte, 0, len(key)+1+len(body))
+// sealMessage is what a seal covers: the etcd key, the lease the record
+// is written under, and the record. The lease binds a record to the
+// session that wrote it: a record sealed once cannot be put back later
+// (a previous life's, or an older state of this one) under another
+// lease, and one replayed under the same lease dies with it.
+func sealMessage(key string, lease int64, body []byte) []byte {
+	msg := make([]byte, 0, len(key)+22+len(body))
 	msg = append(msg, key...)
+	msg = append(msg, 0)
+	msg = strconv.AppendInt(msg, lease, 16)
 	msg = append(msg, 0)
 	return append(msg, body...)
 }
 
 // encode is v's JSON, sealed for key when there is a Sealer.
-func (r *Registry) encode(key string, v any) string {
+func (r *Registry) encode(key string, lease clientv3.LeaseID, v any) string {
 	b, _ := json.Marshal(v)
 	if r.cfg.Sealer == nil || len(b) < 2 {
 		return string(b)
 	}
-	seal := r.cfg.Sealer.Seal(sealMessage(key, b))
+	seal := r.cfg.Sealer.Seal(sealMessage(key, int64(lease), b))
 	out := make([]byte, 0, len(b)+len(sealMember)+len(seal)+2)
 	out = append(out, b[:len(b)-1]...)
 	out = append(out, sealMember...)
@@ -99,7 +108,7 @@ func (r *Registry) encode(key string, v any) string {
 
 // unseal returns the record under key without its seal, or why it is
 // refused. Without a Sealer it returns v as it is.
-func (r *Registry) unseal(key string, v []byte) ([]byte, string) {
+func (r *Registry) unseal(key string, lease int64, v []byte) ([]byte, string) {
 	if r.cfg.Sealer == nil {
 		return v, ""
 	}
@@ -109,7 +118,10 @@ func (r *Registry) unseal(key string, v []byte) ([]byte, string) {
 	}
 	seal := v[i+len(sealMember) : len(v)-2]
 	body := append(v[:i:i], '}') // a copy: cap is i
-	if !r.cfg.Sealer.Open(sealMessage(key, body), string(seal)) {
+	if !r.cfg.Sealer.Open(sealMessage(key, lease, body), string(seal)) {
+		if !r.cfg.Sealer.Knows(string(seal)) {
+			return nil, ReasonUnknownSealKey
+		}
 		return nil, ReasonBadSeal
 	}
 	return body, ""
@@ -196,7 +208,7 @@ func (r *Registry) parseHub(id string, kv *mvccpb.KeyValue) (hubState, bool) {
 		r.refuseLocked(key, ReasonTooLarge, strconv.Itoa(len(kv.Value))+" bytes")
 		return hubState{}, false
 	}
-	body, why := r.unseal(key, kv.Value)
+	body, why := r.unseal(key, kv.Lease, kv.Value)
 	if why != "" {
 		r.refuseLocked(key, why, "")
 		return hubState{}, false
@@ -226,11 +238,11 @@ func (r *Registry) parseHub(id string, kv *mvccpb.KeyValue) (hubState, bool) {
 
 // parseInstance checks the record under instances/<id> and returns it
 // with its owner; see the list at the top of this file.
-func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner, bool) {
+func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner, string) {
 	key := string(kv.Key)
-	refuse := func(reason, detail string) (record, owner, bool) {
+	refuse := func(reason, detail string) (record, owner, string) {
 		r.refuseLocked(key, reason, detail)
-		return record{}, owner{}, false
+		return record{}, owner{}, reason
 	}
 	if !validID(id) {
 		return refuse(ReasonBadKey, "instance id")
@@ -238,7 +250,7 @@ func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner,
 	if len(kv.Value) > r.cfg.MaxRecordBytes {
 		return refuse(ReasonTooLarge, strconv.Itoa(len(kv.Value))+" bytes")
 	}
-	body, why := r.unseal(key, kv.Value)
+	body, why := r.unseal(key, kv.Lease, kv.Value)
 	if why != "" {
 		return refuse(why, "")
 	}
@@ -263,9 +275,13 @@ func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner,
 	o := owner{epoch: rec.HubEpoch, lease: kv.Lease}
 	if rec.Hub == r.cfg.Hub {
 		// Ours: this life's write coming back, or a previous life's
-		// left-over (not routable; it goes with its old lease).
+		// left-over (not routable; it goes with its old lease). Those
+		// not attached here count towards the total bound.
+		if r.local[id] == nil && r.pending[id] == 0 && r.insts[id] == nil && len(r.insts)-len(r.local) >= r.cfg.MaxInstances {
+			return refuse(ReasonOverLimit, strconv.Itoa(len(r.insts))+" instances")
+		}
 		r.acceptedLocked(key)
-		return rec, o, true
+		return rec, o, ""
 	}
 	h := r.hubs[rec.Hub]
 	switch {
@@ -286,7 +302,21 @@ func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner,
 		}
 	}
 	r.acceptedLocked(key)
-	return rec, o, true
+	return rec, o, ""
+}
+
+// ownerless reports whether a record refused for reason cannot have been
+// written where it is by a hub of this mesh (so that the hub whose
+// agent's key it overwrote writes its own back). A record refused for a
+// bound or for a hub not yet seen may be another hub's: it is left
+// alone. (A seal of a key this hub does not hold is not a hub's either:
+// a rotation adds the new key to every hub before any seals with it.)
+func ownerless(reason string) bool {
+	switch reason {
+	case ReasonUnsealed, ReasonBadSeal, ReasonUnknownSealKey, ReasonJSON, ReasonIDMismatch, ReasonSchema, ReasonTooLarge, ReasonNotOwner, ReasonBadKey:
+		return true
+	}
+	return false
 }
 
 // ourPresenceEventLocked handles a watch event on this hub's own
@@ -298,7 +328,7 @@ func (r *Registry) ourPresenceEventLocked(ev *clientv3.Event) {
 		r.ourPresenceChangedLocked(0, true)
 		return
 	}
-	if r.isOurPresence(ev.Kv.Value) {
+	if r.isOurPresence(ev.Kv) {
 		return
 	}
 	r.refuseLocked(string(ev.Kv.Key), ReasonNotOurs, "this hub's presence, written by someone else")
@@ -319,8 +349,8 @@ func (r *Registry) ourPresenceChangedLocked(rev int64, deleted bool) {
 
 // isOurPresence reports whether v is this process's presence record
 // (its epoch; sealed, when there is a Sealer).
-func (r *Registry) isOurPresence(v []byte) bool {
-	body, why := r.unseal(r.hubsP+r.cfg.Hub, v)
+func (r *Registry) isOurPresence(kv *mvccpb.KeyValue) bool {
+	body, why := r.unseal(r.hubsP+r.cfg.Hub, kv.Lease, kv.Value)
 	if why != "" {
 		return false
 	}
@@ -354,9 +384,9 @@ func (r *Registry) repair() {
 		vals := make(map[string]string, len(todo))
 		for key := range todo {
 			if key == r.hubsP+r.cfg.Hub {
-				vals[key] = r.presence()
+				vals[key] = r.presence(lease)
 			} else if id, ok := strings.CutPrefix(key, r.prefix); ok && r.local[id] != nil {
-				vals[key] = r.value(r.local[id])
+				vals[key] = r.value(r.local[id], lease)
 			}
 		}
 		r.mu.Unlock()
@@ -408,9 +438,9 @@ func (r *Registry) repair() {
 func (r *Registry) Reseal(ctx context.Context) error {
 	r.mu.Lock()
 	lease := r.session
-	vals := map[string]string{r.hubsP + r.cfg.Hub: r.presence()}
+	vals := map[string]string{r.hubsP + r.cfg.Hub: r.presence(lease)}
 	for id, in := range r.local {
-		vals[r.key(id)] = r.value(in)
+		vals[r.key(id)] = r.value(in, lease)
 	}
 	r.mu.Unlock()
 	if lease == 0 {
@@ -459,7 +489,7 @@ func (r *Registry) SetHub(id, addr string) error {
 	r.cfg.Hub, r.cfg.HubAddr = id, addr
 	delete(r.hubs, id) // this hub's own presence is not another's
 	lease := r.session
-	val := r.presence()
+	val := r.presence(lease)
 	r.mu.Unlock()
 	if lease == 0 {
 		return nil // the session writes the new presence when it starts

@@ -191,7 +191,7 @@ func TestSealedRecords(t *testing.T) {
 	fv = fv[:len(fv)-1] + `,"seal":"` + foreign + `"}`
 	cases := []struct{ key, val, reason string }{
 		{"instances/u", record("u", "hub-a", map[string]any{"hubEpoch": a.Epoch()}), etcd.ReasonUnsealed},
-		{"instances/f", fv, etcd.ReasonBadSeal},
+		{"instances/f", fv, etcd.ReasonUnknownSealKey},
 		{"instances/moved", strings.Replace(sealedGood, `"agentId":"good"`, `"agentId":"moved"`, 1), etcd.ReasonBadSeal},
 		{"instances/good2", sealedGood, etcd.ReasonBadSeal}, // a valid seal, for another key
 	}
@@ -205,6 +205,46 @@ func TestSealedRecords(t *testing.T) {
 	if n := len(b.Snapshot().Instances()); n != 1 {
 		t.Errorf("b's view holds %d instances; want a's one agent", n)
 	}
+	// a's own sealed record put back under another lease (a replay: it
+	// would outlive a's session) is refused, and a writes its own back.
+	other, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := seen.get(etcd.ReasonBadSeal)
+	if _, err := cli.Put(ctx, p+"instances/good", sealedGood, clientv3.WithLease(other.ID)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the replay under another lease refused as bad_seal", 5*time.Second, func() bool { return seen.get(etcd.ReasonBadSeal) > before })
+	waitFor(t, "a's record written back under a's lease, routable on b", 2*time.Second, func() bool {
+		return leaseOf(t, cli, p+"instances/good") == aLease && len(b.Snapshot().Lookup("kv.get")) == 1
+	})
+}
+
+// TestRefusedUpdateLeavesTheView: an instance whose key comes to hold a
+// record this hub refuses leaves its view, as a listing would drop it
+// (the view does not depend on watch or list); once the key holds a
+// valid record again it is back.
+func TestRefusedUpdateLeavesTheView(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := rawClient(t, srv)
+	const p = "/refused/"
+	a := newReg(t, etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: p, Hub: "hub-a", HubAddr: "127.0.0.1:7701"})
+	b := newReg(t, etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: p, Hub: "hub-b"})
+	if _, err := a.Register(context.Background(), registrytest.Reg("x", "kv.*")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to see x", 5*time.Second, func() bool { return b.Snapshot().Instance("x") != nil })
+	// A record naming a hub that is not present: refused (no_hub), and
+	// not one a hub repairs (it may be a hub's whose presence lags).
+	if _, err := cli.Put(context.Background(), p+"instances/x", record("x", "ghost", nil)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to drop x", 2*time.Second, func() bool { return b.Snapshot().Instance("x") == nil })
+	if _, err := cli.Delete(context.Background(), p+"instances/x"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "x back on b once a wrote its key again", 2*time.Second, func() bool { return b.Snapshot().Instance("x") != nil })
 }
 
 // TestOwnKeysWrittenBack: a hub whose presence or agent key is

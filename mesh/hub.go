@@ -786,6 +786,12 @@ func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Re
 	var res *envelope.Response
 	var err error
 	if b, ok := h.builtins[req.Method]; ok {
+		if PrincipalOf(ctx).Peer() {
+			// A peer link carries calls for agents only (authorizePeer
+			// refuses the hub's namespaces; this covers every built-in,
+			// "schema" included).
+			return nil, envelope.Errorf(envelope.CodePermissionDenied, "%s: a peer link carries calls for agents only, not for the hub's own methods", req.Method)
+		}
 		res, err = h.runBuiltin(ctx, req, b)
 	} else {
 		res, err = h.route(ctx, req)

@@ -399,7 +399,7 @@ func TestPeerTokenBinding(t *testing.T) {
 		hops   int
 		params string
 	}{
-		{"mesh.agents", 0, `{}`}, {"mesh.agents", 1, `{}`}, {"mesh.breakers", 1, `{}`}, {"mesh.ping", 0, `{}`},
+		{"mesh.agents", 0, `{}`}, {"mesh.agents", 1, `{}`}, {"mesh.breakers", 1, `{}`}, {"mesh.ping", 0, `{}`}, {"schema", 1, `{}`},
 		{"agent.register", 1, `{"agentId":"thief","name":"thief","capabilities":["echo.*"]}`},
 		{"echo.echo", 0, `1`},
 	} {

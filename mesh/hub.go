@@ -312,6 +312,7 @@ func NewHub(cfg HubConfig, opts ...HubOption) (*Hub, error) {
 		return nil, err
 	}
 	g.self, g.advertise = cfg.ID, cfg.Advertise // what the peer tokens it accepts must name
+	g.started = time.Now()
 	cl, err := newConnLimiter(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)

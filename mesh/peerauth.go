@@ -89,6 +89,11 @@ func (g *guard) checkPeer(c *auth.Claims) *envelope.Error {
 		return refuse("it has no id (jti)")
 	case c.ExpiresAt.Sub(c.IssuedAt) > peerTokenMaxTTL:
 		return refuse("its lifetime %v exceeds %v: peer tokens are minted per dial", c.ExpiresAt.Sub(c.IssuedAt), peerTokenMaxTTL)
+	case c.IssuedAt.Before(g.started.Add(-g.verifier.Leeway() - time.Second)):
+		// Minted before this hub started (iat has one-second precision):
+		// the replay cache of its previous life is gone, so a token
+		// captured then could otherwise be used once more.
+		return refuse("it was issued before this hub started")
 	}
 	return g.replay.use(c.ID, c.ExpiresAt.Add(g.verifier.Leeway()))
 }

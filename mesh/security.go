@@ -101,8 +101,9 @@ var adminMethods = map[string]bool{"mesh.agents": true, "mesh.breakers": true}
 
 // guard is a Hub's compiled Security.
 type guard struct {
-	self      string // the hub's id: the audience of the peer tokens it accepts
-	advertise string // the hub's advertised address: the addr of those tokens
+	self      string    // the hub's id: the audience of the peer tokens it accepts
+	advertise string    // the hub's advertised address: the addr of those tokens
+	started   time.Time // peer tokens issued before it are refused: the replay cache does not outlive a restart
 	replay    *replayCache
 	peerTTL   time.Duration // of the peer tokens it mints (peerTokenTTL; tests shorten it)
 	verifier  *auth.Verifier

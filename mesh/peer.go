@@ -233,6 +233,12 @@ func (p *peers) redial(st *peerState) {
 		p.mu.Lock()
 		if !st.down || !wanted || p.closed {
 			st.redialing = false
+			if k := (peerKey{st.hub, st.addr}); !wanted && st.down && st.link == nil && st.dialing == nil && p.hubs[k] == st {
+				// No instance left behind it (a hub restarted under a new
+				// id, or gone): forgotten, so that the map does not keep
+				// every peer that ever was.
+				delete(p.hubs, k)
+			}
 			p.mu.Unlock()
 			return
 		}

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -810,20 +811,21 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // list replaces the remote part of the local view with etcd's and returns
 // its revision. Local agents stay as they are: this hub is their truth.
 func (r *Registry) list() (int64, error) {
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
-	defer cancel()
-	res, err := r.cli.Get(ctx, r.base, clientv3.WithPrefix())
+	kvs, oversized, rev, err := r.getAll()
 	if err != nil {
 		return 0, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
+	for key, n := range oversized {
+		r.refuseLocked(key, ReasonTooLarge, strconv.Itoa(n)+" bytes")
+	}
 	// Presence first (keys sort hubs/ before instances/, but the view
 	// must not depend on it): an instance is accepted only under a hub
 	// present in the same listing.
 	live := map[string]hubState{}
-	for _, kv := range res.Kvs {
+	for _, kv := range kvs {
 		if id, ok := strings.CutPrefix(string(kv.Key), r.hubsP); ok {
 			if h, ok := r.parseHub(id, kv); ok {
 				live[id] = h
@@ -839,7 +841,7 @@ func (r *Registry) list() (int64, error) {
 		r.setHubLocked(id, h, now)
 	}
 	ours := false
-	for _, kv := range res.Kvs {
+	for _, kv := range kvs {
 		if string(kv.Key) == r.hubsP+r.cfg.Hub {
 			if ours = true; !r.isOurPresence(kv) {
 				r.ourPresenceChangedLocked(kv.ModRevision, false)
@@ -850,7 +852,7 @@ func (r *Registry) list() (int64, error) {
 		r.ourPresenceChangedLocked(0, true)
 	}
 	seen := map[string]bool{}
-	for _, kv := range res.Kvs {
+	for _, kv := range kvs {
 		key := string(kv.Key)
 		if id, ok := strings.CutPrefix(key, r.prefix); ok {
 			if in, _ := r.upsertLocked(id, kv); in != nil {
@@ -866,16 +868,61 @@ func (r *Registry) list() (int64, error) {
 			r.removeLocked(in, now)
 		}
 	}
-	if res.Header.Revision < r.rev {
-		r.log.Warn("etcd registry: a list went back in revision", "rev", res.Header.Revision, "applied", r.rev)
+	if rev < r.rev {
+		r.log.Warn("etcd registry: a list went back in revision", "rev", rev, "applied", r.rev)
 	}
-	r.rev = max(r.rev, res.Header.Revision)
+	r.rev = max(r.rev, rev)
 	if r.cfg.Trace != nil {
-		r.cfg.Trace("list", res.Header.Revision, "")
+		r.cfg.Trace("list", rev, "")
 	}
 	r.pruneLocked()
 	r.publishLocked()
-	return res.Header.Revision, nil
+	return rev, nil
+}
+
+// listPage is how many keys one Get of a listing returns.
+const listPage = 256
+
+// getAll reads the prefix at one revision, a page at a time, keeping no
+// value larger than a record may be (those are returned by key and size
+// only): what a listing holds at once is bounded by the page, not by
+// what anyone wrote under the prefix.
+func (r *Registry) getAll() (kvs []*mvccpb.KeyValue, oversized map[string]int, rev int64, err error) {
+	end := clientv3.GetPrefixRangeEnd(r.base)
+	from := r.base
+	for {
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		res, err := r.cli.Get(ctx, from, opts...)
+		cancel()
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if rev == 0 {
+			rev = res.Header.Revision
+		}
+		for _, kv := range res.Kvs {
+			limit := r.cfg.MaxRecordBytes
+			if strings.HasPrefix(string(kv.Key), r.hubsP) {
+				limit = maxHubRecordBytes
+			}
+			if len(kv.Value) > limit {
+				if oversized == nil {
+					oversized = map[string]int{}
+				}
+				oversized[string(kv.Key)] = len(kv.Value)
+				continue
+			}
+			kvs = append(kvs, kv)
+		}
+		if !res.More || len(res.Kvs) == 0 {
+			return kvs, oversized, rev, nil
+		}
+		from = string(res.Kvs[len(res.Kvs)-1].Key) + "\x00"
+	}
 }
 
 func (r *Registry) apply(evs []*clientv3.Event) {

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -315,4 +316,29 @@ func TestKeyRotationReseals(t *testing.T) {
 	}
 	c := newReg(t, etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: p, Hub: "hub-c", Sealer: sealer(t, k2)})
 	waitFor(t, "a hub with the new key alone to see a's agent", 5*time.Second, func() bool { return len(c.Snapshot().Lookup("kv.get")) == 1 })
+}
+
+// TestListInPages: a listing reads the prefix a page at a time, at one
+// revision; a hub that joins sees every instance of a hub with more than
+// a page of them, and refuses a record too large without holding it.
+func TestListInPages(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := rawClient(t, srv)
+	const p = "/pages/"
+	a := newReg(t, etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: p, Hub: "hub-a", HubAddr: "127.0.0.1:7701"})
+	const n = 600 // over two pages of 256
+	for i := range n {
+		if _, err := a.Register(context.Background(), registrytest.Reg(fmt.Sprintf("agent-%03d", i), "kv.*")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(context.Background(), p+"instances/zz-big", record("zz-big", "hub-a", map[string]any{"metadata": strings.Repeat("x", 1<<20)})); err != nil {
+		t.Fatal(err)
+	}
+	var seen refusals
+	c := newReg(t, etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: p, Hub: "hub-c", OnInvalid: seen.add})
+	waitFor(t, "c to list every instance of a", 10*time.Second, func() bool { return len(c.Snapshot().Lookup("kv.get")) == n })
+	if seen.get(etcd.ReasonTooLarge) != 1 {
+		t.Errorf("too_large refusals: %d; want 1", seen.get(etcd.ReasonTooLarge))
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,6 +154,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			etcdUser, etcdPassword, etcdTLS, err := etcdCreds.load(etcdEndpoints)
 			if err != nil {
 				return usageErr("%v", err)
+			}
+			if etcdUser != "" && slices.ContainsFunc(etcdEndpoints, func(e string) bool { return strings.HasPrefix(e, "http://") }) {
+				log.Warn("--etcd-username over http:// endpoints: the password and etcd's token travel in clear text; use https:// (--etcd-ca)", "endpoints", etcdEndpoints)
 			}
 			if checkOnly {
 				// Everything above read and validated (flags, environment,

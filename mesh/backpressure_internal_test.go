@@ -176,10 +176,13 @@ func TestBackpressureBounds(t *testing.T) {
 		})
 	}
 
+	// "Paused" below allows one message read: the reader checks the
+	// bounds before each read, and may have been in its read already when
+	// the test queued the answers it owes (a CI run read 1).
 	t.Run("answers owed, calls", func(t *testing.T) {
 		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 4, 0, 10, func(t *testing.T, e env) {
-			if n := e.got() + e.refused(); n != 0 {
-				t.Fatalf("read %d messages with 4 answers owed unwritten and 4 allowed; want 0 (paused)", n)
+			if n := e.got() + e.refused(); n > 1 {
+				t.Fatalf("read %d messages with 4 answers owed unwritten and 4 allowed; want at most 1 (paused)", n)
 			}
 			e.read() // the peer reads: the answers are written, the reader goes on
 			if n, r := e.got(), e.refused(); n != 4 || r != 6 {
@@ -190,8 +193,8 @@ func TestBackpressureBounds(t *testing.T) {
 	t.Run("answers owed, bytes", func(t *testing.T) {
 		// An unwritten answer counts its buffer's capacity (>= msgSize).
 		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 4, 0, 10, func(t *testing.T, e env) {
-			if n := e.got() + e.refused(); n != 0 {
-				t.Fatalf("read %d messages with 4 answers of %d bytes owed and %d allowed; want 0 (paused)", n, msgSize, 4*msgSize)
+			if n := e.got() + e.refused(); n > 1 {
+				t.Fatalf("read %d messages with 4 answers of %d bytes owed and %d allowed; want at most 1 (paused)", n, msgSize, 4*msgSize)
 			}
 			e.read()
 			if n, r := e.got(), e.refused(); n != 4 || r != 6 {
@@ -233,8 +236,8 @@ func TestBackpressureBounds(t *testing.T) {
 		// is to close a peer that reads nothing, is set beyond the test.)
 		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, IdleTimeout: 2 * time.Second, WriteTimeout: 2 * time.Hour}
 		run(t, cfg, true, 2, 0, 3, func(t *testing.T, e env) {
-			if n := e.got() + e.refused(); n != 0 {
-				t.Fatalf("%d read; want 0 (paused)", n)
+			if n := e.got() + e.refused(); n > 1 {
+				t.Fatalf("%d read; want at most 1 (paused)", n)
 			}
 			time.Sleep(time.Minute)
 			synctest.Wait()

@@ -618,19 +618,7 @@ func TestPeerHandshakeOverMutualTLS(t *testing.T) {
 	var ran atomic.Int64
 	ag := countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
 	agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS})(ag)
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := contextUntil(stop)
-		defer cancel()
-		done <- ag.Run(ctx, wss(a))
-	}()
-	defer func() { close(stop); <-done }()
-	select {
-	case <-ag.Registered():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the agent did not register on hub A over mutual TLS")
-	}
+	runAgentUntilEnd(t, ag, wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance(ag.ID()) != nil })
 	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS), mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	for i := range 20 {

@@ -88,20 +88,7 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := agents.NewEcho(agents.WithConnConfig(mesh.ConnConfig{TLS: good}))
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := contextUntil(stop)
-		defer cancel()
-		done <- a.Run(ctx, wss)
-	}()
-	defer func() { close(stop); <-done }()
-	select {
-	case <-a.Registered():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the agent did not register over mutual TLS")
-	}
+	runAgentUntilEnd(t, agents.NewEcho(agents.WithConnConfig(mesh.ConnConfig{TLS: good})), wss, "over mutual TLS")
 	for _, url := range []string{wss, https} {
 		c := mustClient(t, url, mesh.WithTLS(good))
 		var got []string
@@ -132,16 +119,20 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
-func contextUntil(stop <-chan struct{}) (context.Context, context.CancelFunc) {
+// runAgentUntilEnd runs ag against url until the test ends (its run
+// returned when the test's deferred cleanups run), and waits up to 10 s
+// for it to register; what names the test's transport in the failure.
+func runAgentUntilEnd(t *testing.T, ag *agents.Agent, url, what string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-stop:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
-	return ctx, cancel
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx, url) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-ag.Registered():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not register " + what)
+	}
 }
 
 // TestPeerLinksOverMutualTLS: two hubs serving mutual TLS on one etcd; a
@@ -169,20 +160,7 @@ func TestPeerLinksOverMutualTLS(t *testing.T) {
 	a, b := hub("A"), hub("B")
 	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
 	clientTLS, _ := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
-	ag := agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS}))
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := contextUntil(stop)
-		defer cancel()
-		done <- ag.Run(ctx, wss(a))
-	}()
-	defer func() { close(stop); <-done }()
-	select {
-	case <-ag.Registered():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the agent did not register on hub A over mutual TLS")
-	}
+	runAgentUntilEnd(t, agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS})), wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance("echo-on-a") != nil })
 	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS))
 	for i := range 20 {

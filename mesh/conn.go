@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -68,6 +69,9 @@ type ConnConfig struct {
 	// TLS configures the dialler for wss:// hubs (ClientTLS); nil: the
 	// system's roots, no client certificate.
 	TLS *tls.Config
+	// Dial, if set, opens the connection a dialled link runs over instead
+	// of TCP (tests: an in-memory network, internal/memnet). nil: TCP.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Bytes, if set, is told the size of every message read (in) and
 	// written (out), for metrics. It must not block.
 	Bytes func(in, out int)

@@ -77,6 +77,9 @@ func dialLink(ctx context.Context, hub, token string, check func(*http.Response)
 		TLSClientConfig:  cfg.TLS,
 		NetDialContext:   dialReadAhead,
 	}
+	if cfg.Dial != nil {
+		d.NetDialContext = cfg.Dial
+	}
 	var hdr http.Header
 	if token != "" {
 		hdr = http.Header{"Authorization": {"Bearer " + token}}

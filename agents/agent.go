@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -39,7 +40,7 @@ func WithID(id string) Option { return func(a *Agent) { a.id = id } }
 func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
 
 // WithConnConfig tunes the agent's WebSocket.
-func WithConnConfig(c mesh.ConnConfig) Option { return func(a *Agent) { a.conn = c } }
+func WithConnConfig(c link.Config) Option { return func(a *Agent) { a.conn = c } }
 
 // WithMetadata sets the metadata sent with agent.register.
 func WithMetadata(m map[string]any) Option { return func(a *Agent) { a.metadata = m } }
@@ -64,7 +65,7 @@ type Agent struct {
 	token    string                 // bearer token for the hubs (WithToken)
 	assigned atomic.Pointer[string] // the id the hub registered us under
 	log      *slog.Logger
-	conn     mesh.ConnConfig
+	conn     link.Config
 	metadata map[string]any
 	drain    time.Duration
 	tel      *telemetry.Telemetry
@@ -75,7 +76,7 @@ type Agent struct {
 	schemas  map[string]mesh.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
 
 	inflight atomic.Int64
-	links    sync.Map       // *mesh.Link -> struct{}: open links (current, and draining after a goaway)
+	links    sync.Map       // *link.Link -> struct{}: open links (current, and draining after a goaway)
 	drains   sync.WaitGroup // links draining after a goaway
 	regMu    sync.Mutex
 	regCh    chan struct{} // closed while registered; replaced on loss
@@ -187,19 +188,19 @@ func (a *Agent) setRegistered(on bool) {
 
 // Run connects to the hubs (tried in turn), registers, heartbeats and
 // serves until ctx ends; after a lost link it reconnects after a jittered
-// delay (mesh.Redial) and registers again. A hub's goaway (it is draining)
+// delay (link.Redial) and registers again. A hub's goaway (it is draining)
 // moves the agent to the next hub at once: it registers there, then
 // deregisters from the draining hub and closes that link once the requests
 // it serves there are answered. When ctx ends it deregisters,
 // waits for handlers in flight (at most the drain timeout) and returns nil.
 func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 	if len(hubs) == 0 {
-		hubs = []string{mesh.DefaultHubURL}
+		hubs = []string{link.DefaultHubURL}
 	}
 	if len(a.Methods()) == 0 {
 		return errors.New("agents: no handlers registered")
 	}
-	var bo mesh.Redial
+	var bo link.Redial
 	t := time.NewTimer(0)
 	<-t.C
 	defer t.Stop()
@@ -239,12 +240,12 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 		if registered && len(hubs) > 1 {
 			// Lost a hub while others are listed: try the next one,
 			// spread so that the links of the lost hub do not all
-			// arrive at once (S03): over mesh.RedialSpread, or one
+			// arrive at once (S03): over link.RedialSpread, or one
 			// heartbeat interval when that is shorter, so that the
 			// agent is registered elsewhere within about two intervals.
 			// With a single hub the Redial delay spreads the storm on
 			// the restarting hub (S04).
-			spread := mesh.RedialSpread
+			spread := link.RedialSpread
 			if b := time.Duration(a.beat.Load()); b > 0 && b < spread {
 				spread = b
 			}
@@ -265,12 +266,12 @@ func (a *Agent) Run(ctx context.Context, hubs ...string) error {
 // that the draining hub does not expire the agent (and fail the requests
 // it still serves there) before the move is done.
 type oldLink struct {
-	l    *mesh.Link
+	l    *link.Link
 	stop chan struct{}
 	done chan struct{}
 }
 
-func (a *Agent) keep(ctx context.Context, l *mesh.Link, interval time.Duration) *oldLink {
+func (a *Agent) keep(ctx context.Context, l *link.Link, interval time.Duration) *oldLink {
 	o := &oldLink{l: l, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(o.done)
@@ -310,7 +311,7 @@ func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
 		// still finishes the requests it serves there (as shutdown does).
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.drain)
 		defer cancel()
-		mesh.DrainLink(dctx, l, func() int { return l.Serving() + l.Pending() })
+		link.Drain(dctx, l, func() int { return l.Serving() + l.Pending() })
 		a.links.Delete(l)
 	})
 }
@@ -323,7 +324,7 @@ func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
 func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registered bool, next *oldLink, err error) {
 	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	l, err := mesh.DialLinkToken(dctx, hub, a.token, a.conn, mesh.WithLinkHandler(a.tel.Server(a.serve)), mesh.WithLinkLogger(a.log))
+	l, err := link.DialToken(dctx, hub, a.token, a.conn, link.WithHandler(a.tel.Server(a.serve)), link.WithLogger(a.log))
 	cancel()
 	if err != nil {
 		return false, nil, err
@@ -379,14 +380,14 @@ func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registe
 func (a *Agent) Pending() int {
 	n := 0
 	a.links.Range(func(k, _ any) bool {
-		l := k.(*mesh.Link)
+		l := k.(*link.Link)
 		n += l.Serving() + l.Pending()
 		return true
 	})
 	return n
 }
 
-func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, error) {
+func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, error) {
 	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
@@ -418,7 +419,7 @@ func (a *Agent) register(ctx context.Context, l *mesh.Link) (time.Duration, erro
 	return iv, nil
 }
 
-func (a *Agent) heartbeat(ctx context.Context, l *mesh.Link, interval time.Duration) error {
+func (a *Agent) heartbeat(ctx context.Context, l *link.Link, interval time.Duration) error {
 	p := mesh.HeartbeatParams{AgentID: a.ID(), Status: mesh.AgentStatus{
 		State: registry.StateReady, QueuedRequests: int(a.inflight.Load()), LastActivity: time.Now().UnixMilli(),
 	}}
@@ -426,7 +427,7 @@ func (a *Agent) heartbeat(ctx context.Context, l *mesh.Link, interval time.Durat
 }
 
 // shutdown deregisters and waits for handlers in flight.
-func (a *Agent) shutdown(l *mesh.Link) {
+func (a *Agent) shutdown(l *link.Link) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.drain)
 	defer cancel()
 	if err := callLink(ctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "shutdown"}, nil, 2*time.Second); err != nil {
@@ -445,10 +446,10 @@ func (a *Agent) shutdown(l *mesh.Link) {
 	// The handlers have returned, but their answers may still wait in the
 	// link's queue: close the link only once they are written, or the
 	// hub fails those calls with UNAVAILABLE.
-	mesh.DrainLink(ctx, l, l.Serving)
+	link.Drain(ctx, l, l.Serving)
 }
 
-func callLink(ctx context.Context, l *mesh.Link, method string, params, result any, timeout time.Duration) error {
+func callLink(ctx context.Context, l *link.Link, method string, params, result any, timeout time.Duration) error {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return err

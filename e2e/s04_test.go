@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -309,11 +310,11 @@ func TestS04ReconnectStorm(t *testing.T) {
 	if float64(peak) > 3*mean {
 		t.Errorf("peak %d attempts in a 100 ms window > 3× the storm's mean %.1f: a synchronised wave", peak, mean)
 	}
-	if minGap < mesh.RedialMin {
-		t.Errorf("a link redialled %v after an attempt; want >= %v", minGap, mesh.RedialMin)
+	if minGap < link.RedialMin {
+		t.Errorf("a link redialled %v after an attempt; want >= %v", minGap, link.RedialMin)
 	}
-	if maxGap > mesh.RedialMax+time.Second {
-		t.Errorf("a link waited %v between attempts; want <= the %v cap (+1 s for the dial)", maxGap, mesh.RedialMax)
+	if maxGap > link.RedialMax+time.Second {
+		t.Errorf("a link waited %v between attempts; want <= the %v cap (+1 s for the dial)", maxGap, link.RedialMax)
 	}
 	if len(outage) == 0 {
 		t.Error("no call failed during the outage: the scenario did not exercise it")

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -84,7 +85,7 @@ func TestS16LeakSoak(t *testing.T) {
 	rc.Policies["chaos.*"] = reliability.Policy{Timeout: timeout}
 	rc.Policies["echo.*"] = reliability.Policy{Timeout: timeout}
 	cm := telemetry.NewMetrics(nil)
-	c, err := mesh.NewClient([]string{ws}, mesh.WithReliability(rc), mesh.WithConnConfig(mesh.ConnConfig{LateResponse: cm.LateResponse}))
+	c, err := mesh.NewClient([]string{ws}, mesh.WithReliability(rc), mesh.WithConnConfig(link.Config{LateResponse: cm.LateResponse}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/faultproxy"
 	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 )
@@ -75,7 +76,7 @@ type s17Life struct {
 	regAck  time.Time // zero: the registration failed
 	end     time.Time // zero while registered
 	how     string    // how it ended: deregistered, deregister failed CODE, register failed CODE, link lost, expired
-	link    *mesh.Link
+	link    *link.Link
 	stop    chan struct{} // closed to make the life deregister
 	done    chan struct{} // closed when the life's goroutine returned
 }
@@ -109,7 +110,7 @@ type s17World struct {
 	ops    map[string]int    // churn operations by outcome
 }
 
-func s17Call(ctx context.Context, l *mesh.Link, method string, params, result any, timeout time.Duration) error {
+func s17Call(ctx context.Context, l *link.Link, method string, params, result any, timeout time.Duration) error {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return err
@@ -179,7 +180,7 @@ func (w *s17World) register(a *s17Agent, hub string) *s17Life {
 		return nil
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	link, err := mesh.DialLink(dctx, w.hubWS[hub], mesh.ConnConfig{}, mesh.WithLinkHandler(w.handler(l.n, a.id)))
+	link, err := link.Dial(dctx, w.hubWS[hub], link.Config{}, link.WithHandler(w.handler(l.n, a.id)))
 	cancel()
 	if err != nil {
 		return fail("dial failed", err)

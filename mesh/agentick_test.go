@@ -811,8 +811,8 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 	// links that stay (the chat agent's; conn.go starts a writer when a
 	// frame is queued and lets it linger a second) wind down on their own
 	// clock.
-	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/mesh.(*Link).worker")
-	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/mesh.(*wsConn).writeLoop")
+	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Link).worker")
+	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Conn).writeLoop")
 	for round := range 3 {
 		c, _, err := dialAgentick(t, m, nil)
 		if err != nil {

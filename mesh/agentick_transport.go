@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/gorilla/websocket"
 )
 
@@ -50,7 +51,7 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 		writeAgentickJSON(w, http.StatusRequestEntityTooLarge, agentickRes("", nil, agErr(agValidationType, "body exceeds the limit of %d bytes", limit)))
 		return
 	}
-	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	data, err := link.ReadExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -188,7 +189,7 @@ func (h *Hub) serveAgentickWS(w http.ResponseWriter, r *http.Request) {
 // agWS is one agentick WebSocket. Until connect it has no client.
 type agWS struct {
 	gw   *agentickGW
-	c    *wsConn
+	c    *link.Conn
 	who  *Principal
 	conn string        // the connection's remote address, for rate limits
 	busy chan struct{} // a token per request in flight
@@ -199,14 +200,14 @@ type agWS struct {
 
 func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal, conn string) {
 	gw := h.agentick()
-	a := &agWS{gw: gw, c: newWSConn(ws, h.cfg.Conn), who: who, conn: conn, busy: make(chan struct{}, agentickInFlight)}
+	a := &agWS{gw: gw, c: link.NewConn(ws, h.cfg.Conn), who: who, conn: conn, busy: make(chan struct{}, agentickInFlight)}
 	if !h.track(a) {
 		_ = ws.Close()
 		return
 	}
 	// No message-level check on this connection (c.check is nil): the
 	// surface decodes and refuses its frames itself.
-	a.c.start(func(data []byte, _ *envelope.Error) { a.onMessage(data) }, func(error) {
+	a.c.Start(func(data []byte, _ *envelope.Error) { a.onMessage(data) }, func(error) {
 		go func() {
 			a.end()
 			h.untrack(a)
@@ -215,14 +216,14 @@ func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal, conn string) {
 }
 
 func (a *agWS) send(b []byte) bool {
-	buf := getBuf()
+	buf := link.GetBuf()
 	*buf = append(*buf, b...)
-	return a.c.send(buf)
+	return a.c.Send(buf)
 }
 
 // onMessage runs on the reader goroutine: it must not block.
 func (a *agWS) onMessage(data []byte) {
-	f, e := decodeAgentickFrame(data, a.c.cfg.Limits, false)
+	f, e := decodeAgentickFrame(data, a.c.Config().Limits, false)
 	if e != nil {
 		if f.Type == "req" && f.ID != "" {
 			a.send(agentickRes(f.ID, nil, e))
@@ -272,11 +273,11 @@ func (a *agWS) onMessage(data []byte) {
 func (a *agWS) connect(id string) {
 	c := a.gw.newClient(a.conn, id, a.who)
 	c.push = func(b []byte) bool {
-		buf := getBuf()
+		buf := link.GetBuf()
 		*buf = append(*buf, b...)
-		return a.c.trySend(buf)
+		return a.c.TrySend(buf)
 	}
-	c.close = func() { a.c.shutdown(errors.New("agentick client closed")) }
+	c.close = func() { a.c.Shutdown(errors.New("agentick client closed")) }
 	if e := a.gw.attach(c); e != nil {
 		c.cancel()
 		a.send(agentickErrorFrame(e))

@@ -11,18 +11,33 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
 // builtin is a method the hub answers itself. It gets the link the
 // request came over (nil over HTTP) and returns a value to marshal.
-type builtin func(ctx context.Context, l *Link, params json.RawMessage) (any, error)
+type builtin func(ctx context.Context, l *link.Link, params json.RawMessage) (any, error)
 
 type linkKey struct{}
 
-func linkFrom(ctx context.Context) *Link {
-	l, _ := ctx.Value(linkKey{}).(*Link)
-	return l
+// linkRef names, in the contexts of the requests served on a link the
+// hub accepted, the link they came over (set once the link exists).
+type linkRef struct{ l *link.Link }
+
+// linkContext is the parent context of a link the hub accepts: every
+// request served on it finds the link there (linkFrom) at no cost per
+// request; ref.l is set once the link is made.
+func linkContext() (context.Context, *linkRef) {
+	ref := new(linkRef)
+	return context.WithValue(context.Background(), linkKey{}, ref), ref
+}
+
+func linkFrom(ctx context.Context) *link.Link {
+	if r, _ := ctx.Value(linkKey{}).(*linkRef); r != nil {
+		return r.l
+	}
+	return nil
 }
 
 func (h *Hub) builtinMethods() map[string]builtin {
@@ -147,7 +162,7 @@ type DeregisterParams struct {
 
 var validIntents = map[string]bool{"serve": true, "consume": true, "coordinate": true, "monitor": true, "backup": true}
 
-func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p RegisterParams
 	if err := decodeParams("agent.register", raw, &p); err != nil {
 		return nil, err
@@ -192,7 +207,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 	if id == "" {
 		id = envelope.NewID()
 	}
-	if v, ok := h.bindings.Load(id); ok && h.guard.on() && !sameSubject(v.(*binding).link.who, who) {
+	if v, ok := h.bindings.Load(id); ok && h.guard.on() && !sameSubject(linkPrincipal(v.(*binding).link), who) {
 		// Only the same holder may take an agent id over.
 		h.metrics().Refused("permission_denied")
 		return nil, envelope.Errorf(envelope.CodePermissionDenied, "agent.register: agent id %q belongs to another token's holder", id)
@@ -233,7 +248,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *Link, raw json.RawMessage) (
 
 // agentOfLink checks that id is attached over l: an agent may speak only
 // for itself.
-func (h *Hub) agentOfLink(method, id string, l *Link) error {
+func (h *Hub) agentOfLink(method, id string, l *link.Link) error {
 	if id == "" {
 		return envelope.Errorf(envelope.CodeInvalidParams, "%s: agentId is required", method)
 	}
@@ -244,7 +259,7 @@ func (h *Hub) agentOfLink(method, id string, l *Link) error {
 	return nil
 }
 
-func (h *Hub) agentHeartbeat(ctx context.Context, l *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p HeartbeatParams
 	if err := decodeParams("agent.heartbeat", raw, &p); err != nil {
 		return nil, err
@@ -268,7 +283,7 @@ func (h *Hub) agentHeartbeat(ctx context.Context, l *Link, raw json.RawMessage) 
 	return map[string]bool{"acknowledged": true}, nil
 }
 
-func (h *Hub) agentDeregister(ctx context.Context, l *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) agentDeregister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p DeregisterParams
 	if err := decodeParams("agent.deregister", raw, &p); err != nil {
 		return nil, err
@@ -297,7 +312,7 @@ func (h *Hub) movedAway(id string) bool {
 	return in != nil && in.Hub != "" && in.Hub != h.cfg.ID
 }
 
-func (h *Hub) meshPing(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) meshPing(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	return map[string]any{"pong": true, "hub": h.cfg.ID, "time": time.Now().UnixMilli()}, nil
 }
 
@@ -321,7 +336,7 @@ type MethodInfo struct {
 	Ready  int      `json:"ready"`
 }
 
-func (h *Hub) meshAgents(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) meshAgents(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("mesh.agents", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
@@ -337,7 +352,7 @@ func (h *Hub) meshAgents(ctx context.Context, _ *Link, raw json.RawMessage) (any
 	return out, nil
 }
 
-func (h *Hub) meshMethods(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("mesh.methods", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
@@ -356,7 +371,7 @@ func (h *Hub) meshMethods(ctx context.Context, _ *Link, raw json.RawMessage) (an
 	return out, nil
 }
 
-func (h *Hub) meshBreakers(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) meshBreakers(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -163,7 +164,7 @@ func TestAgentLossFailsPendingAtOnce(t *testing.T) {
 	started := make(chan struct{}, 1)
 	// A hand-made agent: it registers and never answers, so that we can
 	// drop its link while a call is pending.
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{}, mesh.WithLinkHandler(
+	l, err := link.Dial(t.Context(), m.WS, link.Config{}, link.WithHandler(
 		func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 			started <- struct{}{}
 			<-ctx.Done()
@@ -201,7 +202,7 @@ func TestAgentLossFailsPendingAtOnce(t *testing.T) {
 // after three intervals; its pending calls fail with UNAVAILABLE then.
 func TestExpiredAgentLosesLink(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{HeartbeatInterval: 100 * time.Millisecond})
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{}, mesh.WithLinkHandler(
+	l, err := link.Dial(t.Context(), m.WS, link.Config{}, link.WithHandler(
 		func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 			<-ctx.Done()
 			return nil, ctx.Err()

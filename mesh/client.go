@@ -22,6 +22,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -39,7 +40,7 @@ type clientConfig struct {
 	origin       string
 	token        string
 	log          *slog.Logger
-	conn         ConnConfig
+	conn         link.Config
 	httpClient   *http.Client
 	waitForReady bool
 	middleware   []envelope.Middleware
@@ -69,7 +70,7 @@ func WithOrigin(o string) ClientOption { return func(c *clientConfig) { c.origin
 func WithClientLogger(l *slog.Logger) ClientOption { return func(c *clientConfig) { c.log = l } }
 
 // WithConnConfig tunes the client's WebSocket.
-func WithConnConfig(cc ConnConfig) ClientOption { return func(c *clientConfig) { c.conn = cc } }
+func WithConnConfig(cc link.Config) ClientOption { return func(c *clientConfig) { c.conn = cc } }
 
 // WithHTTPClient sets the HTTP client of an http:// client.
 func WithHTTPClient(hc *http.Client) ClientOption { return func(c *clientConfig) { c.httpClient = hc } }
@@ -124,10 +125,10 @@ type Client struct {
 	breakers *reliability.Breakers
 
 	mu       sync.Mutex
-	link     *Link
+	link     *link.Link
 	lastErr  error
-	changed  chan struct{}      // closed and replaced on every state change
-	draining map[*Link]struct{} // links whose hub sent a goaway, until their calls end
+	changed  chan struct{}           // closed and replaced on every state change
+	draining map[*link.Link]struct{} // links whose hub sent a goaway, until their calls end
 
 	httpSeq atomic.Uint64
 	stop    context.CancelFunc
@@ -147,7 +148,7 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 		},
 		changed:  make(chan struct{}),
 		done:     make(chan struct{}),
-		draining: map[*Link]struct{}{},
+		draining: map[*link.Link]struct{}{},
 	}
 	defHTTP := c.cfg.httpClient
 	for _, o := range opts {
@@ -157,7 +158,7 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 		defHTTP.Transport.(*http.Transport).TLSClientConfig = c.cfg.conn.TLS
 	}
 	if len(hubs) == 0 {
-		hubs = []string{DefaultHubURL}
+		hubs = []string{link.DefaultHubURL}
 	}
 	if c.cfg.transport != nil {
 		hubs = []string{"http://in-memory"}
@@ -175,7 +176,7 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 			return nil, errors.New("mesh: hub URLs must all be WebSocket or all HTTP")
 		}
 		if ws {
-			u, err := WSURL(h)
+			u, err := link.WSURL(h)
 			if err != nil {
 				return nil, err
 			}
@@ -362,7 +363,7 @@ func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope
 			// The hub sent goaway while this call was on its way and
 			// refused it unexecuted: it goes to the next hub, once the
 			// client has moved there. That is a redirect, not a retry.
-			if err == nil || !l.goingAway() || !envelope.AsError(err).NotSent() || redirects >= len(c.hubs)-1 {
+			if err == nil || !l.GoingAway() || !envelope.AsError(err).NotSent() || redirects >= len(c.hubs)-1 {
 				return res, err
 			}
 			c.mu.Lock()
@@ -394,7 +395,7 @@ func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope
 	}
 }
 
-func (c *Client) setState(l *Link, err error) {
+func (c *Client) setState(l *link.Link, err error) {
 	c.mu.Lock()
 	c.link, c.lastErr = l, err
 	close(c.changed)
@@ -403,7 +404,7 @@ func (c *Client) setState(l *Link, err error) {
 }
 
 // maintain keeps one link up. It tries the hubs in turn; after every hub
-// failed once it waits a Redial delay (jittered, at least 100 ms). A lost
+// failed once it waits a link.Redial delay (jittered, at least 100 ms). A lost
 // link is redialled at once when it is the only hub, else the next hub
 // after LostDelay (spread, S03). A hub's goaway (it is
 // draining) moves new calls to the next hub at once, while the old link
@@ -412,7 +413,7 @@ func (c *Client) maintain(ctx context.Context) {
 	defer close(c.done)
 	var drains sync.WaitGroup
 	defer drains.Wait()
-	var bo Redial
+	var bo link.Redial
 	t := time.NewTimer(0)
 	defer t.Stop()
 	<-t.C
@@ -421,7 +422,7 @@ func (c *Client) maintain(ctx context.Context) {
 		hub := c.hubs[i%len(c.hubs)]
 		c.cfg.log.Debug("dialing hub", "hub", hub)
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		l, err := DialLinkToken(dctx, hub, c.cfg.token, c.cfg.conn, WithLinkLogger(c.cfg.log))
+		l, err := link.DialToken(dctx, hub, c.cfg.token, c.cfg.conn, link.WithLogger(c.cfg.log))
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -454,12 +455,12 @@ func (c *Client) maintain(ctx context.Context) {
 			c.setState(nil, nil)
 			l.Close()
 			if len(c.hubs) == 1 {
-				i-- // redial it at once; if refused, the Redial schedule
+				i-- // redial it at once; if refused, the link.Redial schedule
 				continue
 			}
 			// Another hub is listed: go there, after a spread delay so
 			// that the links of a lost hub do not arrive in one wave.
-			t.Reset(LostDelay())
+			t.Reset(link.LostDelay())
 			select {
 			case <-t.C:
 			case <-ctx.Done():
@@ -473,7 +474,7 @@ func (c *Client) maintain(ctx context.Context) {
 			c.draining[l] = struct{}{}
 			c.mu.Unlock()
 			drains.Go(func() {
-				drainLink(ctx, l, l.Pending)
+				link.Drain(ctx, l, l.Pending)
 				c.mu.Lock()
 				delete(c.draining, l)
 				c.mu.Unlock()
@@ -485,35 +486,6 @@ func (c *Client) maintain(ctx context.Context) {
 		}
 	}
 }
-
-// drainLink closes l once busy() reports nothing left on it and nothing
-// is left to write (twice in a row, 10 ms apart), the link closed, or ctx
-// ended.
-func drainLink(ctx context.Context, l *Link, busy func() int) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for quiet := 0; quiet < 2; {
-		if busy() > 0 || l.c.unwritten() > 0 {
-			quiet = 0
-		} else {
-			quiet++
-		}
-		select {
-		case <-t.C:
-		case <-l.Done():
-		case <-ctx.Done():
-		}
-		if l.Err() != nil || ctx.Err() != nil {
-			break
-		}
-	}
-	l.Close()
-}
-
-// DrainLink closes l once busy() reports nothing left on it (calls it
-// awaits, requests it serves), the link closed, or ctx ended: what a
-// party does with a link whose hub sent a goaway.
-func DrainLink(ctx context.Context, l *Link, busy func() int) { drainLink(ctx, l, busy) }
 
 // Pending returns how many calls the client awaits answers to on its
 // links (the current one and those draining after a goaway).
@@ -560,7 +532,7 @@ func (c *Client) httpInvoke(ctx context.Context, req *envelope.Request) (*envelo
 		if ctx.Err() != nil {
 			return nil, envelope.AsError(ctx.Err())
 		}
-		e := envelope.WrapError(envelope.CodeUnavailable, "cannot reach hub "+u+": "+netErrText(err), errors.Join(ErrHubUnreachable, err))
+		e := envelope.WrapError(envelope.CodeUnavailable, "cannot reach hub "+u+": "+link.NetErrText(err), errors.Join(link.ErrHubUnreachable, err))
 		var oe *net.OpError
 		if errors.As(err, &oe) && oe.Op == "dial" {
 			e.MarkNotSent()

@@ -12,6 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // serveRPC is POST /rpc: JSON-RPC 2.0, single or batch. JSON-RPC errors are
@@ -36,7 +37,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lim := h.cfg.Conn.Limits
-	data, refused, err := readChecked(http.MaxBytesReader(w, r.Body, int64(limit)), nil, limit,
+	data, refused, err := link.ReadChecked(http.MaxBytesReader(w, r.Body, int64(limit)), nil, limit,
 		func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }, 0)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -82,7 +83,7 @@ func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {
 
 // answerAll runs decoded JSON-RPC calls (a batch concurrently) and returns
 // the encoded reply, or nil when there is nothing to answer (notifications).
-func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *Link) []byte {
+func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *link.Link) []byte {
 	if !batch {
 		return h.answer(ctx, &calls[0], l)
 	}
@@ -113,7 +114,7 @@ func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *Lin
 // RPCCall is a decoded JSON-RPC request (see envelope.RPCCall).
 type RPCCall = envelope.RPCCall
 
-func (h *Hub) answer(ctx context.Context, c *RPCCall, l *Link) []byte {
+func (h *Hub) answer(ctx context.Context, c *RPCCall, l *link.Link) []byte {
 	if c.Err != nil {
 		if c.Notification {
 			return nil
@@ -203,13 +204,16 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
-	l := NewLink(ws, h.cfg.Conn,
-		WithLinkHandler(h.ingress),
-		WithLinkLogger(h.log),
-		WithLinkPrincipal(who),
-		WithMaxServing(h.maxPending),
-		WithLinkOnClose(func(l *Link, err error) { h.linkClosed(l, err) }),
-		func(l *Link) { l.accepted = true },
+	lctx, ref := linkContext()
+	l := link.New(ws, h.cfg.Conn,
+		link.WithHandler(h.ingress),
+		link.WithLogger(h.log),
+		link.WithOwner(who),
+		link.WithContext(lctx),
+		link.WithMaxServing(h.maxPending),
+		link.WithOnClose(func(l *link.Link, err error) { h.linkClosed(l, err) }),
+		link.Accepted(),
+		func(l *link.Link) { ref.l = l }, // before its reader starts
 	)
 	if !h.track(l) {
 		go l.Close()
@@ -223,7 +227,7 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 
 // linkClosed removes the instances attached over a lost link from the
 // registry. Their pending calls already failed with UNAVAILABLE.
-func (h *Hub) linkClosed(l *Link, err error) {
+func (h *Hub) linkClosed(l *link.Link, err error) {
 	h.untrack(l)
 	h.bindings.Range(func(k, v any) bool {
 		b := v.(*binding)
@@ -252,7 +256,7 @@ func errString(err error) string {
 // out, many in flight at once.
 type rpcConn struct {
 	busy   atomic.Int64 // calls in flight
-	c      *wsConn
+	c      *link.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -261,10 +265,10 @@ type rpcConn struct {
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: newWSConn(ws, h.cfg.Conn), h: h, who: who}
-	rc.c.withBackpressure()
-	lim := rc.c.cfg.Limits
-	rc.c.check = func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }
+	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who}
+	rc.c.WithBackpressure()
+	lim := rc.c.Config().Limits
+	rc.c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) })
 	base := context.Background()
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)
@@ -275,16 +279,16 @@ func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 		_ = ws.Close()
 		return
 	}
-	rc.c.start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
+	rc.c.Start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
 }
 
 func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	if refused != nil {
 		// Refused as a whole: no id can be trusted (null, as JSON-RPC 2.0
 		// answers a request it cannot parse).
-		b := getBuf()
+		b := link.GetBuf()
 		*b = envelope.AppendJSONRPCError(*b, nil, refused)
-		rc.c.send(b)
+		rc.c.Send(b)
 		return
 	}
 	calls, batch := envelope.DecodeCheckedJSONRPC(data) // the reader ran c.check, PrecheckJSONRPC
@@ -294,13 +298,13 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	// call that is not a notification), as JSON-RPC 2.0 answers a batch,
 	// so that a client waiting on those ids hears of every one.
 	// The same for the connection's bounds on bytes and calls running
-	// or owed (ConnConfig.MaxUnwrittenBytes, MaxUnwrittenCalls); a
+	// or owed (link.Config.MaxUnwrittenBytes, MaxUnwrittenCalls); a
 	// client that does not read its answers is then paused, not read.
 	n := len(data)
-	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) || !rc.c.tryAdmit(len(calls), n) {
+	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) || !rc.c.TryAdmit(len(calls), n) {
 		rc.busy.Add(-int64(len(calls)))
 		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
-		b := getBuf()
+		b := link.GetBuf()
 		if batch {
 			*b = append(*b, '[')
 		}
@@ -316,13 +320,13 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 			answered++
 		}
 		if answered == 0 {
-			putBuf(b) // notifications only: nothing to answer
+			link.PutBuf(b) // notifications only: nothing to answer
 			return
 		}
 		if batch {
 			*b = append(*b, ']')
 		}
-		rc.c.send(b)
+		rc.c.Send(b)
 		return
 	}
 	// Counted (tryAdmit) until the answer is queued.
@@ -330,12 +334,12 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	go func() {
 		defer rc.wg.Done()
 		defer rc.busy.Add(-int64(len(calls)))
-		defer rc.c.release(len(calls), n)
+		defer rc.c.Release(len(calls), n)
 		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
 		if out == nil {
 			return
 		}
-		rc.c.send(&out) // not copied: a copy is one more answer's size held
+		rc.c.Send(&out) // not copied: a copy is one more answer's size held
 	}()
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -69,7 +70,7 @@ func TestGoAwayMovesClientAndAgent(t *testing.T) {
 // the link open for the answers still due.
 func TestLinkGoAway(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{})
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{})
+	l, err := link.Dial(t.Context(), m.WS, link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,19 +100,19 @@ func TestLinkGoAway(t *testing.T) {
 // first four and never above 5 s; the delays are spread, not equal.
 func TestRedial(t *testing.T) {
 	for range 200 {
-		var r mesh.Redial
+		var r link.Redial
 		for n := range 20 {
 			d := r.Next()
-			ceil := mesh.RedialMax
+			ceil := link.RedialMax
 			if n < 4 {
-				ceil = mesh.RedialInitial
+				ceil = link.RedialInitial
 			}
-			if d < mesh.RedialMin || d > ceil {
-				t.Fatalf("delay %d = %v; want within [%v, %v]", n, d, mesh.RedialMin, ceil)
+			if d < link.RedialMin || d > ceil {
+				t.Fatalf("delay %d = %v; want within [%v, %v]", n, d, link.RedialMin, ceil)
 			}
 		}
 	}
-	var r mesh.Redial
+	var r link.Redial
 	lo, hi := time.Hour, time.Duration(0)
 	for range 100 {
 		r.Reset()
@@ -143,7 +144,7 @@ func TestDrainingRefusalRedirects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw, err := mesh.DialLink(t.Context(), a.WS, mesh.ConnConfig{})
+		raw, err := link.Dial(t.Context(), a.WS, link.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

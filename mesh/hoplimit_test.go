@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry"
@@ -78,7 +79,7 @@ func TestHopLimitRawPeerRequest(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	l, err := mesh.DialLink(ctx, b.WS, mesh.ConnConfig{})
+	l, err := link.Dial(ctx, b.WS, link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

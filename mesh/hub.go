@@ -18,6 +18,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -40,12 +41,12 @@ func (h *Hub) state() telemetry.HubState {
 		s.AgentsByState[in.State()]++
 	}
 	s.Methods = len(snap.Methods())
-	agentLinks := map[*Link]bool{}
+	agentLinks := map[*link.Link]bool{}
 	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
 	peerLinks := h.peers.links()
 	h.mu.Lock()
 	for c := range h.conns {
-		l, ok := c.(*Link)
+		l, ok := c.(*link.Link)
 		switch {
 		case ok && agentLinks[l]:
 			s.Links["agent"]++
@@ -83,7 +84,7 @@ type HubConfig struct {
 	// context ends (default 10 s).
 	DrainTimeout time.Duration
 	// Conn tunes every WebSocket (pings, idle and write timeouts, limits).
-	Conn ConnConfig
+	Conn link.Config
 	// Advertise is the host:port other hubs reach this one at (peer
 	// links); empty: this hub takes no forwarded calls' addresses.
 	Advertise string
@@ -140,7 +141,7 @@ func DefaultHubConfig() HubConfig {
 		HeartbeatInterval: 5 * time.Second,  // the kOS seed's order of magnitude; TTL 15 s
 		DefaultTimeout:    30 * time.Second, // JSON-RPC callers send no ttl; longer than any policy default but llm/media
 		DrainTimeout:      10 * time.Second, // a rolling restart should not wait on a stuck call for ever
-		Conn:              ConnConfig{}.withDefaults(),
+		Conn:              link.Config{}.WithDefaults(),
 		PeerHeartbeat:     time.Second, // TCP notices a dead peer after ~15 min here; S05 wants <= 3 s
 	}
 }
@@ -176,7 +177,7 @@ func (c HubConfig) withDefaults() HubConfig {
 	if c.PeerHeartbeat <= 0 {
 		c.PeerHeartbeat = d.PeerHeartbeat
 	}
-	c.Conn = c.Conn.withDefaults()
+	c.Conn = c.Conn.WithDefaults()
 	if c.MaxConns <= 0 {
 		c.MaxConns = 10000
 	}
@@ -194,7 +195,7 @@ func (c HubConfig) withDefaults() HubConfig {
 
 // peerConn is the configuration of the links this hub dials to its peers:
 // the hub's, with the peer heartbeat.
-func (c HubConfig) peerConn() ConnConfig {
+func (c HubConfig) peerConn() link.Config {
 	pc := c.Conn
 	pc.TLS = c.PeerTLS
 	pc.PingInterval = c.PeerHeartbeat
@@ -288,7 +289,7 @@ type closer interface{ Close() }
 
 // binding attaches a registered instance to the link it came over.
 type binding struct {
-	link  *Link
+	link  *link.Link
 	id    string
 	ready atomic.Bool // set once the registry holds the instance
 }
@@ -489,7 +490,7 @@ const maxHeaderBytes = 16 << 10
 // Serve serves on ln until ctx ends, then drains (at most DrainTimeout)
 // and returns. It returns early with the error if the listener fails.
 func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
-	ln = &capListener{Listener: ln, max: int64(h.cfg.MaxConns), refused: func() { h.metrics().Refused("max_conns") }}
+	ln = link.NewCapListener(ln, int64(h.cfg.MaxConns), func() { h.metrics().Refused("max_conns") })
 	if h.cfg.TLS != nil {
 		ln = tls.NewListener(ln, h.cfg.TLS)
 	}
@@ -532,9 +533,9 @@ func (h *Hub) BeginDrain() {
 		return
 	}
 	h.mu.Lock()
-	links := make([]*Link, 0, len(h.conns))
+	links := make([]*link.Link, 0, len(h.conns))
 	for c := range h.conns {
-		if l, ok := c.(*Link); ok && l.accepted {
+		if l, ok := c.(*link.Link); ok && l.IsAccepted() {
 			links = append(links, l)
 		}
 	}
@@ -618,9 +619,9 @@ func (h *Hub) lameDuck(ctx context.Context) {
 		h.mu.Lock()
 		left, busy := 0, false
 		for c := range h.conns {
-			if l, ok := c.(*Link); ok && l.accepted {
+			if l, ok := c.(*link.Link); ok && l.IsAccepted() {
 				left++
-				busy = busy || !l.quiet()
+				busy = busy || !l.Quiet()
 			}
 		}
 		h.mu.Unlock()
@@ -701,13 +702,13 @@ func (h *Hub) warmingUp() bool {
 // drain and refuses new ones while draining.
 func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 	if h.draining.Load() && !isAgentControl(req.Method) {
-		if l := linkFrom(ctx); l != nil && l.accepted {
+		if l := linkFrom(ctx); l != nil && l.IsAccepted() {
 			// BeginDrain may not have reached this link yet: the goaway
 			// goes out before the refusal, so the peer learns why and
 			// where to go (the link's frames are written in order).
 			l.SendGoAway()
 		}
-		return nil, unavailableNotSent("hub is draining")
+		return nil, link.UnavailableNotSent("hub is draining")
 	}
 	h.inflight.Add(1)
 	defer h.inflight.Add(-1)
@@ -830,7 +831,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		if in == nil && req.Headers.Hops > 0 {
 			// The origin hub picked an instance that has just left this
 			// one: not sent, so the origin retries elsewhere.
-			return nil, unavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
+			return nil, link.UnavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
 		}
 		if in == nil {
 			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
@@ -844,14 +845,14 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			// No responders: answered at once (S22). The attempts mark
 			// tells every retry loop that another try cannot help.
 			if snap.Known(req.Method) {
-				return nil, unavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
+				return nil, link.UnavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
 			}
 			if h.warmingUp() {
 				// Just started, or just listed the registry again: the
 				// agents serving it may not have registered (again) yet.
 				// Retryable, unlike METHOD_NOT_FOUND, which every client
 				// takes as final (HubConfig.WarmUp).
-				return nil, unavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
+				return nil, link.UnavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
 			}
 			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
 		}
@@ -908,7 +909,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		if peerLost {
 			// The link between the hubs failed, not the instance: its
 			// breaker is neither tripped nor healed (an excluded outcome).
-			outcome = unavailableNotSent("peer link lost")
+			outcome = link.UnavailableNotSent("peer link lost")
 			if e := envelope.AsError(err); e.NotSent() && onlyBehindDown {
 				// Every instance left is behind a down peer: like no
 				// responders (S22), answered at once, and no retry loop
@@ -917,7 +918,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			}
 		}
 	} else {
-		err = unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+		err = link.UnavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
 		outcome = err
 	}
 	release()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -129,7 +130,7 @@ func TestInvalidNativeFrameAnswered(t *testing.T) {
 // it answers fail at once with INTERNAL, not at the caller's timeout.
 func TestInvalidNativeResponseFailsCall(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{})
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{}, mesh.WithLinkHandler(
+	l, err := link.Dial(t.Context(), m.WS, link.Config{}, link.WithHandler(
 		func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 			return &envelope.Response{Result: json.RawMessage("\"\xff\xfe\"")}, nil
 		}))

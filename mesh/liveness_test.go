@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -81,7 +82,7 @@ func TestLinkLateResponses(t *testing.T) {
 		return "late", nil
 	})
 	m.RunAgent(t, a)
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{})
+	l, err := link.Dial(t.Context(), m.WS, link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestLinkLateResponses(t *testing.T) {
 // two missed pings, not at TCP's own timeout.
 func TestHalfOpenPeerDeclaredDead(t *testing.T) {
 	const ping = 100 * time.Millisecond
-	m := meshtest.Start(t, mesh.HubConfig{Conn: mesh.ConnConfig{PingInterval: ping}})
+	m := meshtest.Start(t, mesh.HubConfig{Conn: link.Config{PingInterval: ping}})
 	d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
 	ws, _, err := d.DialContext(t.Context(), m.WS, nil)
 	if err != nil {

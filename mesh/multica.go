@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // The Multica surface (seeds multica-hub-rpc and multica-client-streaming):
@@ -33,7 +34,7 @@ import (
 //   - A message to another connected device is delivered to it as sent (its
 //     six fields, re-encoded; "from" must be the sender's own deviceId or
 //     empty, and is filled in). Each device has a bounded send queue
-//     (ConnConfig.QueueSize frames): a device whose queue is full is
+//     (link.Config.QueueSize frames): a device whose queue is full is
 //     disconnected (close 1008 "send queue full": it would otherwise miss
 //     frames in the middle of a stream) and the sender is told, so that a
 //     slow device never blocks its senders nor anyone else.
@@ -136,7 +137,7 @@ type multicaDevice struct {
 	id     string
 	typ    string
 	who    *Principal
-	c      *wsConn
+	c      *link.Conn
 	ctx    context.Context // ends when the device disconnects
 	cancel context.CancelFunc
 	busy   atomic.Int64 // requests and turns in flight
@@ -206,7 +207,7 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)
 	}
-	d := &multicaDevice{h: h, id: id, typ: typ, who: who, c: newWSConn(ws, h.cfg.Conn)}
+	d := &multicaDevice{h: h, id: id, typ: typ, who: who, c: link.NewConn(ws, h.cfg.Conn)}
 	d.ctx, d.cancel = context.WithCancel(base)
 	if !h.track(d) {
 		d.cancel()
@@ -215,7 +216,7 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	}
 	// No message-level check on this connection (c.check is nil): the
 	// surface decodes and refuses its frames itself.
-	d.c.start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) {
+	d.c.Start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) {
 		d.cancel()
 		h.multica.remove(d)
 		h.untrack(d)
@@ -225,11 +226,11 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	old, ok := h.multica.add(d, replace)
 	if !ok {
 		// Another identity took the id between the check and now.
-		d.c.shutdown(errors.New("deviceId in use"))
+		d.c.Shutdown(errors.New("deviceId in use"))
 		return
 	}
 	if old != nil {
-		old.c.shutdown(errors.New("replaced by a new connection of the same device"))
+		old.c.Shutdown(errors.New("replaced by a new connection of the same device"))
 	}
 	// Greeted once routable: a device told it is registered can be sent to
 	// at once (greeted before, a message sent to it on its greeting could
@@ -238,7 +239,7 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	d.send(d.fromHub("registered", nil, greeting))
 	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
 		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
-			d.c.shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
+			d.c.Shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
 		})
 		context.AfterFunc(d.ctx, func() { t.Stop() })
 	}
@@ -259,15 +260,15 @@ func (d *multicaDevice) fromHub(action string, uid, payload json.RawMessage) *mu
 // send queues m for the device without waiting; a device whose queue is
 // full is disconnected (errMulticaSlow). It reports whether m was queued.
 func (d *multicaDevice) send(m *multicaWire) bool {
-	b := getBuf()
+	b := link.GetBuf()
 	*b = appendMultica(*b, m)
-	if d.c.trySend(b) {
+	if d.c.TrySend(b) {
 		return true
 	}
 	select {
-	case <-d.c.done():
+	case <-d.c.Done():
 	default:
-		d.c.shutdown(errMulticaSlow)
+		d.c.Shutdown(errMulticaSlow)
 	}
 	return false
 }
@@ -368,7 +369,7 @@ func (d *multicaDevice) respond(m *multicaMsg, requestID string, result json.Raw
 // onMessage runs on the reader goroutine: it routes or starts the work of
 // one message, and never blocks.
 func (d *multicaDevice) onMessage(data []byte) {
-	m, derr := decodeMultica(data, d.c.cfg.Limits)
+	m, derr := decodeMultica(data, d.c.Config().Limits)
 	if derr != nil {
 		d.sendError(m, derr)
 		return
@@ -404,7 +405,7 @@ func (d *multicaDevice) onMessage(data []byte) {
 func (d *multicaDevice) toHub(m *multicaMsg) {
 	switch m.Action {
 	case "request":
-		rp, err := decodeMulticaRequest(m.Payload, d.c.cfg.Limits)
+		rp, err := decodeMulticaRequest(m.Payload, d.c.Config().Limits)
 		if err != nil {
 			if rp != nil && rp.requestID != "" {
 				d.respond(m, rp.requestID, nil, err)

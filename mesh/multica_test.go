@@ -23,6 +23,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -328,7 +329,7 @@ func TestMulticaErrorCodes(t *testing.T) {
 // fields; a device that stops reading is disconnected once its queue is
 // full, its sender is told, and nobody else waits on it meanwhile.
 func TestMulticaRouting(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{Conn: mesh.ConnConfig{QueueSize: 8}})
+	m := meshtest.Start(t, mesh.HubConfig{Conn: link.Config{QueueSize: 8}})
 	m.RunAgent(t, agents.NewEcho())
 	a, b := connect(t, m, "dev-a"), connect(t, m, "dev-b")
 	a.write(`{"id":"msg-1","uid":"user-9","from":"dev-a","to":"dev-b","action":"chat","payload":{"text":"hi b","n":[1,2,3]}}`)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // The NEXUS3 surface (seed nexus3-rpc-module): the HTTP JSON-RPC of
@@ -119,7 +120,7 @@ func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) 
 		writeNexus3HTTPError(w, http.StatusRequestEntityTooLarge, tooBig)
 		return
 	}
-	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	data, err := link.ReadExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // openAITurn is one completion being served.
@@ -40,7 +41,7 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 		tooBig() // refused before reading a byte of it
 		return
 	}
-	data, err := readExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	data, err := link.ReadExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
@@ -32,8 +33,8 @@ import (
 type peers struct {
 	mu     sync.Mutex
 	hubs   map[peerKey]*peerState
-	closed bool       // set by shutdown: start no more goroutines
-	cfg    ConnConfig // peer links: short heartbeat (HubConfig.PeerHeartbeat)
+	closed bool        // set by shutdown: start no more goroutines
+	cfg    link.Config // peer links: short heartbeat (HubConfig.PeerHeartbeat)
 	h      *Hub
 	ctx    context.Context // ends at hub shutdown; bounds background dials
 	wg     sync.WaitGroup  // dials and re-dial loops
@@ -45,7 +46,7 @@ type peerKey struct{ hub, addr string }
 type peerState struct {
 	hub       string
 	addr      string
-	link      *Link
+	link      *link.Link
 	dialing   chan struct{} // non-nil while a dial runs; closed when it ends
 	down      bool          // the link was lost or the last dial failed
 	err       error         // why it is down
@@ -59,7 +60,7 @@ const (
 	peerMaxBackoff = time.Second
 )
 
-func newPeers(h *Hub, ctx context.Context, cfg ConnConfig) peers {
+func newPeers(h *Hub, ctx context.Context, cfg link.Config) peers {
 	return peers{hubs: map[peerKey]*peerState{}, cfg: cfg, h: h, ctx: ctx}
 }
 
@@ -75,7 +76,7 @@ func (p *peers) shutdown() {
 // link returns a live link to the hub hub at addr. If none is open it
 // starts a dial (unless one runs or the backoff forbids it); a down peer
 // fails at once, otherwise the caller waits for the dial within ctx.
-func (p *peers) link(ctx context.Context, hub, addr string) (*Link, error) {
+func (p *peers) link(ctx context.Context, hub, addr string) (*link.Link, error) {
 	k := peerKey{hub, addr}
 	for {
 		p.mu.Lock()
@@ -97,7 +98,7 @@ func (p *peers) link(ctx context.Context, hub, addr string) (*Link, error) {
 		}
 		if p.closed {
 			p.mu.Unlock()
-			return nil, unavailableNotSent("hub is shutting down")
+			return nil, link.UnavailableNotSent("hub is shutting down")
 		}
 		if st.dialing == nil && !time.Now().Before(st.next) {
 			p.startDialLocked(st)
@@ -159,7 +160,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	if p.cfg.TLS != nil {
 		scheme = "wss://"
 	}
-	l, err := dialLink(ctx, scheme+st.addr+"/ws", tok, check, p.cfg, WithLinkLogger(p.h.log), withHubPeer(), WithLinkOnClose(func(l *Link, err error) {
+	l, err := link.DialCheck(ctx, scheme+st.addr+"/ws", tok, check, p.cfg, link.WithLogger(p.h.log), link.WithHubPeer(), link.WithOnClose(func(l *link.Link, err error) {
 		p.h.untrack(l)
 		p.mu.Lock()
 		if st.link == l {
@@ -186,7 +187,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	}
 	if !p.h.track(l) {
 		go l.Close() // the hub is shutting down
-		p.markDownLocked(st, unavailableNotSent("hub is shutting down"))
+		p.markDownLocked(st, link.UnavailableNotSent("hub is shutting down"))
 		return
 	}
 	if st.down {
@@ -283,10 +284,10 @@ func (p *peers) isDown(hub, addr string) bool {
 // links returns the open peer links this hub dialled (for /metrics:
 // agentmesh_links{kind="peer"}; a peer's links to this hub count as
 // "client" on this side).
-func (p *peers) links() map[*Link]bool {
+func (p *peers) links() map[*link.Link]bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[*Link]bool{}
+	out := map[*link.Link]bool{}
 	for _, st := range p.hubs {
 		if st.link != nil && st.link.Err() == nil {
 			out[st.link] = true
@@ -299,7 +300,7 @@ func (p *peers) links() map[*Link]bool {
 // afresh (a draining hub refuses the dial, so the peer is down and the
 // router tries another instance), and the link closes once its calls are
 // answered.
-func (p *peers) follow(st *peerState, l *Link) {
+func (p *peers) follow(st *peerState, l *link.Link) {
 	defer p.wg.Done()
 	select {
 	case <-l.Done():
@@ -313,7 +314,7 @@ func (p *peers) follow(st *peerState, l *Link) {
 		st.link = nil
 	}
 	p.mu.Unlock()
-	drainLink(p.ctx, l, l.Pending)
+	link.Drain(p.ctx, l, l.Pending)
 }
 
 // forward sends a call for an instance attached to another hub over the
@@ -322,14 +323,14 @@ func (p *peers) follow(st *peerState, l *Link) {
 // (unreachable, or lost with the call in flight), not of the instance.
 func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (res *envelope.Response, peerLost bool, err error) {
 	if req.Headers.Hops > 0 {
-		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
+		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
 	}
 	if in.HubAddr == "" {
-		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
+		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
 	}
 	if in.Hub == "" && h.guard.on() {
 		// The peer token is bound to the hub's id: no id, no dial.
-		return nil, false, unavailableNotSent("agent " + in.InstanceID + " is on a hub at " + in.HubAddr + " whose id is unknown")
+		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is on a hub at " + in.HubAddr + " whose id is unknown")
 	}
 	l, err := h.peers.link(ctx, in.Hub, in.HubAddr)
 	if err != nil {
@@ -342,7 +343,7 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	return res, err != nil && l.Err() != nil, err
 }
 
-func goneAway(l *Link) bool {
+func goneAway(l *link.Link) bool {
 	select {
 	case <-l.GoAway():
 		return true

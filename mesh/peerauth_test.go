@@ -20,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/tokentap"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry"
@@ -38,7 +39,7 @@ type fakeHub struct {
 	proof  func(tok string) string // the Agentmesh-Peer-Proof it answers with ("": none)
 	mu     sync.Mutex
 	tokens []string
-	links  []*mesh.Link
+	links  []*link.Link
 	calls  atomic.Int64
 }
 
@@ -58,7 +59,7 @@ func startFakeHub(t *testing.T, proof func(tok string) string) *fakeHub {
 		if err != nil {
 			return
 		}
-		l := mesh.NewLink(ws, mesh.ConnConfig{}, mesh.WithLinkHandler(func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
+		l := link.New(ws, link.Config{}, link.WithHandler(func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
 			f.calls.Add(1)
 			return &envelope.Response{ID: req.ID, Destination: req.Origin, Result: json.RawMessage(`"forged"`)}, nil
 		}))
@@ -384,7 +385,7 @@ func TestPeerTokenBinding(t *testing.T) {
 
 	// What the hub role may do on its link.
 	tok, _ = peer(nil, 30*time.Second)
-	l, err := mesh.DialLinkToken(t.Context(), b.WS, tok, mesh.ConnConfig{})
+	l, err := link.DialToken(t.Context(), b.WS, tok, link.Config{})
 	if err != nil {
 		t.Fatalf("a peer link with a well-bound hub token: %v", err)
 	}
@@ -600,15 +601,15 @@ func TestPeerMustProveItsIdentity(t *testing.T) {
 // token captured from it would be bound as over plain ws.
 func TestPeerHandshakeOverMutualTLS(t *testing.T) {
 	pki := newPKI(t)
-	srvTLS, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	srvTLS, err := link.ServerTLS(pki.cert, pki.key, pki.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
-	peerTLS, err := mesh.ClientTLS(pki.ca, pki.cert, pki.key)
+	peerTLS, err := link.ClientTLS(pki.ca, pki.cert, pki.key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clientTLS, _ := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	clientTLS, _ := link.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
 	reg := memory.New()
 	hub := func(name string) *meshtest.Mesh {
 		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, TLS: srvTLS, PeerTLS: peerTLS, Security: peerSec()}, reg)
@@ -617,7 +618,7 @@ func TestPeerHandshakeOverMutualTLS(t *testing.T) {
 	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
 	var ran atomic.Int64
 	ag := countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
-	agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS})(ag)
+	agents.WithConnConfig(link.Config{TLS: clientTLS})(ag)
 	runAgentUntilEnd(t, ag, wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance(ag.ID()) != nil })
 	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS), mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -100,7 +101,7 @@ func TestPendingCallsBoundPerConnection(t *testing.T) {
 	}
 
 	t.Run("native link", func(t *testing.T) {
-		l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{})
+		l, err := link.Dial(t.Context(), m.WS, link.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
@@ -272,7 +273,7 @@ func (h *Hub) rolesOf(m string, declared []string) []string {
 	return nil
 }
 
-func (h *Hub) meshSchema(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) meshSchema(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("schema", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
@@ -312,7 +313,7 @@ type openRPCError struct {
 	Message string `json:"message"`
 }
 
-func (h *Hub) rpcDiscover(ctx context.Context, _ *Link, raw json.RawMessage) (any, error) {
+func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("rpc.discover", raw, &struct{}{}); err != nil {
 		return nil, err
 	}

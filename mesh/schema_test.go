@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
@@ -229,7 +230,7 @@ func TestSchemaRPCLiteral(t *testing.T) {
 // or with an error code the mesh does not have, with INVALID_PARAMS.
 func TestRegisterSchemasChecked(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{})
-	l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{})
+	l, err := link.Dial(t.Context(), m.WS, link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

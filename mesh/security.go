@@ -15,6 +15,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // Security is the hub's authentication and authorisation. The zero value
@@ -90,7 +91,7 @@ func PrincipalOf(ctx context.Context) *Principal {
 		return p
 	}
 	if l := linkFrom(ctx); l != nil {
-		return l.who
+		return linkPrincipal(l)
 	}
 	return nil
 }
@@ -352,10 +353,10 @@ func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 		var who *Principal
 		var cut func(error)
 		switch c := c.(type) {
-		case *Link:
-			who, cut = c.who, c.c.shutdown
+		case *link.Link:
+			who, cut = linkPrincipal(c), c.Shutdown
 		case *rpcConn:
-			who, cut = c.who, c.c.shutdown
+			who, cut = c.who, c.c.Shutdown
 		}
 		if who == nil || who.token == "" {
 			continue
@@ -380,14 +381,14 @@ func (h *Hub) SetAuthKeys(keys []auth.Key) (closed int, err error) {
 // once per link, so the link must not outlive it. A peer link is the
 // exception: its token is minted for the dial (peerTokenTTL), the link
 // lives on its heartbeat, and a key rotation checks it (SetAuthKeys).
-func expireLink(l *Link, p *Principal) {
+func expireLink(l *link.Link, p *Principal) {
 	if p == nil || p.Claims == nil || p.ExpiresAt.IsZero() || p.Peer() {
 		return
 	}
 	t := time.AfterFunc(time.Until(p.ExpiresAt), func() {
-		l.c.shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
+		l.Shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
 	})
-	context.AfterFunc(l.ctx, func() { t.Stop() })
+	context.AfterFunc(l.Context(), func() { t.Stop() })
 }
 
 // roleTable maps method patterns to the roles that may call them.

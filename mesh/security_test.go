@@ -18,6 +18,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
@@ -138,7 +139,7 @@ func TestRegistrationGuard(t *testing.T) {
 	m.RunAgent(t, countingAgent("memory", &xCalls, x, "memory.*"))
 
 	for _, claim := range []string{"memory.get", "memory.*", "Memory.Get", "memory.get.", "memory..get", "mеmory.get", "memory.get ", "*", "admin.*", "mesh.agents", "agent.register"} {
-		l, err := mesh.DialLinkToken(t.Context(), m.WS, y, mesh.ConnConfig{})
+		l, err := link.DialToken(t.Context(), m.WS, y, link.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +174,7 @@ func TestRegistrationGuard(t *testing.T) {
 	}
 
 	// Another holder cannot take X's agent id over.
-	l, err := mesh.DialLinkToken(t.Context(), m.WS, token(t, auth.Claims{Subject: "agent-z", Serve: []string{"memory.*"}}, time.Hour), mesh.ConnConfig{})
+	l, err := link.DialToken(t.Context(), m.WS, token(t, auth.Claims{Subject: "agent-z", Serve: []string{"memory.*"}}, time.Hour), link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

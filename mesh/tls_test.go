@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
@@ -78,17 +79,17 @@ func newPKI(t *testing.T) testPKI {
 // speaks plain ws://, gets nothing through.
 func TestMutualTLS(t *testing.T) {
 	pki := newPKI(t)
-	srv, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	srv, err := link.ServerTLS(pki.cert, pki.key, pki.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := meshtest.Start(t, mesh.HubConfig{TLS: srv})
 	wss, https := strings.Replace(m.WS, "ws://", "wss://", 1), strings.Replace(m.HTTP, "http://", "https://", 1)
-	good, err := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	good, err := link.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runAgentUntilEnd(t, agents.NewEcho(agents.WithConnConfig(mesh.ConnConfig{TLS: good})), wss, "over mutual TLS")
+	runAgentUntilEnd(t, agents.NewEcho(agents.WithConnConfig(link.Config{TLS: good})), wss, "over mutual TLS")
 	for _, url := range []string{wss, https} {
 		c := mustClient(t, url, mesh.WithTLS(good))
 		var got []string
@@ -96,8 +97,8 @@ func TestMutualTLS(t *testing.T) {
 			t.Errorf("%s: %q, %v", url, got, err)
 		}
 	}
-	noCert, _ := mesh.ClientTLS(pki.ca, "", "")
-	distrust, _ := mesh.ClientTLS(pki.otherCA, pki.clientCert, pki.clientKey)
+	noCert, _ := link.ClientTLS(pki.ca, "", "")
+	distrust, _ := link.ClientTLS(pki.otherCA, pki.clientCert, pki.clientKey)
 	for name, c := range map[string]struct {
 		url string
 		tls *tls.Config
@@ -141,11 +142,11 @@ func runAgentUntilEnd(t *testing.T, ag *agents.Agent, url, what string) {
 // serverAuth and clientAuth usages).
 func TestPeerLinksOverMutualTLS(t *testing.T) {
 	pki := newPKI(t)
-	srvTLS, err := mesh.ServerTLS(pki.cert, pki.key, pki.ca)
+	srvTLS, err := link.ServerTLS(pki.cert, pki.key, pki.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
-	peerTLS, err := mesh.ClientTLS(pki.ca, pki.cert, pki.key)
+	peerTLS, err := link.ClientTLS(pki.ca, pki.cert, pki.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +160,8 @@ func TestPeerLinksOverMutualTLS(t *testing.T) {
 	}
 	a, b := hub("A"), hub("B")
 	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
-	clientTLS, _ := mesh.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
-	runAgentUntilEnd(t, agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(mesh.ConnConfig{TLS: clientTLS})), wss(a), "on hub A over mutual TLS")
+	clientTLS, _ := link.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
+	runAgentUntilEnd(t, agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(link.Config{TLS: clientTLS})), wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance("echo-on-a") != nil })
 	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS))
 	for i := range 20 {

@@ -20,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -240,7 +241,7 @@ func (g *ctlFlags) chatTurn(ctx context.Context, c *mesh.Client, id, line string
 	case envelope.CodeOf(a.err) == envelope.CodeCancelled:
 		fmt.Fprintln(g.stderr, "(cancelled)")
 		return nil
-	case errors.Is(a.err, mesh.ErrHubUnreachable) || envelope.CodeOf(a.err) == envelope.CodeAgentNotFound:
+	case errors.Is(a.err, link.ErrHubUnreachable) || envelope.CodeOf(a.err) == envelope.CodeAgentNotFound:
 		return g.callErr(a.err, false)
 	}
 	e := envelope.AsError(a.err)

@@ -24,6 +24,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -54,7 +55,7 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 3 no hub could be reached.`,
 	}
 	pf := root.PersistentFlags()
-	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", mesh.DefaultHubURL)),
+	pf.StringSliceVar(&g.hubs, "hub", splitList(envOr("MESH_HUB", link.DefaultHubURL)),
 		"hub URL(s): ws://host:port/ws or http://host:port/rpc; repeat or comma-separate [$MESH_HUB]")
 	pf.StringVar(&g.token, "token", envOr("MESH_TOKEN", ""), "bearer token for hubs started with --auth-key (meshctl token issue) [$MESH_TOKEN]")
 	pf.StringVar(&g.tlsCA, "tls-ca", envOr("MESH_TLS_CA", ""), "CA bundle (PEM) that wss:// and https:// hubs must chain to (default: the system's roots) [$MESH_TLS_CA]")
@@ -92,7 +93,7 @@ func (g *ctlFlags) tls() (*tls.Config, error) {
 	if g.tlsCA == "" && g.tlsCert == "" && g.tlsKey == "" {
 		return nil, nil
 	}
-	c, err := mesh.ClientTLS(g.tlsCA, g.tlsCert, g.tlsKey)
+	c, err := link.ClientTLS(g.tlsCA, g.tlsCert, g.tlsKey)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -132,7 +133,7 @@ func (g *ctlFlags) callErr(err error, pretty bool) error {
 	} else {
 		fmt.Fprintf(g.stderr, "%s: %s\n", e.Code, e.Message)
 	}
-	if errors.Is(err, mesh.ErrHubUnreachable) {
+	if errors.Is(err, link.ErrHubUnreachable) {
 		return withCode(ExitUnreachable, errReported)
 	}
 	return withCode(ExitError, errReported)
@@ -424,7 +425,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 			}()
 			newAgent := func(id string) (*agents.Agent, error) {
 				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(drain), agents.WithID(id), agents.WithToken(g.token),
-					agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(mesh.ConnConfig{PingInterval: linkPing, TLS: tlsCfg})}
+					agents.WithTelemetry(telemetry.New(tp, metrics)), agents.WithConnConfig(link.Config{PingInterval: linkPing, TLS: tlsCfg})}
 				switch args[0] {
 				case "echo":
 					return agents.NewEcho(opts...), nil

@@ -27,6 +27,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -133,7 +134,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			var srvTLS, peerTLS *tls.Config
 			if tlsCert != "" || tlsKey != "" || clientCA != "" {
-				if srvTLS, err = mesh.ServerTLS(tlsCert, tlsKey, clientCA); err != nil {
+				if srvTLS, err = link.ServerTLS(tlsCert, tlsKey, clientCA); err != nil {
 					return usageErr("%v", err)
 				}
 				// Peers (and the demo agents) are dialled over wss, verified
@@ -144,7 +145,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if ca == "" {
 					ca = clientCA
 				}
-				if peerTLS, err = mesh.ClientTLS(ca, tlsCert, tlsKey); err != nil {
+				if peerTLS, err = link.ClientTLS(ca, tlsCert, tlsKey); err != nil {
 					return usageErr("%v", err)
 				}
 			}
@@ -239,7 +240,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			hub, err = mesh.NewHub(mesh.HubConfig{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, GlobalRate: globalRate, GlobalBurst: globalBurst, PeerHeartbeat: peerHeartbeat,
-				Conn: mesh.ConnConfig{PingInterval: linkPing, WriteTimeout: linkWriteTimeout,
+				Conn: link.Config{PingInterval: linkPing, WriteTimeout: linkWriteTimeout,
 					MaxUnwrittenBytes: maxUnwrittenB, MaxUnwrittenCalls: maxUnwrittenN},
 				TLS: srvTLS, PeerTLS: peerTLS,
 				WarmUp: hubWarmUp(warmUp),
@@ -311,7 +312,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				for _, a := range demoAgents {
 					if peerTLS != nil {
-						agents.WithConnConfig(mesh.ConnConfig{TLS: peerTLS})(a)
+						agents.WithConnConfig(link.Config{TLS: peerTLS})(a)
 					}
 					wg.Go(func() { _ = a.Run(actx, url) })
 				}

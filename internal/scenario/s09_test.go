@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -117,9 +118,9 @@ func TestS09RetrySemantics(t *testing.T) {
 		led := scenario.NewLedger()
 		k := 50
 		for i := range k {
-			var l *mesh.Link
+			var l *link.Link
 			ran := make(chan struct{})
-			l, err := mesh.DialLink(t.Context(), m.WS, mesh.ConnConfig{}, mesh.WithLinkHandler(
+			l, err := link.Dial(t.Context(), m.WS, link.Config{}, link.WithHandler(
 				func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 					led.Executed(req.ID, 1)
 					close(ran)

@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"context"
@@ -48,22 +48,22 @@ func WSURL(hub string) (string, error) {
 	return u.String(), nil
 }
 
-// DialLink dials a hub's /ws with the native subprotocol and starts a Link
+// Dial dials a hub's /ws with the native subprotocol and starts a Link
 // over it. ctx bounds the dial only.
-func DialLink(ctx context.Context, hub string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
-	return DialLinkToken(ctx, hub, "", cfg, opts...)
+func Dial(ctx context.Context, hub string, cfg Config, opts ...Option) (*Link, error) {
+	return DialToken(ctx, hub, "", cfg, opts...)
 }
 
-// DialLinkToken is DialLink presenting a bearer token (none if empty).
-func DialLinkToken(ctx context.Context, hub, token string, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
-	return dialLink(ctx, hub, token, nil, cfg, opts...)
+// DialToken is Dial presenting a bearer token (none if empty).
+func DialToken(ctx context.Context, hub, token string, cfg Config, opts ...Option) (*Link, error) {
+	return DialCheck(ctx, hub, token, nil, cfg, opts...)
 }
 
-// dialLink is DialLinkToken; check, if set, is given the hub's answer to
+// DialCheck is DialToken; check, if set, is given the hub's answer to
 // the upgrade before the link starts: when it fails the socket is closed,
 // nothing having been sent over it, and its error returned (a peer hub's
 // proof, peerauth.go).
-func dialLink(ctx context.Context, hub, token string, check func(*http.Response) error, cfg ConnConfig, opts ...LinkOption) (*Link, error) {
+func DialCheck(ctx context.Context, hub, token string, check func(*http.Response) error, cfg Config, opts ...Option) (*Link, error) {
 	u, err := WSURL(hub)
 	if err != nil {
 		return nil, envelope.WrapError(envelope.CodeInvalidRequest, err.Error(), err)
@@ -96,7 +96,7 @@ func dialLink(ctx context.Context, hub, token string, check func(*http.Response)
 		if resp != nil {
 			return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("hub %s refused the WebSocket: %s", u, resp.Status), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 		}
-		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, netErrText(err)), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
+		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, NetErrText(err)), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 	}
 	if ws.Subprotocol() != envelope.Subprotocol {
 		_ = ws.Close()
@@ -108,11 +108,11 @@ func dialLink(ctx context.Context, hub, token string, check func(*http.Response)
 			return nil, err
 		}
 	}
-	return NewLink(ws, cfg, opts...), nil
+	return New(ws, cfg, opts...), nil
 }
 
-// netErrText shortens "dial tcp 127.0.0.1:1: connect: connection refused".
-func netErrText(err error) string {
+// NetErrText shortens "dial tcp 127.0.0.1:1: connect: connection refused".
+func NetErrText(err error) string {
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Err != nil {
 		if oe.Addr == nil { // e.g. a TLS alert from the hub

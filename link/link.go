@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 // it fails at once with UNAVAILABLE, and every handler it started sees its
 // context cancelled.
 type Link struct {
-	c       *wsConn
-	serve   envelope.Invoker // handles incoming requests; nil refuses them
+	c       *Conn
+	serve   Handler // handles incoming requests; nil refuses them
 	log     *slog.Logger
 	backend string
 
@@ -33,10 +33,10 @@ type Link struct {
 
 	ctx    context.Context // cancelled when the link closes
 	cancel context.CancelFunc
-	// base carries ctx's values without its cancellation: the parent of
-	// every served request's context. A child of ctx would register with
-	// it and leave it again, under ctx's lock, once per request; closing
-	// the link cancels every served request through the serving map.
+	// base is ctx without its cancellation: the parent of every served
+	// request's context. A child of ctx would register with it and leave
+	// it again, under ctx's lock, once per request; closing the link
+	// cancels every served request through the serving map.
 	base context.Context
 	wg   sync.WaitGroup // workers serving incoming requests
 	work chan task      // hands a request to an idle worker
@@ -50,9 +50,11 @@ type Link struct {
 	nserving   atomic.Int64
 	late       atomic.Int64 // responses for calls no longer waiting
 	onClose    func(*Link, error)
-	who        *Principal // who the peer authenticated as (nil: no authentication)
-	Remote     string     // the peer's address, for logs
-	hubPeer    bool       // a link to another hub (withHubPeer)
+	owner      any    // set by whoever accepted or dialled it (WithOwner)
+	Remote     string // the peer's address, for logs
+	hubPeer    bool   // a link to another hub (WithHubPeer)
+	callBound  bool   // accepted: running calls are bounded (not WithoutCallBound)
+	parent     context.Context
 }
 
 type linkResult struct {
@@ -61,37 +63,75 @@ type linkResult struct {
 	lost bool // the link closed: not an answer from the peer
 }
 
-// LinkOption configures a Link.
-type LinkOption func(*Link)
+// Option configures a Link.
+type Option func(*Link)
 
-// WithLinkHandler sets the invoker that serves requests arriving on the link.
-func WithLinkHandler(h envelope.Invoker) LinkOption { return func(l *Link) { l.serve = h } }
+// WithHandler sets the invoker that serves requests arriving on the link.
+func WithHandler(h envelope.Invoker) Option {
+	return func(l *Link) {
+		l.serve = func(ctx context.Context, _ *Link, req *envelope.Request) (*envelope.Response, error) {
+			return h(ctx, req)
+		}
+	}
+}
 
-// WithLinkLogger sets the logger.
-func WithLinkLogger(lg *slog.Logger) LinkOption { return func(l *Link) { l.log = lg } }
+// WithLogger sets the logger.
+func WithLogger(lg *slog.Logger) Option { return func(l *Link) { l.log = lg } }
 
-// WithLinkOnClose sets a hook called once, after the link closed and its
+// WithOnClose sets a hook called once, after the link closed and its
 // pending calls were failed.
-func WithLinkOnClose(f func(*Link, error)) LinkOption { return func(l *Link) { l.onClose = f } }
+func WithOnClose(f func(*Link, error)) Option { return func(l *Link) { l.onClose = f } }
 
-// WithLinkPrincipal records who the peer authenticated as; requests it
-// sends are authorised as that principal.
-func WithLinkPrincipal(p *Principal) LinkOption { return func(l *Link) { l.who = p } }
+// Handler serves one request that arrived on l; it is given the link
+// explicitly (the link is per-connection state, not a context value).
+type Handler func(ctx context.Context, l *Link, req *envelope.Request) (*envelope.Response, error)
 
-// withHubPeer marks a link to another hub: the responses it carries were
+// WithServer sets the handler that serves requests arriving on the link.
+func WithServer(h Handler) Option { return func(l *Link) { l.serve = h } }
+
+// WithOwner attaches v to the link, for whoever accepted or dialled it
+// (a hub keeps the peer's principal there): Owner returns it.
+func WithOwner(v any) Option { return func(l *Link) { l.owner = v } }
+
+// WithContext sets the parent of the link's context and of every served
+// request's context (default context.Background()): values set once per
+// link reach each request without a cost per request. Its cancellation
+// does not close the link.
+func WithContext(ctx context.Context) Option {
+	return func(l *Link) { l.parent = context.WithoutCancel(ctx) }
+}
+
+// Owner returns what WithOwner attached (nil if nothing).
+func (l *Link) Owner() any { return l.owner }
+
+// Accepted marks a link accepted by a hub (not dialled): it is told
+// goaway when the hub drains, and what it owes the peer is bounded
+// (Config.MaxUnwrittenBytes, MaxUnwrittenCalls).
+func Accepted() Option { return func(l *Link) { l.accepted = true; l.callBound = true } }
+
+// WithoutCallBound lifts an accepted link's bound on running calls: a
+// peer hub's link carries every caller of that hub, each bounded there,
+// and one of them must not refuse the others' calls (only a peer hub
+// that does not read is paused).
+func WithoutCallBound() Option { return func(l *Link) { l.callBound = false } }
+
+// IsAccepted reports whether the link was accepted (Accepted), not dialled.
+func (l *Link) IsAccepted() bool { return l.accepted }
+
+// WithHubPeer marks a link to another hub: the responses it carries were
 // encoded and checked by that hub, so one that fails its checks was
 // damaged on the way; its call is answered UNAVAILABLE (indeterminate:
 // the callee may have run), as for a lost link, not INTERNAL.
-func withHubPeer() LinkOption { return func(l *Link) { l.hubPeer = true } }
+func WithHubPeer() Option { return func(l *Link) { l.hubPeer = true } }
 
 // WithMaxServing bounds the requests served concurrently for the peer
 // (default 10,000); past it the peer gets OVERLOADED at once.
-func WithMaxServing(n int) LinkOption { return func(l *Link) { l.maxServing = n } }
+func WithMaxServing(n int) Option { return func(l *Link) { l.maxServing = n } }
 
-// NewLink starts a Link over an established WebSocket. It starts the
+// New starts a Link over an established WebSocket. It starts the
 // link's reader and writer goroutines; Close stops them.
-func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
-	c := newWSConn(ws, cfg)
+func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
+	c := NewConn(ws, cfg)
 	c.batch = true // both ends of a native link read JSON-array batches
 	lim := c.cfg.Limits
 	c.check = func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) }
@@ -104,6 +144,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		maxServing: 10000,
 		work:       make(chan task),
 		goaway:     make(chan struct{}),
+		parent:     context.Background(),
 		Remote:     ws.RemoteAddr().String(),
 	}
 	for _, o := range opts {
@@ -111,20 +152,23 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 	}
 	if l.accepted {
 		// The hub serves this peer's calls: bound what it owes it
-		// (ConnConfig.MaxUnwrittenBytes). Only the accepting side
+		// (Config.MaxUnwrittenBytes). Only the accepting side
 		// pauses its reader, so two ends never wait on each other.
-		c.withBackpressure()
-		// A peer hub's link carries every caller of that hub, each
-		// bounded there: a bound on running calls here would let one of
-		// them refuse the others' calls (only a peer hub that does not
-		// read is paused).
-		c.noCallBound = l.who.Peer()
+		c.WithBackpressure()
+		c.noCallBound = !l.callBound
 	}
-	l.ctx, l.cancel = context.WithCancel(context.WithValue(context.Background(), linkKey{}, l))
+	l.ctx, l.cancel = context.WithCancel(l.parent)
 	l.base = context.WithoutCancel(l.ctx)
-	l.c.start(l.onMessage, l.connClosed)
+	l.c.Start(l.onMessage, l.connClosed)
 	return l
 }
+
+// Shutdown starts closing the link with err (a *envelope.Error's code
+// picks the close frame) without waiting: safe from any goroutine.
+func (l *Link) Shutdown(err error) { l.c.Shutdown(err) }
+
+// Context returns a context cancelled when the link closes.
+func (l *Link) Context() context.Context { return l.ctx }
 
 // Pending returns how many calls on this link await an answer.
 func (l *Link) Pending() int {
@@ -141,14 +185,14 @@ func (l *Link) Serving() int {
 }
 
 // quiet reports that the link serves nothing and has nothing left to write.
-func (l *Link) quiet() bool { return l.Serving() == 0 && l.c.unwritten() == 0 }
+func (l *Link) Quiet() bool { return l.Serving() == 0 && l.c.Unwritten() == 0 }
 
 // GoAway is closed once the peer sent a goaway frame: it takes no new
 // requests on this link. The link stays open for the answers still due.
 func (l *Link) GoAway() <-chan struct{} { return l.goaway }
 
 // goingAway reports whether the peer sent a goaway frame.
-func (l *Link) goingAway() bool {
+func (l *Link) GoingAway() bool {
 	select {
 	case <-l.goaway:
 		return true
@@ -163,19 +207,19 @@ func (l *Link) goingAway() bool {
 // that a frame its caller queues next follows the goaway.
 func (l *Link) SendGoAway() {
 	l.sentGoAway.Do(func() {
-		b := getBuf()
+		b := GetBuf()
 		*b = envelope.AppendGoAwayFrame(*b)
-		l.c.send(b)
+		l.c.Send(b)
 	})
 }
 
 // Done is closed when the link has closed.
-func (l *Link) Done() <-chan struct{} { return l.c.done() }
+func (l *Link) Done() <-chan struct{} { return l.c.Done() }
 
 // Err reports why the link closed (nil while open).
 func (l *Link) Err() error {
 	select {
-	case <-l.c.done():
+	case <-l.c.Done():
 		return l.c.err
 	default:
 		return nil
@@ -201,19 +245,19 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 	if l.closed {
 		l.mu.Unlock()
 		resultChans.Put(ch)
-		return nil, unavailableNotSent("link closed")
+		return nil, UnavailableNotSent("link closed")
 	}
 	l.pending[seq] = ch
 	l.mu.Unlock()
 
 	r := *req
 	r.Headers.SetDeadline(ctx)
-	b := getBuf()
+	b := GetBuf()
 	*b = envelope.AppendRequestFrame(*b, seq, &r)
-	if !l.c.trySend(b) {
+	if !l.c.TrySend(b) {
 		l.forget(seq, ch)
 		if l.Err() != nil {
-			return nil, unavailableNotSent("link closed")
+			return nil, UnavailableNotSent("link closed")
 		}
 		return nil, envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
 	}
@@ -233,9 +277,9 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 			}
 			resultChans.Put(ch)
 		}
-		cb := getBuf()
+		cb := GetBuf()
 		*cb = envelope.AppendCancelFrame(*cb, seq)
-		l.c.trySend(cb)
+		l.c.TrySend(cb)
 		return nil, envelope.AsError(ctx.Err())
 	}
 }
@@ -254,9 +298,9 @@ func (l *Link) forget(seq uint64, ch chan linkResult) (mine bool) {
 	return mine
 }
 
-// unavailableNotSent is UNAVAILABLE for a request that provably never
+// UnavailableNotSent is UNAVAILABLE for a request that provably never
 // left this side: safe to retry even when not idempotent.
-func unavailableNotSent(msg string) *envelope.Error {
+func UnavailableNotSent(msg string) *envelope.Error {
 	return envelope.NewError(envelope.CodeUnavailable, msg).MarkNotSent()
 }
 
@@ -266,7 +310,7 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 		return
 	}
 	// The reader checked the message (c.check, PrecheckFrames, set in
-	// NewLink): decode it without a second scan.
+	// New): decode it without a second scan.
 	envelope.EachCheckedFrame(data, l.onFrame)
 }
 
@@ -301,7 +345,7 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 		if len(text) > 120 { // a close frame carries at most 123 bytes of text
 			text = text[:120]
 		}
-		l.c.shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
+		l.c.Shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
 	}
 }
 
@@ -316,9 +360,9 @@ func (l *Link) undecodable(e *envelope.Error) *envelope.Error {
 func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
-			b := getBuf()
+			b := GetBuf()
 			*b = envelope.AppendResponseFrame(*b, f.Seq, nil, err)
-			l.c.send(b)
+			l.c.Send(b)
 			return
 		}
 		if f.Type == envelope.FrameResponse && f.Seq != 0 {
@@ -378,9 +422,9 @@ func (l *Link) lateResponse() {
 func (l *Link) LateResponses() int64 { return l.late.Load() }
 
 func (l *Link) reply(seq uint64, res *envelope.Response, e *envelope.Error) {
-	b := getBuf()
+	b := GetBuf()
 	*b = envelope.AppendResponseFrame(*b, seq, res, e)
-	l.c.send(b)
+	l.c.Send(b)
 }
 
 func (l *Link) startServing(seq uint64, req *envelope.Request) {
@@ -401,7 +445,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.nserving.Add(-1)
 		return
 	}
-	if !l.c.tryAdmit(1, requestBytes(req)) {
+	if !l.c.TryAdmit(1, requestBytes(req)) {
 		l.mu.Unlock()
 		cancel()
 		l.nserving.Add(-1)
@@ -459,7 +503,7 @@ func (l *Link) worker(t task) {
 func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
 	start := time.Now()
 	held := requestBytes(r) // as startServing admitted it, before serve can touch r
-	res, err := l.serve(ctx, r)
+	res, err := l.serve(ctx, l, r)
 	// Answer first, then leave the serving map: Serving() == 0 means every
 	// answer is queued (a draining hub waits for that before closing).
 	if err != nil {
@@ -471,7 +515,7 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 		}
 		l.reply(seq, res, nil)
 	}
-	l.c.release(1, held)
+	l.c.Release(1, held)
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
@@ -508,3 +552,28 @@ func (l *Link) connClosed(err error) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Drain closes l once busy() reports nothing left on it (calls it
+// awaits, requests it serves) and nothing is left to write (twice in a
+// row, 10 ms apart), the link closed, or ctx ended: what a party does
+// with a link whose hub sent a goaway.
+func Drain(ctx context.Context, l *Link, busy func() int) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for quiet := 0; quiet < 2; {
+		if busy() > 0 || l.c.Unwritten() > 0 {
+			quiet = 0
+		} else {
+			quiet++
+		}
+		select {
+		case <-t.C:
+		case <-l.Done():
+		case <-ctx.Done():
+		}
+		if l.Err() != nil || ctx.Err() != nil {
+			break
+		}
+	}
+	l.Close()
+}

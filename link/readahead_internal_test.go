@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"bytes"
@@ -265,7 +265,7 @@ func TestReadAheadPace(t *testing.T) {
 			}()
 			rc := &readAheadConn{Conn: a, readAhead: newReadAhead(a)}
 			cp := &countPacer{pacer: rc}
-			got, refused, err := readChecked(io.LimitReader(rc, int64(tc.size)), cp, tc.size, nil, 0)
+			got, refused, err := ReadChecked(io.LimitReader(rc, int64(tc.size)), cp, tc.size, nil, 0)
 			if err != nil || refused != nil {
 				t.Fatalf("read: %v %v", err, refused)
 			}

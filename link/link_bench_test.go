@@ -1,7 +1,8 @@
-package mesh_test
+package link_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,7 +11,8 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/internal/cpustat"
+	"github.com/agentmesh/agentmesh/link"
 )
 
 // BenchmarkLinkCall measures the link alone (writer, reader, pending map,
@@ -24,13 +26,13 @@ func BenchmarkLinkCall(b *testing.B) {
 	echo := func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
 		return &envelope.Response{ID: req.ID, Result: req.Params}, nil
 	}
-	var peers []*mesh.Link
+	var peers []*link.Link
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := up.Upgrade(w, r, nil)
 		if err != nil {
 			return
 		}
-		peers = append(peers, mesh.NewLink(ws, mesh.ConnConfig{}, mesh.WithLinkHandler(echo)))
+		peers = append(peers, link.New(ws, link.Config{}, link.WithHandler(echo)))
 	}))
 	defer func() {
 		for _, p := range peers {
@@ -38,7 +40,7 @@ func BenchmarkLinkCall(b *testing.B) {
 		}
 		srv.Close()
 	}()
-	l, err := mesh.DialLink(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", mesh.ConnConfig{})
+	l, err := link.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", link.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func BenchmarkLinkCall(b *testing.B) {
 	req := envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: payload128}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b)
+		cpustat.Report(b)
 		for b.Loop() {
 			r := req
 			if _, err := l.Call(context.Background(), &r); err != nil {
@@ -56,7 +58,7 @@ func BenchmarkLinkCall(b *testing.B) {
 	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b)
+		cpustat.Report(b)
 		b.SetParallelism(32)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -69,3 +71,6 @@ func BenchmarkLinkCall(b *testing.B) {
 		})
 	})
 }
+
+// payload128 is the 128-byte params of the benchmarks (as mesh's).
+var payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)

@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"net"
@@ -7,21 +7,28 @@ import (
 	"time"
 )
 
-// capListener refuses connections past max at once, with a 503 and a
+// CapListener refuses connections past max at once, with a 503 and a
 // close, instead of queueing them (netutil.LimitListener stops accepting,
 // which leaves them in the kernel's backlog until they time out): a flood
 // of connections is answered in microseconds and the hub's descriptors
 // stay bounded (S27).
-type capListener struct {
+type CapListener struct {
 	net.Listener
 	max     int64
 	active  atomic.Int64
 	refused func()
 }
 
+// NewCapListener wraps ln: at most max connections open at once;
+// refused, if set, is told of each connection refused (for metrics).
+func NewCapListener(ln net.Listener, max int64, refused func()) *CapListener {
+	return &CapListener{Listener: ln, max: max, refused: refused}
+}
+
 var busyReply = []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: 20\r\n\r\ntoo many connections")
 
-func (l *capListener) Accept() (net.Conn, error) {
+// Accept accepts the next connection under the cap.
+func (l *CapListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -43,7 +50,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 
 type cappedConn struct {
 	net.Conn
-	l    *capListener
+	l    *CapListener
 	once sync.Once
 	readAhead
 }

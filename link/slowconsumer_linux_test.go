@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"errors"
@@ -42,10 +42,10 @@ func TestSlowConsumerCloseFrame(t *testing.T) {
 	defer cws.Close()
 	var slow atomic.Int32
 	const writeTimeout = 500 * time.Millisecond
-	c := newWSConn(<-got, ConnConfig{WriteTimeout: writeTimeout, SlowConsumer: func() { slow.Add(1) }})
-	c.withBackpressure()
+	c := NewConn(<-got, Config{WriteTimeout: writeTimeout, SlowConsumer: func() { slow.Add(1) }})
+	c.WithBackpressure()
 	closed := make(chan error, 1)
-	c.start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
+	c.Start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
 	defer c.Close()
 
 	// 60 KiB frames, numbered, until the connection closes.
@@ -57,9 +57,9 @@ func TestSlowConsumerCloseFrame(t *testing.T) {
 	start := time.Now()
 	go func() {
 		for i := 0; ; i++ {
-			b := getBuf()
+			b := GetBuf()
 			*b = append((*b)[:0], frame(i)...)
-			if !c.send(b) {
+			if !c.Send(b) {
 				return
 			}
 		}

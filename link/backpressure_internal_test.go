@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) 
 }
 
 // pipeWS returns the two ends of a WebSocket over net.Pipe: the server's
-// (for a wsConn) and the client's. Both are closed when the test ends.
+// (for a Conn) and the client's. Both are closed when the test ends.
 func pipeWS(t *testing.T) (server, client *websocket.Conn) {
 	t.Helper()
 	l := newPipeListener()
@@ -81,7 +81,7 @@ func pipeWS(t *testing.T) (server, client *websocket.Conn) {
 	return server, client
 }
 
-// TestBackpressureBounds: a wsConn with backpressure stops reading when
+// TestBackpressureBounds: a Conn with backpressure stops reading when
 // the answers it owes its peer and could not write reach a bound (calls
 // or bytes), and reads on once the peer takes them; calls read past the
 // bounds on calls running and answers owed are refused (tryAdmit false),
@@ -95,26 +95,26 @@ func TestBackpressureBounds(t *testing.T) {
 	msg := []byte(`"` + strings.Repeat("x", msgSize-2) + `"`)
 	type held struct{ n int }
 	type env struct {
-		c       *wsConn
+		c       *Conn
 		got     func() int // calls admitted and not released
 		refused func() int // calls tryAdmit refused
 		read    func()     // the peer starts reading
 		release func(int)  // releases the first k admitted calls
 	}
-	run := func(t *testing.T, cfg ConnConfig, bp bool, owed, own, send int, check func(t *testing.T, e env)) {
+	run := func(t *testing.T, cfg Config, bp bool, owed, own, send int, check func(t *testing.T, e env)) {
 		synctest.Test(t, func(t *testing.T) {
 			sws, cws := pipeWS(t)
-			c := newWSConn(sws, cfg)
+			c := NewConn(sws, cfg)
 			if bp {
-				c.withBackpressure()
+				c.WithBackpressure()
 			}
 			var mu sync.Mutex
 			var admitted []held
 			refused := 0
-			c.start(func(data []byte, _ *envelope.Error) {
+			c.Start(func(data []byte, _ *envelope.Error) {
 				mu.Lock()
 				defer mu.Unlock()
-				if c.tryAdmit(1, len(data)) {
+				if c.TryAdmit(1, len(data)) {
 					admitted = append(admitted, held{len(data)})
 				} else {
 					refused++
@@ -127,16 +127,16 @@ func TestBackpressureBounds(t *testing.T) {
 			// no byte, so the writer stays in its first write, as on a
 			// full socket.
 			for range owed {
-				b := getBuf()
+				b := GetBuf()
 				*b = append((*b)[:0], msg...)
-				if !c.send(b) {
+				if !c.Send(b) {
 					t.Fatal("send refused")
 				}
 			}
 			for range own {
-				b := getBuf()
+				b := GetBuf()
 				*b = append((*b)[:0], msg...)
-				if !c.trySend(b) {
+				if !c.TrySend(b) {
 					t.Fatal("trySend refused")
 				}
 			}
@@ -157,7 +157,7 @@ func TestBackpressureBounds(t *testing.T) {
 				admitted = admitted[k:]
 				mu.Unlock()
 				for _, h := range r {
-					c.release(1, h.n)
+					c.Release(1, h.n)
 				}
 				synctest.Wait()
 			}
@@ -180,7 +180,7 @@ func TestBackpressureBounds(t *testing.T) {
 	// bounds before each read, and may have been in its read already when
 	// the test queued the answers it owes (a CI run read 1).
 	t.Run("answers owed, calls", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 4, 0, 10, func(t *testing.T, e env) {
+		run(t, Config{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: -1}, true, 4, 0, 10, func(t *testing.T, e env) {
 			if n := e.got() + e.refused(); n > 1 {
 				t.Fatalf("read %d messages with 4 answers owed unwritten and 4 allowed; want at most 1 (paused)", n)
 			}
@@ -192,7 +192,7 @@ func TestBackpressureBounds(t *testing.T) {
 	})
 	t.Run("answers owed, bytes", func(t *testing.T) {
 		// An unwritten answer counts its buffer's capacity (>= msgSize).
-		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 4, 0, 10, func(t *testing.T, e env) {
+		run(t, Config{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 4 * msgSize}, true, 4, 0, 10, func(t *testing.T, e env) {
 			if n := e.got() + e.refused(); n > 1 {
 				t.Fatalf("read %d messages with 4 answers of %d bytes owed and %d allowed; want at most 1 (paused)", n, msgSize, 4*msgSize)
 			}
@@ -205,14 +205,14 @@ func TestBackpressureBounds(t *testing.T) {
 	t.Run("own frames are not owed", func(t *testing.T) {
 		// Requests of this side's own queued to a peer that does not read
 		// neither pause the reader nor take the calls' room.
-		run(t, ConnConfig{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 2 * msgSize}, true, 0, 5, 3, func(t *testing.T, e env) {
+		run(t, Config{MaxUnwrittenCalls: -1, MaxUnwrittenBytes: 2 * msgSize}, true, 0, 5, 3, func(t *testing.T, e env) {
 			if n, r := e.got(), e.refused(); n != 2 || r != 1 {
 				t.Fatalf("with 5 requests of ours unwritten: %d admitted, %d refused; want 2 (the bytes bound), 1", n, r)
 			}
 		})
 	})
 	t.Run("running calls are refused, not waited for", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1}, true, 0, 0, 5, func(t *testing.T, e env) {
+		run(t, Config{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1}, true, 0, 0, 5, func(t *testing.T, e env) {
 			if n, r := e.got(), e.refused(); n != 2 || r != 3 {
 				t.Fatalf("5 calls with 2 allowed running: %d admitted, %d refused; want 2, 3 (every message read)", n, r)
 			}
@@ -223,7 +223,7 @@ func TestBackpressureBounds(t *testing.T) {
 		})
 	})
 	t.Run("no backpressure", func(t *testing.T) {
-		run(t, ConnConfig{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, 4, 0, 10, func(t *testing.T, e env) {
+		run(t, Config{MaxUnwrittenCalls: 4, MaxUnwrittenBytes: msgSize}, false, 4, 0, 10, func(t *testing.T, e env) {
 			if n := e.got(); n != 10 {
 				t.Fatalf("admitted %d of 10 messages on a connection without backpressure; want all", n)
 			}
@@ -234,7 +234,7 @@ func TestBackpressureBounds(t *testing.T) {
 		// deadline (2 s) must not close the connection under it, nor
 		// the first read after it. (The writer's timeout, whose job it
 		// is to close a peer that reads nothing, is set beyond the test.)
-		cfg := ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, IdleTimeout: 2 * time.Second, WriteTimeout: 2 * time.Hour}
+		cfg := Config{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour, IdleTimeout: 2 * time.Second, WriteTimeout: 2 * time.Hour}
 		run(t, cfg, true, 2, 0, 3, func(t *testing.T, e env) {
 			if n := e.got() + e.refused(); n > 1 {
 				t.Fatalf("%d read; want at most 1 (paused)", n)
@@ -242,7 +242,7 @@ func TestBackpressureBounds(t *testing.T) {
 			time.Sleep(time.Minute)
 			synctest.Wait()
 			select {
-			case <-e.c.done():
+			case <-e.c.Done():
 				t.Fatalf("a paused connection closed: %v", e.c.err)
 			default:
 			}
@@ -251,7 +251,7 @@ func TestBackpressureBounds(t *testing.T) {
 				t.Fatalf("once the peer read: %d admitted, %d refused; want 2, 1", n, r)
 			}
 			select {
-			case <-e.c.done():
+			case <-e.c.Done():
 				t.Fatalf("closed once reading again after a minute's pause: %v", e.c.err)
 			default:
 			}
@@ -270,14 +270,14 @@ func TestBoundedLinkKeepsCarryingAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sws, cws := pipeWS(t)
 		hold := make(chan struct{})
-		hub := NewLink(sws, ConnConfig{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour},
-			func(l *Link) { l.accepted = true },
-			WithLinkHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		hub := New(sws, Config{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour},
+			Accepted(),
+			WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 				<-hold // the agent's own long calls
 				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`"done"`)}, nil
 			}))
-		agent := NewLink(cws, ConnConfig{PingInterval: time.Hour},
-			WithLinkHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		agent := New(cws, Config{PingInterval: time.Hour},
+			WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`"pong"`)}, nil
 			}))
 		defer hub.Close()

@@ -1,6 +1,6 @@
 //go:build unix
 
-package mesh
+package link
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"testing"
@@ -76,10 +76,10 @@ func TestPingPolicy(t *testing.T) {
 		}
 	})
 	t.Run("defaults", func(t *testing.T) {
-		if got := (ConnConfig{}).withDefaults(); got.PeerPingMin != time.Second || got.IdleTimeout != 10*time.Second {
+		if got := (Config{}).WithDefaults(); got.PeerPingMin != time.Second || got.IdleTimeout != 10*time.Second {
 			t.Errorf("defaults: PeerPingMin %v, IdleTimeout %v; want 1s and 10s (2 missed pings of 5s)", got.PeerPingMin, got.IdleTimeout)
 		}
-		if got := (ConnConfig{PingInterval: 200 * time.Millisecond}).withDefaults(); got.PeerPingMin != 200*time.Millisecond {
+		if got := (Config{PingInterval: 200 * time.Millisecond}).WithDefaults(); got.PeerPingMin != 200*time.Millisecond {
 			t.Errorf("PingInterval 200ms: PeerPingMin %v; want 200ms, so that peers configured alike are not cut off", got.PeerPingMin)
 		}
 	})

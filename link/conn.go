@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// ConnConfig tunes one WebSocket connection. The zero value takes the defaults.
-type ConnConfig struct {
+// Config tunes one WebSocket connection. The zero value takes the defaults.
+type Config struct {
 	// PingInterval is how often a ping goes out (default 5 s). TCP does not
 	// notice a vanished peer for ~15 minutes on these hosts, so every link
 	// carries its own heartbeat.
@@ -94,7 +94,8 @@ type ConnConfig struct {
 	SlowConsumer func()
 }
 
-func (c ConnConfig) withDefaults() ConnConfig {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	if c.PingInterval <= 0 {
 		c.PingInterval = 5 * time.Second
 	}
@@ -179,16 +180,16 @@ func (p *pingPolicy) allow(now time.Time) bool {
 	return true
 }
 
-// wsConn runs one WebSocket with one reader goroutine and at most one
+// Conn runs one WebSocket with one reader goroutine and at most one
 // writer goroutine (gorilla allows no more). Frames to send go into a
 // bounded queue; the writer is started when a frame is queued and exits
 // after writerLinger with nothing to write, so an idle connection holds
 // one goroutine and no queue. Pings go out from a timer (gorilla's
 // WriteControl may run concurrently with the writer). onMessage runs on
 // the reader goroutine and must not block.
-type wsConn struct {
+type Conn struct {
 	ws    *websocket.Conn
-	cfg   ConnConfig
+	cfg   Config
 	batch bool // frames queued together go out as one JSON-array message (native links only)
 	// check, if set, refuses a message in the read buffer, before it is
 	// copied out: onMessage then gets only its head and the refusal.
@@ -212,7 +213,7 @@ type wsConn struct {
 	writing  atomic.Int32  // frames the writer took and has not written yet
 
 	// Backpressure (bp), on the connections the hub serves calls on: see
-	// ConnConfig.MaxUnwrittenBytes and admit, release, underBounds.
+	// Config.MaxUnwrittenBytes and admit, release, underBounds.
 	bp          bool
 	noCallBound bool          // running calls are not bounded here (a peer hub's link: the origin hub bounds its callers)
 	acc         []int32       // per frame in q: the bytes it counts (0: a frame of this side's own, not owed); under qmu
@@ -235,17 +236,17 @@ type wsConn struct {
 const writerLinger = time.Second
 
 // unwritten reports frames queued or being written.
-func (c *wsConn) unwritten() int {
+func (c *Conn) Unwritten() int {
 	c.qmu.Lock()
 	n := len(c.q)
 	c.qmu.Unlock()
 	return n + int(c.writing.Load())
 }
 
-func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
-	cfg = cfg.withDefaults()
+func NewConn(ws *websocket.Conn, cfg Config) *Conn {
+	cfg = cfg.WithDefaults()
 	ws.SetReadLimit(int64(cfg.Limits.MaxBytes) + 1024)
-	return &wsConn{
+	return &Conn{
 		ws:      ws,
 		cfg:     cfg,
 		closing: make(chan struct{}),
@@ -258,7 +259,7 @@ func newWSConn(ws *websocket.Conn, cfg ConnConfig) *wsConn {
 // withBackpressure makes the reader pause at the bounds (MaxUnwrittenBytes,
 // MaxUnwrittenCalls) and the writer hand the kernel whole frames only, so
 // that a slow consumer can be closed with a close frame. Set before start.
-func (c *wsConn) withBackpressure() {
+func (c *Conn) WithBackpressure() {
 	c.bp = true
 	c.raw = rawConn(c.ws.NetConn())
 }
@@ -268,7 +269,7 @@ func (c *wsConn) withBackpressure() {
 // false: they are to be refused (OVERLOADED, not sent). Calls always fit
 // when none runs, so that one larger than the bound still runs. Only
 // the reader admits, so the check and the count need no lock.
-func (c *wsConn) tryAdmit(calls, n int) bool {
+func (c *Conn) TryAdmit(calls, n int) bool {
 	if !c.bp || c.noCallBound {
 		return true
 	}
@@ -287,7 +288,7 @@ func (c *wsConn) tryAdmit(calls, n int) bool {
 
 // release ends what admit counted: the calls' answers are queued (or
 // there is none to send).
-func (c *wsConn) release(calls, n int) {
+func (c *Conn) Release(calls, n int) {
 	if !c.bp || c.noCallBound {
 		return
 	}
@@ -306,7 +307,7 @@ func (c *wsConn) release(calls, n int) {
 // instead): the same reader carries an agent's answers to the hub's
 // calls, its heartbeats and cancels, which a pause would hold up while
 // the agent's own long calls run (a review found an agent expired so).
-func (c *wsConn) over() bool {
+func (c *Conn) over() bool {
 	if m := c.cfg.MaxUnwrittenBytes; m > 0 && c.qbytes.Load() >= int64(m) {
 		return true
 	}
@@ -317,7 +318,7 @@ func (c *wsConn) over() bool {
 }
 
 // wakeReaderLocked lets a paused reader go on once under the bounds.
-func (c *wsConn) wakeReaderLocked() {
+func (c *Conn) wakeReaderLocked() {
 	if c.resume != nil && (c.closed || !c.over()) {
 		close(c.resume)
 		c.resume = nil
@@ -328,7 +329,7 @@ func (c *wsConn) wakeReaderLocked() {
 // under its bounds; false if it closed meanwhile. While it waits nothing
 // is read, so the idle deadline is lifted: the writer's own deadline
 // closes a peer that does not read, and calls in flight end by theirs.
-func (c *wsConn) underBounds() (ok, waited bool) {
+func (c *Conn) underBounds() (ok, waited bool) {
 	if !c.over() {
 		return true, false // a closed connection fails the next read
 	}
@@ -387,7 +388,7 @@ const pausedPong = time.Second
 // whatever the reader asked: shutdown sets lingering, then the deadline,
 // so one of the two sees the other and the reader cannot move shutdown's
 // wake-up away.
-func (c *wsConn) setReadDeadline(t time.Time) error {
+func (c *Conn) setReadDeadline(t time.Time) error {
 	err := c.ws.SetReadDeadline(t)
 	if c.lingering.Load() {
 		err = c.ws.SetReadDeadline(time.Now())
@@ -397,7 +398,7 @@ func (c *wsConn) setReadDeadline(t time.Time) error {
 
 // readerExit ends the reader goroutine: a connection closed as a slow
 // consumer lingers first (linger), and is closed here.
-func (c *wsConn) readerExit() {
+func (c *Conn) readerExit() {
 	if c.lingering.Load() {
 		c.linger()
 		_ = c.ws.Close()
@@ -411,7 +412,7 @@ func (c *wsConn) readerExit() {
 // to send, the close frame among it. It ends once the peer's kernel has
 // taken every byte (from there a reset loses nothing the peer can still
 // read), when the peer closes, or at the grace's end.
-func (c *wsConn) linger() {
+func (c *Conn) linger() {
 	nc := c.ws.NetConn()
 	end := time.Now().Add(c.cfg.CloseGrace)
 	buf := make([]byte, 4096)
@@ -444,7 +445,7 @@ func (c *wsConn) linger() {
 
 // start runs the reader goroutine and the ping timer; onClose runs once,
 // on the goroutine that noticed the end, after the connection is closed.
-func (c *wsConn) start(onMessage func(data []byte, refused *envelope.Error), onClose func(error)) {
+func (c *Conn) Start(onMessage func(data []byte, refused *envelope.Error), onClose func(error)) {
 	c.onClose = onClose
 	// c.ping is set before the timer can fire or shutdown can run.
 	c.ping = time.AfterFunc(time.Hour, c.sendPing)
@@ -454,20 +455,20 @@ func (c *wsConn) start(onMessage func(data []byte, refused *envelope.Error), onC
 }
 
 // sendPing runs on the ping timer's goroutine.
-func (c *wsConn) sendPing() {
+func (c *Conn) sendPing() {
 	select {
 	case <-c.closing:
 		return
 	default:
 	}
 	if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.WriteTimeout)); err != nil {
-		c.shutdown(err)
+		c.Shutdown(err)
 		return
 	}
 	c.ping.Reset(c.cfg.PingInterval)
 }
 
-func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
+func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
 	_ = c.setReadDeadline(time.Now().Add(idle))
@@ -491,7 +492,7 @@ func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 		}
 		typ, data, refused, err := c.readMessage()
 		if err != nil {
-			c.shutdown(err)
+			c.Shutdown(err)
 			c.readerExit()
 			return
 		}
@@ -512,7 +513,7 @@ func (c *wsConn) readLoop(onMessage func([]byte, *envelope.Error)) {
 // onPing runs on the reader goroutine for every ping: it enforces the
 // peer ping policy, then answers with a pong as gorilla's default handler
 // does. An error ends the read loop, which closes the connection.
-func (c *wsConn) onPing(data string) error {
+func (c *Conn) onPing(data string) error {
 	if !c.pings.allow(time.Now()) {
 		if c.cfg.PingAbuse != nil {
 			c.cfg.PingAbuse()
@@ -535,7 +536,7 @@ func (c *wsConn) onPing(data string) error {
 // into it, so it is not reused): one allocation per message, none for a
 // message refused while it is read. A message refused by c.check comes
 // back as its first envelope.RecoverHeadLen bytes, with the refusal.
-func (c *wsConn) readMessage() (int, []byte, *envelope.Error, error) {
+func (c *Conn) readMessage() (int, []byte, *envelope.Error, error) {
 	typ, r, err := c.ws.NextReader()
 	if err != nil {
 		return typ, nil, nil, err
@@ -545,13 +546,13 @@ func (c *wsConn) readMessage() (int, []byte, *envelope.Error, error) {
 		check = nil
 	}
 	pc, _ := c.ws.NetConn().(pacer) // not a TLS connection's: its reads are the TLS layer's
-	buf, refused, err := readChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
+	buf, refused, err := ReadChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
 	return typ, buf, refused, err
 }
 
 // writeLoop writes what is queued, batch by batch, until the queue stays
 // empty for writerLinger or the connection closes.
-func (c *wsConn) writeLoop() {
+func (c *Conn) writeLoop() {
 	defer c.wg.Done()
 	var linger *time.Timer
 	var lastWrite time.Time
@@ -634,7 +635,7 @@ func (c *wsConn) writeLoop() {
 		var err error
 		if closed {
 			for _, b := range frames {
-				putBuf(b)
+				PutBuf(b)
 			}
 		} else {
 			err = c.writeFrames(frames)
@@ -650,14 +651,14 @@ func (c *wsConn) writeLoop() {
 		c.wakeReaderLocked()
 		c.qmu.Unlock()
 		if err != nil {
-			c.shutdown(err)
+			c.Shutdown(err)
 		}
 	}
 }
 
 // writeFrames writes frames in order: as JSON-array batches on a native
 // link, one message each otherwise. It returns every buffer to the pool.
-func (c *wsConn) writeFrames(frames []*[]byte) error {
+func (c *Conn) writeFrames(frames []*[]byte) error {
 	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 	var err error
 	for len(frames) > 0 && err == nil {
@@ -676,7 +677,7 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 		} else {
 			n, used = len(*frames[0]), 1
 			err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
-			putBuf(frames[0])
+			PutBuf(frames[0])
 		}
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(0, n)
@@ -684,7 +685,7 @@ func (c *wsConn) writeFrames(frames []*[]byte) error {
 		frames = frames[used:]
 	}
 	for _, b := range frames {
-		putBuf(b) // not written: the connection is going
+		PutBuf(b) // not written: the connection is going
 	}
 	return err
 }
@@ -696,7 +697,7 @@ const closeReserve = 4 << 10
 
 // nextWrite is the size of the next message writeFrames writes from
 // frames (as writeBatch picks it), with its WebSocket header.
-func (c *wsConn) nextWrite(frames []*[]byte) int {
+func (c *Conn) nextWrite(frames []*[]byte) int {
 	n := len(*frames[0])
 	if c.batch && len(frames) > 1 {
 		budget := c.cfg.Limits.MaxBytes / 2
@@ -720,7 +721,7 @@ func (c *wsConn) nextWrite(frames []*[]byte) int {
 // Looking costs two system calls; it is done only once the bytes written
 // since the last look could exceed the room seen then (credit), so a
 // connection whose peer keeps up looks about once per half-buffer.
-func (c *wsConn) waitSendRoom(n int) (waited bool, err error) {
+func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 	if c.credit >= n {
 		c.credit -= n
 		return false, nil
@@ -777,7 +778,7 @@ const maxBatchFrames = 128
 // write (and one syscall) for many frames under load. A batch holds at
 // most maxBatchFrames and stays under half the peer's message limit; it
 // reports how many frames it used (at least one).
-func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
+func (c *Conn) writeBatch(frames []*[]byte) (n, used int, err error) {
 	budget := c.cfg.Limits.MaxBytes / 2
 	used = 1
 	n = len(*frames[0]) + 2
@@ -787,13 +788,13 @@ func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
 	}
 	if used == 1 {
 		err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
-		putBuf(frames[0])
+		PutBuf(frames[0])
 		return len(*frames[0]), 1, err
 	}
 	w, err := c.ws.NextWriter(websocket.TextMessage)
 	if err != nil {
 		for _, b := range frames[:used] {
-			putBuf(b)
+			PutBuf(b)
 		}
 		return 0, used, err
 	}
@@ -804,7 +805,7 @@ func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
 			_, err = w.Write(*b)
 		}
 		sep = ','
-		putBuf(b)
+		PutBuf(b)
 	}
 	_, _ = w.Write([]byte{']'})
 	if cerr := w.Close(); err == nil {
@@ -817,11 +818,11 @@ func (c *wsConn) writeBatch(frames []*[]byte) (n, used int, err error) {
 // the connection closed. The buffer belongs to the connection afterwards.
 // It is for this side's own frames (requests, cancels): they do not count
 // towards the bounds of what is owed to the peer.
-func (c *wsConn) trySend(b *[]byte) bool {
+func (c *Conn) TrySend(b *[]byte) bool {
 	if ok, _ := c.enqueue(b, false, false); ok {
 		return true
 	}
-	putBuf(b)
+	PutBuf(b)
 	return false
 }
 
@@ -829,7 +830,7 @@ func (c *wsConn) trySend(b *[]byte) bool {
 // does not drain its queue for that long is cut off. It is for frames
 // owed to the peer (answers): with backpressure they count towards
 // MaxUnwrittenBytes and MaxUnwrittenCalls until written.
-func (c *wsConn) send(b *[]byte) bool {
+func (c *Conn) Send(b *[]byte) bool {
 	ok, room := c.enqueue(b, true, true)
 	if ok {
 		return true
@@ -843,29 +844,29 @@ func (c *wsConn) send(b *[]byte) bool {
 		select {
 		case <-room:
 		case <-c.closing:
-			putBuf(b)
+			PutBuf(b)
 			return false
 		case <-t.C:
 			if c.bp {
-				c.shutdown(fmt.Errorf("%w: send queue full", errSlowConsumer))
+				c.Shutdown(fmt.Errorf("%w: send queue full", errSlowConsumer))
 			} else {
-				c.shutdown(errors.New("peer does not read: send queue full"))
+				c.Shutdown(errors.New("peer does not read: send queue full"))
 			}
-			putBuf(b)
+			PutBuf(b)
 			return false
 		}
 		if ok, room = c.enqueue(b, true, true); ok {
 			return true
 		}
 	}
-	putBuf(b)
+	PutBuf(b)
 	return false
 }
 
 // enqueue queues b unless the connection is closed or the queue is full;
 // then, if wait, it returns a channel closed when the writer next takes
 // frames out. It starts a writer if none runs, or wakes the idle one.
-func (c *wsConn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
+func (c *Conn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
 	c.qmu.Lock()
 	if c.closed {
 		c.qmu.Unlock()
@@ -908,7 +909,7 @@ func (c *wsConn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struc
 }
 
 // shutdown starts closing without waiting: safe from any goroutine.
-func (c *wsConn) shutdown(err error) {
+func (c *Conn) Shutdown(err error) {
 	c.closeOnce.Do(func() {
 		if err == nil {
 			err = errConnClosed
@@ -932,7 +933,7 @@ func (c *wsConn) shutdown(err error) {
 		c.wakeReaderLocked()
 		c.qmu.Unlock()
 		for _, b := range dropped {
-			putBuf(b)
+			PutBuf(b)
 		}
 		close(c.closing)
 		if c.ping != nil {
@@ -982,20 +983,20 @@ func (c *wsConn) shutdown(err error) {
 
 // Close closes the connection and waits for its goroutines (it cuts a
 // slow consumer's linger short).
-func (c *wsConn) Close() {
+func (c *Conn) Close() {
 	c.quitOnce.Do(func() { close(c.quit) })
-	c.shutdown(nil)
+	c.Shutdown(nil)
 	c.wg.Wait()
 }
 
 // done is closed once the connection started closing.
-func (c *wsConn) done() <-chan struct{} { return c.closing }
+func (c *Conn) Done() <-chan struct{} { return c.closing }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+func GetBuf() *[]byte { return bufPool.Get().(*[]byte) }
 
-func putBuf(b *[]byte) {
+func PutBuf(b *[]byte) {
 	if cap(*b) > 64<<10 {
 		return // keep the pool from pinning huge buffers
 	}
@@ -1026,3 +1027,12 @@ func rawConn(nc net.Conn) syscall.RawConn {
 	}
 	return nil
 }
+
+// Config returns the connection's configuration, defaults applied.
+func (c *Conn) Config() Config { return c.cfg }
+
+// SetCheck sets the message-level check run on every message read, in
+// the read buffer, before the message is copied out (for example
+// envelope.PrecheckJSONRPC); a message it refuses reaches the reader's
+// callback as refused. Call it before Start.
+func (c *Conn) SetCheck(check func([]byte) *envelope.Error) { c.check = check }

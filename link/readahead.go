@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"context"
@@ -117,7 +117,7 @@ func (ra *readAhead) read(p []byte) (int, error) {
 }
 
 // readAheadConn is a dialed connection read through a readAhead (the
-// hub's accepted ones get theirs from capListener).
+// hub's accepted ones get theirs from CapListener).
 type readAheadConn struct {
 	net.Conn
 	readAhead

@@ -1,4 +1,4 @@
-package mesh
+package link
 
 import (
 	"io"
@@ -25,10 +25,10 @@ var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &
 // heap at 2 × the limit × 10 attackers over its baseline).
 var bigScratch = make(chan []byte, 4)
 
-// readExact reads r to EOF, refusing (with the reader's own error) past
+// ReadExact reads r to EOF, refusing (with the reader's own error) past
 // what r allows, and returns a new slice of exactly the bytes read.
-func readExact(r io.Reader, limit int) ([]byte, error) {
-	data, _, err := readChecked(r, nil, limit, nil, 0)
+func ReadExact(r io.Reader, limit int) ([]byte, error) {
+	data, _, err := ReadChecked(r, nil, limit, nil, 0)
 	return data, err
 }
 
@@ -36,12 +36,12 @@ func readExact(r io.Reader, limit int) ([]byte, error) {
 // message trickles in (readAhead.pace).
 type pacer interface{ pace() bool }
 
-// readChecked is readExact with a check applied to the message in the
+// ReadChecked is ReadExact with a check applied to the message in the
 // scratch buffer: if check refuses it, data is a copy of at most its
 // first keep bytes (for a receiver that looks for what to answer) and
 // refused says why. pc, if not nil, is the connection r reads from: it
 // paces the reads of a message past 64 KiB that trickles in.
-func readChecked(r io.Reader, pc pacer, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
+func ReadChecked(r io.Reader, pc pacer, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
 	bp := scratch.Get().(*[]byte)
 	buf := (*bp)[:0]
 	defer func() {

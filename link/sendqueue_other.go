@@ -1,6 +1,6 @@
 //go:build !linux
 
-package mesh
+package link
 
 import "syscall"
 

@@ -183,7 +183,7 @@ func build(t reflect.Type, seen map[reflect.Type]bool) (*node, *envelope.Error) 
 			return nil, err
 		}
 	default:
-		return nil, errorf("type %v is unsupported by jsonschema", t)
+		return nil, errorf("type %v has no JSON Schema", t)
 	}
 	if typ, ok := s.Type.(string); ok && null {
 		s.Type = []string{"null", typ}

@@ -15,9 +15,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -73,7 +73,7 @@ type Agent struct {
 	mu       sync.RWMutex
 	exact    map[string]HandlerFunc
 	patterns []pattern
-	schemas  map[string]mesh.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
+	schemas  map[string]control.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
 
 	inflight atomic.Int64
 	links    sync.Map       // *link.Link -> struct{}: open links (current, and draining after a goaway)
@@ -302,7 +302,7 @@ func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
 	<-o.done
 	l := o.l
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	if err := callLink(dctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil && l.Err() == nil {
+	if err := callLink(dctx, l, "agent.deregister", control.DeregisterParams{AgentID: a.ID(), Reason: "hub draining"}, nil, 2*time.Second); err != nil && l.Err() == nil {
 		a.log.Warn("deregister from the draining hub failed", "hub", hub, "error", err)
 	}
 	cancel()
@@ -388,13 +388,13 @@ func (a *Agent) Pending() int {
 }
 
 func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, error) {
-	p := mesh.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
+	p := control.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
 		md[k] = v
 	}
 	p.Metadata, _ = json.Marshal(md)
-	var res mesh.RegisterResult
+	var res control.RegisterResult
 	err := callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
 	if p.Schemas != nil && envelope.CodeOf(err) == envelope.CodeInvalidParams && strings.Contains(err.Error(), "schemas") {
 		// Schemas only describe the methods: a hub that refuses them (too
@@ -420,7 +420,7 @@ func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, erro
 }
 
 func (a *Agent) heartbeat(ctx context.Context, l *link.Link, interval time.Duration) error {
-	p := mesh.HeartbeatParams{AgentID: a.ID(), Status: mesh.AgentStatus{
+	p := control.HeartbeatParams{AgentID: a.ID(), Status: control.AgentStatus{
 		State: registry.StateReady, QueuedRequests: int(a.inflight.Load()), LastActivity: time.Now().UnixMilli(),
 	}}
 	return callLink(ctx, l, "agent.heartbeat", p, nil, interval)
@@ -430,7 +430,7 @@ func (a *Agent) heartbeat(ctx context.Context, l *link.Link, interval time.Durat
 func (a *Agent) shutdown(l *link.Link) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.drain)
 	defer cancel()
-	if err := callLink(ctx, l, "agent.deregister", mesh.DeregisterParams{AgentID: a.ID(), Reason: "shutdown"}, nil, 2*time.Second); err != nil {
+	if err := callLink(ctx, l, "agent.deregister", control.DeregisterParams{AgentID: a.ID(), Reason: "shutdown"}, nil, 2*time.Second); err != nil {
 		a.log.Warn("deregister failed", "error", err)
 	}
 	t := time.NewTicker(5 * time.Millisecond)

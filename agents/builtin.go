@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
 )
 
 // decode unmarshals params into v, answering INVALID_PARAMS on failure.
@@ -51,7 +51,7 @@ func NewEcho(opts ...Option) *Agent {
 		}
 		return p, nil
 	})
-	a.SetSchema("echo.echo", mesh.MethodSchema{
+	a.SetSchema("echo.echo", control.MethodSchema{
 		Description: "Answer the params as they came (any JSON value)",
 		Params:      json.RawMessage(`{}`), Result: json.RawMessage(`{}`), Idempotent: true,
 	})
@@ -218,14 +218,14 @@ func kvSchemas(a *Agent) {
 		return s
 	}
 	inv := []string{envelope.CodeInvalidParams.String()}
-	a.SetSchema("memory.put", mesh.MethodSchema{Description: "Store value under key", Errors: inv, Idempotent: true,
-		Params: must(mesh.SchemaFor[kvPut]()), Result: must(mesh.SchemaFor[kvPutResult]())})
-	a.SetSchema("memory.get", mesh.MethodSchema{Description: "Read the value under key", Errors: inv, Idempotent: true,
-		Params: must(mesh.SchemaFor[kvKey]()), Result: must(mesh.SchemaFor[kvGetResult]())})
-	a.SetSchema("memory.delete", mesh.MethodSchema{Description: "Delete key", Errors: inv, Idempotent: true,
-		Params: must(mesh.SchemaFor[kvKey]()), Result: must(mesh.SchemaFor[kvDeleteResult]())})
-	a.SetSchema("memory.query", mesh.MethodSchema{Description: "List the entries whose key has prefix and whose key or value contains q, sorted by key", Errors: inv, Idempotent: true,
-		Params: must(mesh.SchemaFor[kvQuery]()), Result: must(mesh.SchemaFor[kvQueryResult]())})
+	a.SetSchema("memory.put", control.MethodSchema{Description: "Store value under key", Errors: inv, Idempotent: true,
+		Params: must(control.SchemaFor[kvPut]()), Result: must(control.SchemaFor[kvPutResult]())})
+	a.SetSchema("memory.get", control.MethodSchema{Description: "Read the value under key", Errors: inv, Idempotent: true,
+		Params: must(control.SchemaFor[kvKey]()), Result: must(control.SchemaFor[kvGetResult]())})
+	a.SetSchema("memory.delete", control.MethodSchema{Description: "Delete key", Errors: inv, Idempotent: true,
+		Params: must(control.SchemaFor[kvKey]()), Result: must(control.SchemaFor[kvDeleteResult]())})
+	a.SetSchema("memory.query", control.MethodSchema{Description: "List the entries whose key has prefix and whose key or value contains q, sorted by key", Errors: inv, Idempotent: true,
+		Params: must(control.SchemaFor[kvQuery]()), Result: must(control.SchemaFor[kvQueryResult]())})
 }
 
 // ChaosConfig sets the faults of the chaos agent.

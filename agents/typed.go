@@ -8,24 +8,24 @@ import (
 	"maps"
 	"strings"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
 )
 
 // SetSchema declares the schema of a method this agent serves; it is sent
 // with agent.register and shows in the hub's schema, rpc.discover and MCP
 // tools/list. Set it before Run.
-func (a *Agent) SetSchema(method string, s mesh.MethodSchema) {
+func (a *Agent) SetSchema(method string, s control.MethodSchema) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.schemas == nil {
-		a.schemas = map[string]mesh.MethodSchema{}
+		a.schemas = map[string]control.MethodSchema{}
 	}
 	a.schemas[method] = s
 }
 
 // Schemas returns the declared schemas (nil if none).
-func (a *Agent) Schemas() map[string]mesh.MethodSchema {
+func (a *Agent) Schemas() map[string]control.MethodSchema {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	if len(a.schemas) == 0 {
@@ -35,12 +35,12 @@ func (a *Agent) Schemas() map[string]mesh.MethodSchema {
 }
 
 // TypedOption refines the schema HandleTyped declares.
-type TypedOption func(*mesh.MethodSchema)
+type TypedOption func(*control.MethodSchema)
 
 // Errors lists the error codes the method may answer with (code names of
 // the mesh's table, e.g. "INVALID_PARAMS").
 func Errors(codes ...envelope.Code) TypedOption {
-	return func(s *mesh.MethodSchema) {
+	return func(s *control.MethodSchema) {
 		for _, c := range codes {
 			s.Errors = append(s.Errors, c.String())
 		}
@@ -49,11 +49,11 @@ func Errors(codes ...envelope.Code) TypedOption {
 
 // Roles lists the roles the agent expects its callers to hold.
 func Roles(roles ...string) TypedOption {
-	return func(s *mesh.MethodSchema) { s.Roles = append(s.Roles, roles...) }
+	return func(s *control.MethodSchema) { s.Roles = append(s.Roles, roles...) }
 }
 
 // Idempotent marks the method as safe to run twice.
-func Idempotent() TypedOption { return func(s *mesh.MethodSchema) { s.Idempotent = true } }
+func Idempotent() TypedOption { return func(s *control.MethodSchema) { s.Idempotent = true } }
 
 // HandleTyped registers fn for an exact method: params are decoded into P
 // with encoding/json (unknown fields ignored)
@@ -68,15 +68,15 @@ func HandleTyped[P, R any](a *Agent, method, desc string, fn func(context.Contex
 	if strings.Contains(method, "*") {
 		panic("agents: HandleTyped needs an exact method name, not " + method)
 	}
-	ps, err := mesh.SchemaFor[P]()
+	ps, err := control.SchemaFor[P]()
 	if err != nil {
 		panic(fmt.Sprintf("agents: %s: params: %v", method, err))
 	}
-	rs, err := mesh.SchemaFor[R]()
+	rs, err := control.SchemaFor[R]()
 	if err != nil {
 		panic(fmt.Sprintf("agents: %s: result: %v", method, err))
 	}
-	s := mesh.MethodSchema{Description: desc, Params: ps, Result: rs}
+	s := control.MethodSchema{Description: desc, Params: ps, Result: rs}
 	for _, o := range opts {
 		o(&s)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
@@ -51,7 +52,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	defer cl.Close()
 	waitFor(t, "hub B to see all three agents", 10*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		return cl.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 3
 	})
 	// Only on A, only on C, through B.
@@ -97,7 +98,7 @@ func TestClusterFailover(t *testing.T) {
 	// The agent that was on A re-registers on C (its second hub).
 	var moved time.Duration
 	waitFor(t, "echo-a on hub C", 5*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if cl.Call(context.Background(), "mesh.agents", nil, &list) != nil {
 			return false
 		}
@@ -179,7 +180,7 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 	// resumes); the hubs start new sessions and write their live agents
 	// again, and B's table converges on etcd's.
 	waitFor(t, "B's routing table to converge after etcd returns", 10*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if cl.Call(t.Context(), "mesh.agents", nil, &list) != nil || len(list) != 1 || list[0].AgentID != "echo-a" {
 			return false
 		}
@@ -192,7 +193,7 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 	// within TTL + 1 s.
 	frozen := start(t, "meshctl", "agent", "run", "echo", "--id", "echo-frozen", "--hub", a.ws)
 	waitFor(t, "echo-frozen visible on B", 10*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if cl.Call(t.Context(), "mesh.agents", nil, &list) != nil {
 			return false
 		}
@@ -212,7 +213,7 @@ func TestClusterEtcdOutageAndFrozenAgent(t *testing.T) {
 			return false
 		}
 		defer c2.Close()
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if c2.Call(t.Context(), "mesh.agents", nil, &list) != nil {
 			return false
 		}

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 )
@@ -67,7 +68,7 @@ func checkRoutedThroughOtherHub(t *testing.T, key, agentTok, clientTok string, a
 	}
 	t.Cleanup(func() { cl.Close() })
 	waitFor(t, "hub B to see echo-a (on hub A) through etcd", 10*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if cl.Call(t.Context(), "mesh.agents", nil, &list) != nil {
 			return false
 		}

@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 )
@@ -163,7 +164,7 @@ func hubInstances(ctx context.Context, ws string) ([]string, error) {
 func agentsOf(ctx context.Context, c *mesh.Client) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if err := c.Call(ctx, "mesh.agents", nil, &list); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/netlab"
 	"github.com/agentmesh/agentmesh/internal/scenario"
@@ -262,7 +263,7 @@ func TestLabS21aHalfOpenLink(t *testing.T) {
 	}
 	defer c.Close()
 	waitFor(t, "four agents", 15*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		return c.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 4
 	})
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -121,11 +122,11 @@ func TestS01AgentCrashLoop(t *testing.T) {
 	listed := func(h int, id string) (bool, bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if clients[h].Call(ctx, "mesh.agents", nil, &list) != nil {
 			return false, false
 		}
-		return slices.ContainsFunc(list, func(a mesh.AgentInfo) bool { return a.AgentID == id }), true
+		return slices.ContainsFunc(list, func(a control.AgentInfo) bool { return a.AgentID == id }), true
 	}
 	waitFor(t, "every agent on every hub", 15*time.Second, func() bool {
 		for h := range hubs {

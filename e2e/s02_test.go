@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -194,7 +195,7 @@ func TestS02FrozenAgent(t *testing.T) {
 	agentsNow := func() []string {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if err := c.Call(ctx, "mesh.agents", nil, &list); err != nil {
 			return nil
 		}

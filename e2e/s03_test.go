@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -215,7 +216,7 @@ func TestS03HubKillFailover(t *testing.T) {
 		ctl[n] = c
 	}
 	agentsOn := func(ctx context.Context, n string) (map[string]string, error) {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if err := ctl[n].Call(ctx, "mesh.agents", nil, &list); err != nil {
 			return nil, err
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -94,7 +95,7 @@ func TestS16LeakSoak(t *testing.T) {
 	clientMetrics := httptest.NewServer(cm.Handler())
 	defer clientMetrics.Close()
 	waitFor(t, "8 agents registered", 15*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		return c.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 8
 	})
 	// Warm up (link workers, pools), then take the baselines.

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/faultproxy"
 	"github.com/agentmesh/agentmesh/internal/scenario"
@@ -188,10 +189,10 @@ func (w *s17World) register(a *s17Agent, hub string) *s17Life {
 	w.mu.Lock()
 	l.link, l.regSent = link, time.Now()
 	w.mu.Unlock()
-	var res mesh.RegisterResult
+	var res control.RegisterResult
 	// 10 s: longer than the hub's registry operations (3 s), so that the
 	// hub answers, success or failure, before the agent gives up.
-	err = s17Call(context.Background(), link, "agent.register", mesh.RegisterParams{
+	err = s17Call(context.Background(), link, "agent.register", control.RegisterParams{
 		AgentID: a.id, Name: "churn", Capabilities: []string{s17Method}, Intents: []string{"serve"},
 	}, &res, 10*time.Second)
 	if err == nil && !res.Accepted {
@@ -223,7 +224,7 @@ func (w *s17World) live(l *s17Life, iv time.Duration) {
 			return
 		case <-l.stop:
 			err := s17Call(context.Background(), l.link, "agent.deregister",
-				mesh.DeregisterParams{AgentID: l.agent, Reason: "churn"}, nil, 10*time.Second)
+				control.DeregisterParams{AgentID: l.agent, Reason: "churn"}, nil, 10*time.Second)
 			how := "deregistered"
 			if err != nil {
 				how = "deregister failed " + envelope.CodeOf(err).String()
@@ -233,8 +234,8 @@ func (w *s17World) live(l *s17Life, iv time.Duration) {
 			time.AfterFunc(s17Linger, l.link.Close) // late requests would still reach it meanwhile
 			return
 		case <-tick.C:
-			err := s17Call(context.Background(), l.link, "agent.heartbeat", mesh.HeartbeatParams{
-				AgentID: l.agent, Status: mesh.AgentStatus{State: "ready", LastActivity: time.Now().UnixMilli()},
+			err := s17Call(context.Background(), l.link, "agent.heartbeat", control.HeartbeatParams{
+				AgentID: l.agent, Status: control.AgentStatus{State: "ready", LastActivity: time.Now().UnixMilli()},
 			}, nil, iv)
 			if envelope.CodeOf(err) == envelope.CodeAgentNotFound {
 				w.endLife(l, "expired")

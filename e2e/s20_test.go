@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -81,7 +82,7 @@ func agentHubs(ctx context.Context, base string) (map[string]string, error) {
 		return nil, err
 	}
 	defer c.Close()
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if err := c.Call(ctx, "mesh.agents", nil, &list); err != nil {
 		return nil, err
 	}

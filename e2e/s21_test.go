@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -240,7 +241,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	}
 	defer c.Close()
 	waitFor(t, "four agents", 15*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		return c.Call(t.Context(), "mesh.agents", nil, &list) == nil && len(list) == 4
 	})
 	// Warm up, then take the leak check's baselines: the hub and the 4

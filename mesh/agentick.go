@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
@@ -104,19 +105,19 @@ var agentickErrors = map[string]string{
 
 // agentickEvents are the event types this gateway emits, with their
 // categories.
-var agentickEvents = []SchemaEvent{
-	{"execution_start", "orchestration"},
-	{"message_start", "model"},
-	{"content_delta", "model"},
-	{"message", "model"},
-	{"tick_end", "orchestration"},
-	{"tool_call_start", "model"},
-	{"tool_result", "orchestration"},
-	{"compaction_start", "orchestration"},
-	{"compaction_end", "orchestration"},
-	{"execution_end", "orchestration"},
-	{"result", "result"},
-	{"channel", "gateway"},
+var agentickEvents = []control.SchemaEvent{
+	{Type: "execution_start", Category: "orchestration"},
+	{Type: "message_start", Category: "model"},
+	{Type: "content_delta", Category: "model"},
+	{Type: "message", Category: "model"},
+	{Type: "tick_end", Category: "orchestration"},
+	{Type: "tool_call_start", Category: "model"},
+	{Type: "tool_result", Category: "orchestration"},
+	{Type: "compaction_start", Category: "orchestration"},
+	{Type: "compaction_end", Category: "orchestration"},
+	{Type: "execution_end", Category: "orchestration"},
+	{Type: "result", Category: "result"},
+	{Type: "channel", Category: "gateway"},
 }
 
 func agentickCategory(event string) string {

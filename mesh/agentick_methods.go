@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
@@ -105,7 +106,7 @@ func (gw *agentickGW) ensureSession(ctx context.Context, name string, create boo
 
 // apps lists the apps: "chat" when an agent serves chat.send.
 func (gw *agentickGW) apps(ctx context.Context) ([]string, error) {
-	var ms []MethodInfo
+	var ms []control.MethodInfo
 	if err := gw.callInto(ctx, "mesh.methods", nil, &ms); err != nil {
 		return nil, err
 	}

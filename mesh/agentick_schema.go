@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
@@ -88,8 +89,8 @@ func agentickCodeOf(name string) string {
 	return agentickFromMesh(envelope.NewError(c, ""), false).Code
 }
 
-func (gw *agentickGW) meshSchema(ctx context.Context) (*SchemaPayload, *agError) {
-	var s SchemaPayload
+func (gw *agentickGW) meshSchema(ctx context.Context) (*control.SchemaPayload, *agError) {
+	var s control.SchemaPayload
 	if err := gw.callInto(ctx, "mesh.schema", nil, &s); err != nil {
 		return nil, agentickFromMesh(err, false)
 	}

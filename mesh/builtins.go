@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
@@ -111,59 +112,10 @@ func kindName(k string) string {
 	return k
 }
 
-// RegisterParams are the params of agent.register (the kOS seed's
-// handshake). AgentID and Name are extensions: an agent may propose its id
-// (kept across reconnects) and its logical name.
-type RegisterParams struct {
-	AgentID      string          `json:"agentId,omitempty"`
-	Name         string          `json:"name,omitempty"`
-	Capabilities []string        `json:"capabilities"`
-	Intents      []string        `json:"intents,omitempty"`
-	Metadata     json.RawMessage `json:"metadata,omitempty"`
-	ContractHash string          `json:"contractHash,omitempty"`
-	// Schemas describes the agent's methods (exact names it serves):
-	// description, params and result JSON Schema, error codes, roles. At
-	// most MaxSchemaBytes encoded.
-	Schemas map[string]MethodSchema `json:"schemas,omitempty"`
-}
-
-// RegisterResult is the answer to agent.register. HeartbeatInterval is in
-// seconds, as the seed says (fractions allowed).
-type RegisterResult struct {
-	AgentID              string   `json:"agentId"`
-	Accepted             bool     `json:"accepted"`
-	HeartbeatInterval    float64  `json:"heartbeatInterval"`
-	AssignedCapabilities []string `json:"assignedCapabilities"`
-	Restrictions         []string `json:"restrictions,omitempty"`
-}
-
-// HeartbeatParams are the params of agent.heartbeat.
-type HeartbeatParams struct {
-	AgentID string          `json:"agentId"`
-	Status  AgentStatus     `json:"status"`
-	Metrics json.RawMessage `json:"metrics,omitempty"`
-}
-
-// AgentStatus is the seed's AgentStatus, plus the load the agent reports
-// (0..1; the balancer weighs it).
-type AgentStatus struct {
-	State             string  `json:"state"`
-	ActiveConnections int     `json:"activeConnections,omitempty"`
-	QueuedRequests    int     `json:"queuedRequests,omitempty"`
-	LastActivity      int64   `json:"lastActivity,omitempty"`
-	Load              float64 `json:"load,omitempty"`
-}
-
-// DeregisterParams are the params of agent.deregister.
-type DeregisterParams struct {
-	AgentID string `json:"agentId"`
-	Reason  string `json:"reason,omitempty"`
-}
-
 var validIntents = map[string]bool{"serve": true, "consume": true, "coordinate": true, "monitor": true, "backup": true}
 
 func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
-	var p RegisterParams
+	var p control.RegisterParams
 	if err := decodeParams("agent.register", raw, &p); err != nil {
 		return nil, err
 	}
@@ -239,7 +191,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	}
 	b.ready.Store(true)
 	h.log.Info("agent registered", "agent", id, "name", name, "capabilities", p.Capabilities, "remote", l.Remote)
-	return RegisterResult{
+	return control.RegisterResult{
 		AgentID: id, Accepted: true,
 		HeartbeatInterval:    h.cfg.HeartbeatInterval.Seconds(),
 		AssignedCapabilities: p.Capabilities,
@@ -260,7 +212,7 @@ func (h *Hub) agentOfLink(method, id string, l *link.Link) error {
 }
 
 func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
-	var p HeartbeatParams
+	var p control.HeartbeatParams
 	if err := decodeParams("agent.heartbeat", raw, &p); err != nil {
 		return nil, err
 	}
@@ -284,7 +236,7 @@ func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMess
 }
 
 func (h *Hub) agentDeregister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
-	var p DeregisterParams
+	var p control.DeregisterParams
 	if err := decodeParams("agent.deregister", raw, &p); err != nil {
 		return nil, err
 	}
@@ -316,34 +268,14 @@ func (h *Hub) meshPing(ctx context.Context, _ *link.Link, raw json.RawMessage) (
 	return map[string]any{"pong": true, "hub": h.cfg.ID, "time": time.Now().UnixMilli()}, nil
 }
 
-// AgentInfo describes one registered instance in mesh.agents.
-type AgentInfo struct {
-	AgentID       string    `json:"agentId"`
-	Name          string    `json:"name"`
-	Hub           string    `json:"hub"`
-	Status        string    `json:"status"`
-	Load          float64   `json:"load"`
-	InFlight      int64     `json:"inflight"`
-	Methods       []string  `json:"methods"`
-	LastHeartbeat time.Time `json:"lastHeartbeat"`
-	RegisteredAt  time.Time `json:"registeredAt"`
-}
-
-// MethodInfo describes one method (or pattern) in mesh.methods.
-type MethodInfo struct {
-	Method string   `json:"method"`
-	Agents []string `json:"agents"`
-	Ready  int      `json:"ready"`
-}
-
 func (h *Hub) meshAgents(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("mesh.agents", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	snap := h.reg.Snapshot()
-	out := make([]AgentInfo, 0, len(snap.Instances()))
+	out := make([]control.AgentInfo, 0, len(snap.Instances()))
 	for _, in := range snap.Instances() {
-		out = append(out, AgentInfo{
+		out = append(out, control.AgentInfo{
 			AgentID: in.InstanceID, Name: in.Name, Hub: in.Hub, Status: in.State(), Load: in.Load(),
 			InFlight: in.InFlight(), Methods: in.Capabilities, LastHeartbeat: in.LastHeartbeat().UTC(),
 			RegisteredAt: in.RegisteredAt.UTC(),
@@ -356,9 +288,9 @@ func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage
 	if err := decodeParams("mesh.methods", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
-	out := []MethodInfo{}
+	out := []control.MethodInfo{}
 	for m, ins := range h.reg.Snapshot().Methods() {
-		mi := MethodInfo{Method: m}
+		mi := control.MethodInfo{Method: m}
 		for _, in := range ins {
 			mi.Agents = append(mi.Agents, in.InstanceID)
 			if in.State() == registry.StateReady {

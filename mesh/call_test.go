@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -69,7 +70,7 @@ func TestMeshAgentsAndMethods(t *testing.T) {
 	echo := agents.NewEcho(agents.WithID("echo-1"))
 	m.RunAgent(t, echo)
 	c := m.Client(t)
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if err := c.Call(t.Context(), "mesh.agents", nil, &list); err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +78,11 @@ func TestMeshAgentsAndMethods(t *testing.T) {
 		!slices.Equal(list[0].Methods, []string{"echo.echo", "echo.sleep"}) || list[0].Hub != m.Hub.ID() {
 		t.Errorf("mesh.agents = %+v; want echo-1 ready serving echo.echo, echo.sleep", list)
 	}
-	var methods []mesh.MethodInfo
+	var methods []control.MethodInfo
 	if err := c.Call(t.Context(), "mesh.methods", nil, &methods); err != nil {
 		t.Fatal(err)
 	}
-	want := []mesh.MethodInfo{{Method: "echo.echo", Agents: []string{"echo-1"}, Ready: 1}, {Method: "echo.sleep", Agents: []string{"echo-1"}, Ready: 1}}
+	want := []control.MethodInfo{{Method: "echo.echo", Agents: []string{"echo-1"}, Ready: 1}, {Method: "echo.sleep", Agents: []string{"echo-1"}, Ready: 1}}
 	if fmt.Sprint(methods) != fmt.Sprint(want) {
 		t.Errorf("mesh.methods = %+v; want %+v", methods, want)
 	}
@@ -150,7 +151,7 @@ func TestConcurrentCallsMatch(t *testing.T) {
 		t.Fatalf("%d mismatched and %d failed responses out of %d", bad.Load(), failed.Load(), workers*calls)
 	}
 	// Both agents took part.
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if err := c.Call(t.Context(), "mesh.agents", nil, &list); err != nil || len(list) != 2 {
 		t.Fatalf("mesh.agents = %v, %v", list, err)
 	}
@@ -174,7 +175,7 @@ func TestAgentLossFailsPendingAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	reg, _ := json.Marshal(mesh.RegisterParams{AgentID: "hang-1", Capabilities: []string{"hang.*"}})
+	reg, _ := json.Marshal(control.RegisterParams{AgentID: "hang-1", Capabilities: []string{"hang.*"}})
 	if _, err := l.Call(t.Context(), &envelope.Request{Method: "agent.register", Params: reg}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +212,7 @@ func TestExpiredAgentLosesLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	reg, _ := json.Marshal(mesh.RegisterParams{AgentID: "mute-1", Capabilities: []string{"mute.call"}})
+	reg, _ := json.Marshal(control.RegisterParams{AgentID: "mute-1", Capabilities: []string{"mute.call"}})
 	if _, err := l.Call(t.Context(), &envelope.Request{Method: "agent.register", Params: reg}); err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +324,7 @@ func TestDrain(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- c.Call(t.Context(), "echo.sleep", map[string]int{"ms": 300}, nil) }()
 	meshtest.WaitFor(t, 2*time.Second, func() bool {
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		_ = c.Call(t.Context(), "mesh.agents", nil, &list)
 		return len(list) == 1 && list[0].InFlight == 1
 	})

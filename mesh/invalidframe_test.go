@@ -10,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -138,7 +139,7 @@ func TestInvalidNativeResponseFailsCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	reg, _ := json.Marshal(mesh.RegisterParams{AgentID: "bad-utf8-1", Capabilities: []string{"bad.utf8"}})
+	reg, _ := json.Marshal(control.RegisterParams{AgentID: "bad-utf8-1", Capabilities: []string{"bad.utf8"}})
 	if _, err := l.Call(t.Context(), &envelope.Request{Method: "agent.register", Params: reg}); err != nil {
 		t.Fatal(err)
 	}

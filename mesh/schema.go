@@ -4,58 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
 
-	"github.com/google/jsonschema-go/jsonschema"
-
 	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
-// MaxSchemaBytes bounds the schemas an agent declares when it registers
-// (encoded): they travel in every registry record of the instance.
-const MaxSchemaBytes = 64 << 10
-
-// MethodSchema is what an agent declares about one of its methods in
-// agent.register's "schemas". Params and Result are JSON Schemas (an
-// object, or true/false); Errors are code names of the mesh's table
-// (envelope.Codes); Roles are the roles the agent expects its callers to
-// hold (the hub enforces its own role table; see SchemaMethod.Roles).
-type MethodSchema struct {
-	Description string          `json:"description,omitempty"`
-	Params      json.RawMessage `json:"params,omitempty"`
-	Result      json.RawMessage `json:"result,omitempty"`
-	Errors      []string        `json:"errors,omitempty"`
-	Roles       []string        `json:"roles,omitempty"`
-	Idempotent  bool            `json:"idempotent,omitempty"`
-}
-
-// SchemaFor derives the JSON Schema of the Go type T as encoding/json
-// encodes it (json.RawMessage and interfaces: any JSON value).
-func SchemaFor[T any]() (json.RawMessage, error) {
-	return schemaOf(reflect.TypeFor[T]())
-}
-
-var rawType = reflect.TypeFor[json.RawMessage]()
-
-func schemaOf(t reflect.Type) (json.RawMessage, error) {
-	if t == rawType || t.Kind() == reflect.Interface {
-		return json.RawMessage(`{}`), nil
-	}
-	s, err := jsonschema.ForType(t, &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{rawType: {}}})
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(s)
-}
-
 func mustSchema[T any]() json.RawMessage {
-	s, err := SchemaFor[T]()
+	s, err := control.SchemaFor[T]()
 	if err != nil {
 		panic(err)
 	}
@@ -64,7 +25,7 @@ func mustSchema[T any]() json.RawMessage {
 
 // encodeSchemas checks an agent's declared schemas and encodes them for
 // its registration (nil when there are none).
-func encodeSchemas(caps []string, schemas map[string]MethodSchema) (json.RawMessage, error) {
+func encodeSchemas(caps []string, schemas map[string]control.MethodSchema) (json.RawMessage, error) {
 	if len(schemas) == 0 {
 		return nil, nil
 	}
@@ -100,106 +61,48 @@ func encodeSchemas(caps []string, schemas map[string]MethodSchema) (json.RawMess
 	if err != nil {
 		return nil, envelope.WrapError(envelope.CodeInvalidParams, "agent.register: schemas cannot be encoded", err)
 	}
-	if len(raw) > MaxSchemaBytes {
-		return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas take %d bytes; at most %d", len(raw), MaxSchemaBytes)
+	if len(raw) > control.MaxSchemaBytes {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas take %d bytes; at most %d", len(raw), control.MaxSchemaBytes)
 	}
 	return raw, nil
 }
 
-// codeDescriptions describe the rows of the mesh's error-code table.
-var codeDescriptions = map[envelope.Code]string{
-	envelope.CodeParseError:       "The request is not valid JSON",
-	envelope.CodeInvalidRequest:   "The request is not a valid request object",
-	envelope.CodeMethodNotFound:   "No built-in method and no registered agent serves the method",
-	envelope.CodeInvalidParams:    "Params are missing or malformed",
-	envelope.CodeInternal:         "Unexpected failure in the mesh",
-	envelope.CodeRPCError:         "The method's handler failed",
-	envelope.CodeAgentNotFound:    "No such agent or session",
-	envelope.CodeUnavailable:      "No instance reachable (link dropped, none ready, hub draining); safe to retry",
-	envelope.CodeTimeout:          "The deadline passed before an answer; the call may have run",
-	envelope.CodeCircuitOpen:      "The circuit breaker is open for every instance serving the method",
-	envelope.CodeOverloaded:       "A bulkhead or rate limit is full; retry later",
-	envelope.CodeCancelled:        "The caller cancelled the call",
-	envelope.CodeUnauthenticated:  "Missing, invalid or expired credentials",
-	envelope.CodePermissionDenied: "The caller's roles or token do not allow the call",
-}
-
-// ErrorCodes returns every error code of the mesh with its description.
-func ErrorCodes() map[string]string {
-	out := map[string]string{}
-	for _, c := range envelope.Codes() {
-		out[c.String()] = codeDescriptions[c]
-	}
-	return out
-}
-
 // builtinSchemas describe the hub's own methods.
-var builtinSchemas = func() map[string]MethodSchema {
+var builtinSchemas = func() map[string]control.MethodSchema {
 	none := json.RawMessage(`{"type":"object","additionalProperties":false}`)
 	link := []string{"INVALID_PARAMS", "INVALID_REQUEST", "AGENT_NOT_FOUND", "UNAVAILABLE"}
-	return map[string]MethodSchema{
+	return map[string]control.MethodSchema{
 		"agent.register": {Description: "Register this WebSocket link as an agent instance serving methods",
-			Params: mustSchema[RegisterParams](), Result: mustSchema[RegisterResult](),
+			Params: mustSchema[control.RegisterParams](), Result: mustSchema[control.RegisterResult](),
 			Errors: append(link, "PERMISSION_DENIED")},
 		"agent.heartbeat": {Description: "Report that the agent is alive, with its state and load",
-			Params: mustSchema[HeartbeatParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"}}}`),
+			Params: mustSchema[control.HeartbeatParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"}}}`),
 			Errors: link},
 		"agent.deregister": {Description: "Deregister the agent before it leaves",
-			Params: mustSchema[DeregisterParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"},"gracePeriod":{"type":"number"}}}`),
+			Params: mustSchema[control.DeregisterParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"},"gracePeriod":{"type":"number"}}}`),
 			Errors: link},
 		"mesh.ping": {Description: "Liveness of the hub", Idempotent: true,
 			Result: json.RawMessage(`{"type":"object","properties":{"pong":{"type":"boolean"},"hub":{"type":"string"},"time":{"type":"integer"}}}`)},
-		"mesh.agents":   {Description: "List the registered agent instances", Params: none, Result: mustSchema[[]AgentInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
-		"mesh.methods":  {Description: "List the methods served by agents, with their instances", Params: none, Result: mustSchema[[]MethodInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.agents":   {Description: "List the registered agent instances", Params: none, Result: mustSchema[[]control.AgentInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.methods":  {Description: "List the methods served by agents, with their instances", Params: none, Result: mustSchema[[]control.MethodInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
 		"mesh.breakers": {Description: "List the circuit breakers per (method, instance)", Params: none, Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
-		"mesh.schema":   {Description: "Protocol discovery: every method with its schemas, error codes and roles, and every error code", Params: none, Result: mustSchema[SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
-		"schema":        {Description: "Protocol discovery (the agentick name of mesh.schema)", Params: none, Result: mustSchema[SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.schema":   {Description: "Protocol discovery: every method with its schemas, error codes and roles, and every error code", Params: none, Result: mustSchema[control.SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"schema":        {Description: "Protocol discovery (the agentick name of mesh.schema)", Params: none, Result: mustSchema[control.SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
 		"rpc.discover":  {Description: "The mesh's methods as an OpenRPC 1.3 document", Params: none, Result: json.RawMessage(`{"type":"object","required":["openrpc","info","methods"]}`), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
 	}
 }()
 
-// SchemaPayload is the answer of schema (the agentick seed's shape).
-type SchemaPayload struct {
-	ProtocolVersion string                  `json:"protocolVersion"`
-	Methods         map[string]SchemaMethod `json:"methods"`
-	Events          []SchemaEvent           `json:"events"`
-	Errors          map[string]string       `json:"errors"`
-}
-
-// SchemaMethod is one method of schema. Roles are those the hub's role
-// table requires (admin for the admin built-ins) when the hub
-// authenticates; otherwise those the agent declared.
-type SchemaMethod struct {
-	Description string          `json:"description,omitempty"`
-	Builtin     bool            `json:"builtin"`
-	Params      json.RawMessage `json:"params,omitempty"`
-	Response    json.RawMessage `json:"response,omitempty"`
-	Errors      []string        `json:"errors,omitempty"`
-	Roles       []string        `json:"roles,omitempty"`
-	Idempotent  bool            `json:"idempotent,omitempty"`
-	// Pattern marks a capability such as "memory.*": no single method.
-	Pattern bool `json:"pattern,omitempty"`
-	// Agents are the names of the agents serving it.
-	Agents []string `json:"agents,omitempty"`
-}
-
-// SchemaEvent is an event type with its category.
-type SchemaEvent struct {
-	Type     string `json:"type"`
-	Category string `json:"category"`
-}
-
 // chatStreamEvents are the stream events of chat agents (chat.events, and
 // Multica's "stream" messages: StreamPayload {streamId, agentId, event}),
 // as the Multica streaming seed names them, with their categories.
-var chatStreamEvents = []SchemaEvent{
-	{"message_start", "model"},
-	{"message_update", "model"},
-	{"message_end", "model"},
-	{"tool_execution_start", "orchestration"},
-	{"tool_execution_end", "orchestration"},
-	{"compaction_start", "orchestration"},
-	{"compaction_end", "orchestration"},
+var chatStreamEvents = []control.SchemaEvent{
+	{Type: "message_start", Category: "model"},
+	{Type: "message_update", Category: "model"},
+	{Type: "message_end", Category: "model"},
+	{Type: "tool_execution_start", Category: "orchestration"},
+	{Type: "tool_execution_end", Category: "orchestration"},
+	{Type: "compaction_start", Category: "orchestration"},
+	{Type: "compaction_end", Category: "orchestration"},
 }
 
 // agentErrors are the codes any routed call may end with, whatever the
@@ -209,19 +112,19 @@ var agentErrors = []string{"METHOD_NOT_FOUND", "UNAVAILABLE", "TIMEOUT", "CIRCUI
 // Schema returns the mesh's contract as it stands now: the built-ins and
 // every method an agent serves (the first instance, by id, that declared
 // a schema for it wins).
-func (h *Hub) Schema() SchemaPayload {
-	out := SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]SchemaMethod{}, Events: slices.Clone(chatStreamEvents), Errors: ErrorCodes()}
+func (h *Hub) Schema() control.SchemaPayload {
+	out := control.SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]control.SchemaMethod{}, Events: slices.Clone(chatStreamEvents), Errors: envelope.CodeTable()}
 	for m := range h.builtins {
 		s := builtinSchemas[m]
-		out.Methods[m] = SchemaMethod{Description: s.Description, Builtin: true, Params: s.Params, Response: s.Result,
+		out.Methods[m] = control.SchemaMethod{Description: s.Description, Builtin: true, Params: s.Params, Response: s.Result,
 			Errors: s.Errors, Roles: h.rolesOf(m, nil), Idempotent: s.Idempotent}
 	}
 	for _, in := range h.reg.Snapshot().Instances() {
-		var decl map[string]MethodSchema
+		var decl map[string]control.MethodSchema
 		if len(in.Schemas) > 0 {
 			_ = json.Unmarshal(in.Schemas, &decl)
 		}
-		add := func(m string, s MethodSchema, declared bool) {
+		add := func(m string, s control.MethodSchema, declared bool) {
 			cur, seen := out.Methods[m]
 			if seen && (cur.Builtin || cur.Params != nil || cur.Response != nil || !declared) {
 				if !slices.Contains(cur.Agents, in.Name) {
@@ -236,7 +139,7 @@ func (h *Hub) Schema() SchemaPayload {
 					errs = append(errs, e)
 				}
 			}
-			ms := SchemaMethod{Description: s.Description, Params: s.Params, Response: s.Result, Errors: errs,
+			ms := control.SchemaMethod{Description: s.Description, Params: s.Params, Response: s.Result, Errors: errs,
 				Roles: h.rolesOf(m, s.Roles), Idempotent: s.Idempotent || h.policies.For(m).Idempotent,
 				Pattern: strings.HasSuffix(m, "*"), Agents: []string{in.Name}}
 			if seen {
@@ -251,7 +154,7 @@ func (h *Hub) Schema() SchemaPayload {
 		}
 		for _, c := range in.Capabilities {
 			if _, ok := decl[c]; !ok {
-				add(c, MethodSchema{}, false)
+				add(c, control.MethodSchema{}, false)
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -69,7 +70,7 @@ func TestSchemaDiscovery(t *testing.T) {
 	for name, c := range map[string]*mesh.Client{"ws": m.Client(t), "http": m.HTTPClient(t)} {
 		t.Run(name, func(t *testing.T) {
 			for _, method := range []string{"schema", "mesh.schema"} {
-				var s mesh.SchemaPayload
+				var s control.SchemaPayload
 				if err := c.Call(t.Context(), method, nil, &s); err != nil {
 					t.Fatalf("%s: %v", method, err)
 				}
@@ -235,15 +236,15 @@ func TestRegisterSchemasChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	register := func(schemas map[string]mesh.MethodSchema) error {
-		raw, _ := json.Marshal(mesh.RegisterParams{Capabilities: []string{"x.*", "y.y"}, Schemas: schemas})
+	register := func(schemas map[string]control.MethodSchema) error {
+		raw, _ := json.Marshal(control.RegisterParams{Capabilities: []string{"x.*", "y.y"}, Schemas: schemas})
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		_, err := l.Call(ctx, &envelope.Request{ID: envelope.NewID(), Method: "agent.register", Params: raw, Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
 		return err
 	}
-	big := json.RawMessage(`{"description":"` + strings.Repeat("a", mesh.MaxSchemaBytes) + `"}`)
-	for what, s := range map[string]map[string]mesh.MethodSchema{
+	big := json.RawMessage(`{"description":"` + strings.Repeat("a", control.MaxSchemaBytes) + `"}`)
+	for what, s := range map[string]map[string]control.MethodSchema{
 		"over 64 KiB":        {"x.a": {Params: big}},
 		"not served":         {"z.z": {Description: "d"}},
 		"a pattern":          {"x.*": {Description: "d"}},
@@ -252,7 +253,7 @@ func TestRegisterSchemasChecked(t *testing.T) {
 	} {
 		wantCode(t, "register with schemas "+what, register(s), envelope.CodeInvalidParams)
 	}
-	if err := register(map[string]mesh.MethodSchema{"x.a": {Description: "a method under x.*", Params: json.RawMessage(`{"type":"object"}`)}}); err != nil {
+	if err := register(map[string]control.MethodSchema{"x.a": {Description: "a method under x.*", Params: json.RawMessage(`{"type":"object"}`)}}); err != nil {
 		t.Fatalf("register with a valid schema: %v", err)
 	}
 }
@@ -275,7 +276,7 @@ func TestSchemaOverEtcd(t *testing.T) {
 	if got := b.Hub.Registry().Snapshot().Instance("calc-on-a").Schemas; !bytes.Contains(got, []byte(`"calc.add"`)) {
 		t.Fatalf("hub B's record of calc-on-a has schemas %s; want calc.add's", got)
 	}
-	var s mesh.SchemaPayload
+	var s control.SchemaPayload
 	if err := b.Client(t).Call(t.Context(), "schema", nil, &s); err != nil {
 		t.Fatal(err)
 	}
@@ -294,13 +295,13 @@ func TestSchemaOverEtcd(t *testing.T) {
 func TestAgentSchemasRefusedStillRegisters(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{})
 	a := agents.NewEcho()
-	a.SetSchema("echo.echo", mesh.MethodSchema{Description: strings.Repeat("x", mesh.MaxSchemaBytes)})
+	a.SetSchema("echo.echo", control.MethodSchema{Description: strings.Repeat("x", control.MaxSchemaBytes)})
 	m.RunAgent(t, a)
 	var got string
 	if err := m.Client(t).Call(t.Context(), "echo.echo", "still here", &got); err != nil || got != "still here" {
 		t.Fatalf("echo.echo = %q, %v", got, err)
 	}
-	var s mesh.SchemaPayload
+	var s control.SchemaPayload
 	if err := m.Client(t).Call(t.Context(), "schema", nil, &s); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +318,7 @@ func TestChatSchemas(t *testing.T) {
 	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	m.RunAgent(t, chat.NewService(rt))
-	var s mesh.SchemaPayload
+	var s control.SchemaPayload
 	if err := m.Client(t).Call(t.Context(), "schema", nil, &s); err != nil {
 		t.Fatal(err)
 	}

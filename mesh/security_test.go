@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -143,9 +144,9 @@ func TestRegistrationGuard(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var res mesh.RegisterResult
+		var res control.RegisterResult
 		req := &envelope.Request{ID: envelope.NewID(), Method: "agent.register"}
-		req.Params, _ = json.Marshal(mesh.RegisterParams{AgentID: "y-" + fmt.Sprint(len(claim)), Capabilities: []string{claim}})
+		req.Params, _ = json.Marshal(control.RegisterParams{AgentID: "y-" + fmt.Sprint(len(claim)), Capabilities: []string{claim}})
 		r, err := l.Call(t.Context(), req)
 		if err == nil {
 			_ = json.Unmarshal(r.Result, &res)
@@ -156,7 +157,7 @@ func TestRegistrationGuard(t *testing.T) {
 	// Y may register what its token allows.
 	m.RunAgent(t, countingAgent("media", &yCalls, y, "media_gen.*"))
 
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if err := admin.Call(t.Context(), "mesh.agents", nil, &list); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestRegistrationGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	var xs []mesh.AgentInfo
+	var xs []control.AgentInfo
 	_ = admin.Call(t.Context(), "mesh.agents", nil, &xs)
 	xid := ""
 	for _, a := range xs {
@@ -188,7 +189,7 @@ func TestRegistrationGuard(t *testing.T) {
 		}
 	}
 	req := &envelope.Request{ID: envelope.NewID(), Method: "agent.register"}
-	req.Params, _ = json.Marshal(mesh.RegisterParams{AgentID: xid, Capabilities: []string{"memory.*"}})
+	req.Params, _ = json.Marshal(control.RegisterParams{AgentID: xid, Capabilities: []string{"memory.*"}})
 	_, err = l.Call(t.Context(), req)
 	wantCode(t, "Z takes over X's agent id", err, envelope.CodePermissionDenied)
 	if err := caller.Call(t.Context(), "memory.get", map[string]string{"key": "k"}, nil); err != nil || xCalls.Load() != 51 {

@@ -49,7 +49,7 @@ type Registration struct {
 	ContractHash string          `json:"contractHash,omitempty"`
 	// Schemas is what the instance declared about its methods (a JSON
 	// object: method name -> description, params and result JSON Schema,
-	// error codes, roles; see mesh.MethodSchema). The hub bounds its size.
+	// error codes, roles; see control.MethodSchema). The hub bounds its size.
 	Schemas json.RawMessage `json:"schemas,omitempty"`
 	// HeartbeatInterval is how often the instance heartbeats; it expires
 	// after three intervals without one.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -383,7 +384,7 @@ func TestResetOverTheMesh(t *testing.T) {
 	if err := c.Call(ctx, "chat.reset", map[string]any{}, nil); envelope.CodeOf(err) != envelope.CodeInvalidParams {
 		t.Errorf("chat.reset without an id: %v; want INVALID_PARAMS", err)
 	}
-	var s mesh.SchemaPayload
+	var s control.SchemaPayload
 	if err := c.Call(ctx, "mesh.schema", nil, &s); err != nil {
 		t.Fatal(err)
 	}

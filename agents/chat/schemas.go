@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
 )
 
 // The params of the chat methods accept agentId (Multica's spelling) or
@@ -28,7 +28,7 @@ func paramsWith(extra string, required ...string) json.RawMessage {
 }
 
 func resultOf[T any]() json.RawMessage {
-	s, err := mesh.SchemaFor[T]()
+	s, err := control.SchemaFor[T]()
 	if err != nil {
 		panic("chat: schema: " + err.Error())
 	}
@@ -40,20 +40,20 @@ func resultOf[T any]() json.RawMessage {
 // tool-catalog describe them.
 func declareSchemas(a *agents.Agent) {
 	notFound := []string{envelope.CodeInvalidParams.String(), envelope.CodeAgentNotFound.String()}
-	create := mesh.MethodSchema{
+	create := control.MethodSchema{
 		Description: "Create a chat agent (id optional: 8 hex digits are chosen; a closed agent's session file is resumed), with an optional system prompt.",
 		Params: json.RawMessage(`{"type":"object","properties":{` + agentIDProps + `,
 			"system_prompt":{"type":"string","description":"system prompt of a new agent"}},"required":[]}`),
 		Result: resultOf[CreateResult](),
 		Errors: []string{envelope.CodeInvalidParams.String()},
 	}
-	destroy := mesh.MethodSchema{
+	destroy := control.MethodSchema{
 		Description: "Destroy a chat agent: its running turn is cancelled; its session file stays.",
 		Params:      paramsWith(""),
 		Result:      json.RawMessage(`{"type":"object","properties":{"success":{"type":"boolean"},"agent_id":{"type":"string"}},"required":["success","agent_id"]}`),
 		Errors:      []string{envelope.CodeInvalidParams.String()},
 	}
-	list := mesh.MethodSchema{
+	list := control.MethodSchema{
 		Description: "List the agents of the pool.",
 		Params:      json.RawMessage(`{"type":"object","properties":{}}`),
 		Result:      json.RawMessage(`{"type":"object","properties":{"agents":` + string(resultOf[[]AgentInfo]()) + `},"required":["agents"]}`),
@@ -68,7 +68,7 @@ func declareSchemas(a *agents.Agent) {
 	for _, m := range []string{"chat.list", "chat.list_agents"} {
 		a.SetSchema(m, list)
 	}
-	a.SetSchema("chat.send", mesh.MethodSchema{
+	a.SetSchema("chat.send", control.MethodSchema{
 		Description: "Run one turn: the message goes to the provider (and the tools it calls); the answer streams as events (chat.events) and is returned whole. Sends to one agent run one at a time, in order.",
 		Params: paramsWith(`"content":{"type":"string","description":"the user's message"},
 			"request_id":{"type":"string","description":"names the turn for chat.cancel and in its events (default: a new id)"},
@@ -76,7 +76,7 @@ func declareSchemas(a *agents.Agent) {
 		Result: resultOf[SendResult](),
 		Errors: append(notFound, envelope.CodeCancelled.String(), envelope.CodeOverloaded.String(), envelope.CodeUnavailable.String(), envelope.CodeRPCError.String()),
 	})
-	a.SetSchema("chat.cancel", mesh.MethodSchema{
+	a.SetSchema("chat.cancel", control.MethodSchema{
 		Description: "Cancel a queued or running turn by its request_id.",
 		Params:      paramsWith(`"request_id":{"type":"string"}`, "request_id"),
 		Result: json.RawMessage(`{"type":"object","properties":{"cancelled":{"type":"boolean"},"request_id":{"type":"string"},
@@ -84,34 +84,34 @@ func declareSchemas(a *agents.Agent) {
 		Errors:     notFound,
 		Idempotent: true,
 	})
-	a.SetSchema("chat.reset", mesh.MethodSchema{
+	a.SetSchema("chat.reset", control.MethodSchema{
 		Description: "Clear the agent's conversation: the sends in flight are cancelled, the session file is moved aside (ID.jsonl.reset-UNIXMS, kept) and an empty history starts, with the same id and system prompt and no compaction state.",
 		Params:      paramsWith(""),
 		Result:      resultOf[ResetResult](),
 		Errors:      append(notFound, envelope.CodeCancelled.String(), envelope.CodeInternal.String()),
 	})
-	a.SetSchema("chat.shutdown", mesh.MethodSchema{
+	a.SetSchema("chat.shutdown", control.MethodSchema{
 		Description: "Mark the agent to shut down: it takes no more sends.",
 		Params:      paramsWith(""),
 		Result:      json.RawMessage(`{"type":"object","properties":{"success":{"type":"boolean"}},"required":["success"]}`),
 		Errors:      notFound,
 		Idempotent:  true,
 	})
-	a.SetSchema("chat.get_tokens", mesh.MethodSchema{
+	a.SetSchema("chat.get_tokens", control.MethodSchema{
 		Description: "Token use of the agent's context (estimates, about 4 bytes a token).",
 		Params:      paramsWith(""),
 		Result:      resultOf[Tokens](),
 		Errors:      notFound,
 		Idempotent:  true,
 	})
-	a.SetSchema("chat.get_context", mesh.MethodSchema{
+	a.SetSchema("chat.get_context", control.MethodSchema{
 		Description: "The agent's context: message counts, summary, compactions, budget.",
 		Params:      paramsWith(""),
 		Result:      resultOf[ContextInfo](),
 		Errors:      notFound,
 		Idempotent:  true,
 	})
-	a.SetSchema("chat.getAgentMessages", mesh.MethodSchema{
+	a.SetSchema("chat.getAgentMessages", control.MethodSchema{
 		Description: "A page of an agent's history, also of a closed agent whose session file exists.",
 		Params: paramsWith(`"offset":{"type":"integer","minimum":0,"description":"default 0"},
 			"limit":{"type":"integer","minimum":0,"description":"default 50"}`),
@@ -119,7 +119,7 @@ func declareSchemas(a *agents.Agent) {
 		Errors:     notFound,
 		Idempotent: true,
 	})
-	a.SetSchema("chat.events", mesh.MethodSchema{
+	a.SetSchema("chat.events", control.MethodSchema{
 		Description: "The agent's stream events after after_seq (a long poll of up to wait_ms), each a StreamPayload with its seq and the request_id of its turn; tail: true answers where the log stands.",
 		Params: paramsWith(`"after_seq":{"type":"integer","minimum":0},"wait_ms":{"type":"integer","minimum":0},
 			"max":{"type":"integer","minimum":0,"maximum":1024},"tail":{"type":"boolean"}`),

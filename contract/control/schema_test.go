@@ -21,7 +21,6 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
 )
 
 var rawType = reflect.TypeFor[json.RawMessage]()
@@ -307,9 +306,9 @@ type (
 // projectTypes are the types the project gives SchemaFor (mesh, agents,
 // agents/chat), as of [M10].
 var projectTypes = []reflect.Type{
-	reflect.TypeFor[mesh.RegisterParams](), reflect.TypeFor[mesh.RegisterResult](),
-	reflect.TypeFor[mesh.HeartbeatParams](), reflect.TypeFor[mesh.DeregisterParams](),
-	reflect.TypeFor[[]mesh.AgentInfo](), reflect.TypeFor[[]mesh.MethodInfo](), reflect.TypeFor[mesh.SchemaPayload](),
+	reflect.TypeFor[control.RegisterParams](), reflect.TypeFor[control.RegisterResult](),
+	reflect.TypeFor[control.HeartbeatParams](), reflect.TypeFor[control.DeregisterParams](),
+	reflect.TypeFor[[]control.AgentInfo](), reflect.TypeFor[[]control.MethodInfo](), reflect.TypeFor[control.SchemaPayload](),
 	reflect.TypeFor[agents.SleepParams](), reflect.TypeFor[agents.SleepResult](),
 	reflect.TypeFor[kvKey](), reflect.TypeFor[kvPut](), reflect.TypeFor[kvPutResult](), reflect.TypeFor[kvGetResult](),
 	reflect.TypeFor[kvDeleteResult](), reflect.TypeFor[kvQuery](), reflect.TypeFor[kvQueryResult](),
@@ -345,7 +344,7 @@ var edgeTypes = []reflect.Type{
 	reflect.TypeFor[embedTimePtr](), reflect.TypeFor[stdTypes](), reflect.TypeFor[numbers](),
 	reflect.TypeFor[collections](), reflect.TypeFor[bytesTypes](), reflect.TypeFor[[]byte](),
 	reflect.TypeFor[*[]byte](), reflect.TypeFor[blob](), reflect.TypeFor[[4]byte](), reflect.TypeFor[[]textByte](),
-	reflect.TypeFor[envelope.Code](), reflect.TypeFor[mesh.MethodSchema](),
+	reflect.TypeFor[envelope.Code](), reflect.TypeFor[control.MethodSchema](),
 }
 
 // dupNames, shadow and sameDepth repeat JSON names (made with reflect.StructOf, for

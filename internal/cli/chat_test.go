@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/internal/cli"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -42,7 +43,7 @@ func waitChat(t *testing.T, m *meshtest.Mesh) {
 	t.Helper()
 	c := m.Client(t)
 	meshtest.WaitFor(t, 10*time.Second, func() bool {
-		var methods []mesh.MethodInfo
+		var methods []control.MethodInfo
 		if c.Call(t.Context(), "mesh.methods", nil, &methods) != nil {
 			return false
 		}

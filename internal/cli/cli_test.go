@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/internal/cli"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -82,7 +83,7 @@ func TestMeshctlAgentsAndMethods(t *testing.T) {
 	m := meshtest.Start(t, mesh.HubConfig{})
 	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-1")))
 	r := meshctl(t, "", "agents", "--hub", m.WS, "-o", "json")
-	var list []mesh.AgentInfo
+	var list []control.AgentInfo
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil || len(list) != 1 || list[0].AgentID != "echo-1" {
 		t.Errorf("agents -o json: exit %d, %q", r.code, r.stdout)
 	}
@@ -95,7 +96,7 @@ func TestMeshctlAgentsAndMethods(t *testing.T) {
 		t.Errorf("methods -o table: exit %d, %q", r.code, r.stdout)
 	}
 	r = meshctl(t, "", "methods", "--hub", m.WS, "-o", "json")
-	var methods []mesh.MethodInfo
+	var methods []control.MethodInfo
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &methods) != nil || len(methods) != 2 {
 		t.Errorf("methods -o json: exit %d, %q", r.code, r.stdout)
 	}

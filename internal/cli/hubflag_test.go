@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/internal/cli"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -88,7 +89,7 @@ func TestHubFlagListReachesTheClient(t *testing.T) {
 	ln.Close() // nothing listens there now: a refused dial
 	for _, form := range [][]string{{"--hub", dead, "--hub", m.WS}, {"--hub", dead + "," + m.WS}, {"--hub", dead + ", " + m.WS + " "}} {
 		r := meshctl(t, "", append([]string{"agents", "-o", "json"}, form...)...)
-		var list []mesh.AgentInfo
+		var list []control.AgentInfo
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &list) != nil || len(list) != 1 || list[0].AgentID != "echo-hubflag" {
 			t.Errorf("meshctl agents %s: exit %d, stdout %q, stderr %q; want the live hub's agent", strings.Join(form, " "), r.code, r.stdout, r.stderr)
 		}

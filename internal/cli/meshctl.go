@@ -22,6 +22,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/link"
@@ -297,7 +298,7 @@ func (g *ctlFlags) agentsCmd() *cobra.Command {
 			if !table {
 				return g.listCall(cmd.Context(), "mesh.agents", nil)
 			}
-			var list []mesh.AgentInfo
+			var list []control.AgentInfo
 			if err := g.listCall(cmd.Context(), "mesh.agents", &list); err != nil {
 				return err
 			}
@@ -328,7 +329,7 @@ func (g *ctlFlags) methodsCmd() *cobra.Command {
 			if !table {
 				return g.listCall(cmd.Context(), "mesh.methods", nil)
 			}
-			var list []mesh.MethodInfo
+			var list []control.MethodInfo
 			if err := g.listCall(cmd.Context(), "mesh.methods", &list); err != nil {
 				return err
 			}

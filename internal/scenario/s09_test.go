@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/link"
@@ -130,7 +131,7 @@ func TestS09RetrySemantics(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			reg, _ := json.Marshal(mesh.RegisterParams{AgentID: fmt.Sprintf("b%d", i), Capabilities: []string{"s09b.work"}})
+			reg, _ := json.Marshal(control.RegisterParams{AgentID: fmt.Sprintf("b%d", i), Capabilities: []string{"s09b.work"}})
 			if _, err := l.Call(t.Context(), &envelope.Request{Method: "agent.register", Params: reg}); err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,124 @@
+package control
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// RegisterParams are the params of agent.register (the kOS seed's
+// handshake). AgentID and Name are extensions: an agent may propose its id
+// (kept across reconnects) and its logical name.
+type RegisterParams struct {
+	AgentID      string          `json:"agentId,omitempty"`
+	Name         string          `json:"name,omitempty"`
+	Capabilities []string        `json:"capabilities"`
+	Intents      []string        `json:"intents,omitempty"`
+	Metadata     json.RawMessage `json:"metadata,omitempty"`
+	ContractHash string          `json:"contractHash,omitempty"`
+	// Schemas describes the agent's methods (exact names it serves):
+	// description, params and result JSON Schema, error codes, roles. At
+	// most MaxSchemaBytes encoded.
+	Schemas map[string]MethodSchema `json:"schemas,omitempty"`
+}
+
+// RegisterResult is the answer to agent.register. HeartbeatInterval is in
+// seconds, as the seed says (fractions allowed).
+type RegisterResult struct {
+	AgentID              string   `json:"agentId"`
+	Accepted             bool     `json:"accepted"`
+	HeartbeatInterval    float64  `json:"heartbeatInterval"`
+	AssignedCapabilities []string `json:"assignedCapabilities"`
+	Restrictions         []string `json:"restrictions,omitempty"`
+}
+
+// HeartbeatParams are the params of agent.heartbeat.
+type HeartbeatParams struct {
+	AgentID string          `json:"agentId"`
+	Status  AgentStatus     `json:"status"`
+	Metrics json.RawMessage `json:"metrics,omitempty"`
+}
+
+// AgentStatus is the seed's AgentStatus, plus the load the agent reports
+// (0..1; the balancer weighs it).
+type AgentStatus struct {
+	State             string  `json:"state"`
+	ActiveConnections int     `json:"activeConnections,omitempty"`
+	QueuedRequests    int     `json:"queuedRequests,omitempty"`
+	LastActivity      int64   `json:"lastActivity,omitempty"`
+	Load              float64 `json:"load,omitempty"`
+}
+
+// DeregisterParams are the params of agent.deregister.
+type DeregisterParams struct {
+	AgentID string `json:"agentId"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// AgentInfo describes one registered instance in mesh.agents.
+type AgentInfo struct {
+	AgentID       string    `json:"agentId"`
+	Name          string    `json:"name"`
+	Hub           string    `json:"hub"`
+	Status        string    `json:"status"`
+	Load          float64   `json:"load"`
+	InFlight      int64     `json:"inflight"`
+	Methods       []string  `json:"methods"`
+	LastHeartbeat time.Time `json:"lastHeartbeat"`
+	RegisteredAt  time.Time `json:"registeredAt"`
+}
+
+// MethodInfo describes one method (or pattern) in mesh.methods.
+type MethodInfo struct {
+	Method string   `json:"method"`
+	Agents []string `json:"agents"`
+	Ready  int      `json:"ready"`
+}
+
+// MaxSchemaBytes bounds the schemas an agent declares when it registers
+// (encoded): they travel in every registry record of the instance.
+const MaxSchemaBytes = 64 << 10
+
+// MethodSchema is what an agent declares about one of its methods in
+// agent.register's "schemas". Params and Result are JSON Schemas (an
+// object, or true/false); Errors are code names of the mesh's table
+// (envelope.Codes); Roles are the roles the agent expects its callers to
+// hold (the hub enforces its own role table; see SchemaMethod.Roles).
+type MethodSchema struct {
+	Description string          `json:"description,omitempty"`
+	Params      json.RawMessage `json:"params,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Errors      []string        `json:"errors,omitempty"`
+	Roles       []string        `json:"roles,omitempty"`
+	Idempotent  bool            `json:"idempotent,omitempty"`
+}
+
+// SchemaPayload is the answer of schema (the agentick seed's shape).
+type SchemaPayload struct {
+	ProtocolVersion string                  `json:"protocolVersion"`
+	Methods         map[string]SchemaMethod `json:"methods"`
+	Events          []SchemaEvent           `json:"events"`
+	Errors          map[string]string       `json:"errors"`
+}
+
+// SchemaMethod is one method of schema. Roles are those the hub's role
+// table requires (admin for the admin built-ins) when the hub
+// authenticates; otherwise those the agent declared.
+type SchemaMethod struct {
+	Description string          `json:"description,omitempty"`
+	Builtin     bool            `json:"builtin"`
+	Params      json.RawMessage `json:"params,omitempty"`
+	Response    json.RawMessage `json:"response,omitempty"`
+	Errors      []string        `json:"errors,omitempty"`
+	Roles       []string        `json:"roles,omitempty"`
+	Idempotent  bool            `json:"idempotent,omitempty"`
+	// Pattern marks a capability such as "memory.*": no single method.
+	Pattern bool `json:"pattern,omitempty"`
+	// Agents are the names of the agents serving it.
+	Agents []string `json:"agents,omitempty"`
+}
+
+// SchemaEvent is an event type with its category.
+type SchemaEvent struct {
+	Type     string `json:"type"`
+	Category string `json:"category"`
+}

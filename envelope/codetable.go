@@ -26,4 +26,3 @@ func CodeTable() map[string]string {
 	}
 	return out
 }
-

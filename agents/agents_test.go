@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestHandlerErrorsAreCoded(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	a := agents.New("errs")
 	a.Handle("errs.plain", func(context.Context, json.RawMessage) (any, error) { return nil, errors.New("disk on fire") })
 	a.Handle("errs.coded", func(context.Context, json.RawMessage) (any, error) {
@@ -72,7 +73,7 @@ func TestHandlerErrorsAreCoded(t *testing.T) {
 }
 
 func TestKV(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewKV())
 	c := m.Client(t)
 	ctx := t.Context()
@@ -113,7 +114,7 @@ func TestKV(t *testing.T) {
 }
 
 func TestChaosFaults(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	var crashed atomic.Int32
 	m.RunAgent(t, agents.NewChaos(agents.ChaosConfig{FailRate: 1, FailCode: envelope.CodeOverloaded}, agents.WithID("fail")))
 	m.RunAgent(t, agents.NewChaos(agents.ChaosConfig{Latency: 100 * time.Millisecond, Jitter: 10 * time.Millisecond}, agents.WithID("slow")))
@@ -165,8 +166,8 @@ func TestReconnectAfterHubRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	serve := func(ln net.Listener) (*mesh.Hub, func()) {
-		h, err := mesh.NewHub(mesh.HubConfig{HeartbeatInterval: 50 * time.Millisecond})
+	serve := func(ln net.Listener) (*hub.Hub, func()) {
+		h, err := hub.New(hub.Config{HeartbeatInterval: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,7 +225,7 @@ func TestReconnectAfterHubRestart(t *testing.T) {
 // TestShutdownDeregisters: when Run's context ends the agent deregisters
 // at once (it does not wait to expire) after its calls in flight finish.
 func TestShutdownDeregisters(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{HeartbeatInterval: time.Minute})
+	m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Minute})
 	a := agents.NewEcho(agents.WithID("leaver"))
 	stop := m.RunAgent(t, a)
 	c := m.Client(t)

@@ -51,6 +51,6 @@
 // non-browser client and is allowed, which still has to authenticate.
 // Its Check method is a websocket.Upgrader.CheckOrigin.
 //
-// Rate limits (per connection: mesh.HubConfig.ConnRate; per token:
+// Rate limits (per connection: hub.Config.ConnRate; per token:
 // Security.RatePerToken) use internal/ratelimit.
 package auth

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -181,7 +182,7 @@ func runRole(role, addr string) error {
 	case "mesh-hub":
 		// meshd as configured by default: reliability chain and metrics on,
 		// trace export off.
-		h, err := mesh.NewHub(mesh.HubConfig{}, mesh.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
+		h, err := hub.New(hub.Config{}, hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 		if err != nil {
 			return err
 		}

@@ -46,7 +46,7 @@ type s17Params struct {
 // registered again on A, A sent it the calls meant for the stale entry
 // over the new link, although A then refused the registration
 // (UNAVAILABLE: no etcd). Seen in 10 of 16 short runs, 3 to 25 calls
-// each, and in both full runs (1 and 16 calls). mesh.Hub.attempt now
+// each, and in both full runs (1 and 16 calls). hub.Hub.attempt now
 // routes to a binding only once it is ready, or when the entry names
 // this hub.
 const s17FailOnRefused = true

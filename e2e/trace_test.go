@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	meshhub "github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -117,7 +118,7 @@ func TestOneTraceAcrossHops(t *testing.T) {
 	rc := reliability.DefaultConfig()
 	rc.Policies["chaos.*"] = reliability.Policy{Timeout: 5 * time.Second, Retries: 2, Idempotent: true,
 		Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}
-	hub, err := mesh.NewHub(mesh.HubConfig{Reliability: &rc}, mesh.WithTelemetry(hubTel))
+	hub, err := meshhub.New(meshhub.Config{Reliability: &rc}, meshhub.WithTelemetry(hubTel))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -348,7 +348,7 @@ func TestResetGivesUp(t *testing.T) {
 
 // TestResetOverTheMesh: chat.reset through a hub, its errors, its schema.
 func TestResetOverTheMesh(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	rt := NewRuntime(Config{DataDir: t.TempDir()}, &Scripted{}, nil)
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	m.RunAgent(t, NewService(rt))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -20,7 +21,7 @@ import (
 // get_tokens/get_context, history of a destroyed agent, and the mesh_call
 // tool calling the echo agent and another chat agent (a subagent).
 func TestServiceOverTheMesh(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho())
 	toolClient := m.Client(t)
 	rt := NewRuntime(Config{DataDir: t.TempDir()}, &Scripted{ChunkSize: 6, Delay: time.Millisecond}, NewTools(MeshCallTool(toolClient, 10*time.Second)))

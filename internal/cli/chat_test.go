@@ -11,8 +11,8 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/cli"
-	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -61,7 +61,7 @@ func waitChat(t *testing.T, m *meshtest.Mesh) {
 // same data directory the conversation resumes with its history.
 func TestMeshctlChat(t *testing.T) {
 	t.Setenv("OPENAI_MODEL", "") // --model "" falls back to it
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho())
 	dir := t.TempDir()
 	stop := runChatAgent(t, m.WS, dir)
@@ -121,7 +121,7 @@ func TestMeshctlChat(t *testing.T) {
 // once each print their own answer only: a long answer streaming to one
 // client never shows in the other's output, nor ends its wait early.
 func TestMeshctlChatSharedAgent(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	runChatAgent(t, m.WS, t.TempDir())
 	waitChat(t, m)
 	hub := "--hub=" + m.WS

@@ -14,8 +14,8 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/cli"
-	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -34,7 +34,7 @@ func meshctl(t *testing.T, stdin string, args ...string) result {
 }
 
 func TestMeshctlCall(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-1")))
 	hub := "--hub=" + m.WS
 	cases := []struct {
@@ -80,7 +80,7 @@ func TestMeshctlCall(t *testing.T) {
 }
 
 func TestMeshctlAgentsAndMethods(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-1")))
 	r := meshctl(t, "", "agents", "--hub", m.WS, "-o", "json")
 	var list []control.AgentInfo
@@ -103,7 +103,7 @@ func TestMeshctlAgentsAndMethods(t *testing.T) {
 }
 
 func TestMeshctlAgentRun(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	var errb bytes.Buffer
@@ -137,7 +137,7 @@ func TestMeshctlAgentRun(t *testing.T) {
 // TestMeshctlAgentRunInstances: --instances 3 runs three agents in one
 // process, each registered under its own id, all deregistered on exit.
 func TestMeshctlAgentRunInstances(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	var errb bytes.Buffer
@@ -216,7 +216,7 @@ func TestMeshdDemo(t *testing.T) {
 }
 
 func TestMeshctlBench(t *testing.T) {
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho())
 	r := meshctl(t, "", "bench", "echo.echo", `{"a":1}`, "--hub", m.WS, "-c", "4", "-n", "500", "--connections", "2", "-o", "json")
 	var rep struct {

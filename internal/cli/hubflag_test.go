@@ -10,8 +10,8 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/cli"
-	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -79,7 +79,7 @@ func TestHubFlagRepeatedAndCommaSeparated(t *testing.T) {
 // tries the hubs in turn.
 func TestHubFlagListReachesTheClient(t *testing.T) {
 	t.Setenv("MESH_HUB", "")
-	m := meshtest.Start(t, mesh.HubConfig{})
+	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-hubflag")))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -26,9 +26,9 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -102,15 +102,15 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				_ = tp.Shutdown(ctx) // flush the last spans
 			}()
 			hubID := id
-			var hub *mesh.Hub
-			labels := telemetry.NewLabeler(func(m string) bool { return hub != nil && hub.KnownMethod(m) })
+			var hb *hub.Hub
+			labels := telemetry.NewLabeler(func(m string) bool { return hb != nil && hb.KnownMethod(m) })
 			tel := telemetry.New(tp, telemetry.NewMetrics(labels))
 			file, err := config.Load(conf)
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			hubOpts := []mesh.HubOption{mesh.WithLogger(log), mesh.WithTelemetry(tel)}
-			sec := &mesh.Security{Roles: file.Roles, Origins: origins, RatePerToken: ratePerToken, BurstPerToken: burstPerToken}
+			hubOpts := []hub.Option{hub.WithLogger(log), hub.WithTelemetry(tel)}
+			sec := &hub.Security{Roles: file.Roles, Origins: origins, RatePerToken: ratePerToken, BurstPerToken: burstPerToken}
 			if len(authKeys) > 0 {
 				var missing []string
 				if sec.Keys, missing, err = loadAuthKeys(authKeys); err != nil {
@@ -233,11 +233,11 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 					}
 				}
 				defer reg.Close()
-				hubOpts = append(hubOpts, mesh.WithRegistry(reg))
+				hubOpts = append(hubOpts, hub.WithRegistry(reg))
 				log.Info("registry: etcd", "endpoints", etcdEndpoints, "prefix", etcdPrefix, "hubTTL", hubTTL.String(),
 					"user", etcdUser, "clientCert", len(etcdCreds.cert) > 0, "tls", etcdTLS != nil)
 			}
-			hub, err = mesh.NewHub(mesh.HubConfig{
+			hb, err = hub.New(hub.Config{
 				ID: hubID, HeartbeatInterval: heartbeat, DefaultTimeout: defTimeout, DrainTimeout: dur,
 				Reliability: &file.Config, Advertise: advertise, Security: sec, MaxConns: maxConns, ConnRate: connRate, ConnBurst: connBurst, GlobalRate: globalRate, GlobalBurst: globalBurst, PeerHeartbeat: peerHeartbeat,
 				Conn: link.Config{PingInterval: linkPing, WriteTimeout: linkWriteTimeout,
@@ -251,10 +251,10 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			ctx := cmd.Context()
 			if adminAddr != "" {
-				stop, err := serveAdmin(adminAddr, hub, tel.M, log, srvTLS)
+				stop, err := serveAdmin(adminAddr, hb, tel.M, log, srvTLS)
 				if err != nil {
 					_ = ln.Close()
-					_ = hub.Shutdown(context.Background())
+					_ = hb.Shutdown(context.Background())
 					return withCode(ExitError, err)
 				}
 				defer stop()
@@ -272,7 +272,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 						tok, err := auth.Issue(sec.Key, auth.Claims{Subject: "demo." + a.Methods()[0], Serve: a.Methods()}, 365*24*time.Hour)
 						if err != nil {
 							_ = ln.Close()
-							_ = hub.Shutdown(context.Background())
+							_ = hb.Shutdown(context.Background())
 							return withCode(ExitError, err)
 						}
 						agents.WithToken(tok)(a)
@@ -296,7 +296,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 						case <-hctx.Done():
 							return
 						case <-hup:
-							reloadAuthKeys(log, hub, onKeys, authKeys)
+							reloadAuthKeys(log, hb, onKeys, authKeys)
 						}
 					}
 				})
@@ -326,7 +326,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			go func() {
 				select {
 				case <-ctx.Done():
-					hub.BeginDrain()
+					hb.BeginDrain()
 					_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 				case <-served:
 				}
@@ -351,7 +351,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 					}
 				}()
 			}
-			err = hub.Serve(srvCtx, ln)
+			err = hb.Serve(srvCtx, ln)
 			close(served)
 			stopAgents()
 			wg.Wait()
@@ -364,7 +364,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", mesh.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
+	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", hub.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
 	f.BoolVar(&demo, "demo", false, "also run the echo, kv and chat (scripted provider) agents in this process")
 	f.StringVar(&chatDir, "chat-data-dir", envOr("MESH_CHAT_DATA_DIR", chat.DefaultDataDir()), "with --demo: session files of the chat agent [$MESH_CHAT_DATA_DIR]")
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
@@ -417,7 +417,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 
 // serveAdmin serves the admin endpoints (metrics, probes, pprof) on their
 // own listener until stop is called.
-func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logger, tlsCfg *tls.Config) (stop func(), err error) {
+func serveAdmin(addr string, hb *hub.Hub, m *telemetry.Metrics, log *slog.Logger, tlsCfg *tls.Config) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
@@ -433,7 +433,7 @@ func serveAdmin(addr string, hub *mesh.Hub, m *telemetry.Metrics, log *slog.Logg
 		ln = tls.NewListener(ln, c)
 	}
 	mux := http.NewServeMux()
-	h := hub.Handler()
+	h := hb.Handler()
 	for _, p := range []string{"/livez", "/healthz", "/readyz"} {
 		mux.Handle(p, h)
 	}
@@ -529,13 +529,13 @@ func loadAuthKeys(specs []string) (keys []auth.Key, missing []string, err error)
 // reloadAuthKeys is SIGHUP: the key files are read again and replace the
 // hub's keys; links whose token no longer verifies are closed, the
 // others go on. If a file cannot be read the hub keeps its keys.
-func reloadAuthKeys(log *slog.Logger, hub *mesh.Hub, onKeys func([]auth.Key), specs []string) {
+func reloadAuthKeys(log *slog.Logger, hb *hub.Hub, onKeys func([]auth.Key), specs []string) {
 	keys, missing, err := loadAuthKeys(specs)
 	if err != nil {
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
 		return
 	}
-	closed, err := hub.SetAuthKeys(keys)
+	closed, err := hb.SetAuthKeys(keys)
 	if err != nil {
 		log.Error("SIGHUP: auth keys not reloaded; keeping the current ones", "error", err)
 		return

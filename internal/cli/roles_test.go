@@ -26,7 +26,7 @@ roles:
 
 // TestMeshdPolicyFileRoles is S24 (d) the way an operator sets it up: the
 // roles section of a real YAML policy file, read by meshd --config (the
-// path meshd takes, config.Load into mesh.Security.Roles) on a hub started
+// path meshd takes, config.Load into hub.Security.Roles) on a hub started
 // with --auth-key. A caller without a role the table asks is refused
 // PERMISSION_DENIED before routing (the agent's count does not move),
 // over WebSocket, /rpc and meshctl alike; with the role the call passes;

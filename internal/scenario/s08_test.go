@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
@@ -26,7 +27,7 @@ import (
 // and goroutines return to their baseline.
 func TestS08DeadlineAndCancel(t *testing.T) {
 	rc := config("s08", reliability.Policy{Timeout: 30 * time.Second}, nil)
-	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+	m := meshtest.Start(t, hub.Config{Reliability: rc})
 	runS08(t, rc, m, m)
 }
 
@@ -41,7 +42,7 @@ func TestS08ThreeHops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return meshtest.StartCluster(t, mesh.HubConfig{ID: "hub-" + name, Reliability: rc}, reg)
+		return meshtest.StartCluster(t, hub.Config{ID: "hub-" + name, Reliability: rc}, reg)
 	}
 	a, b := hub("A"), hub("B")
 	runS08(t, rc, a, b)

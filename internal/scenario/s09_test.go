@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -60,7 +61,7 @@ func TestS09RetrySemantics(t *testing.T) {
 		n = 200
 	}
 	t.Run("a idempotent UNAVAILABLE twice then OK", func(t *testing.T) {
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: config("s09a", reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true,
+		m := meshtest.Start(t, hub.Config{Reliability: config("s09a", reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true,
 			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)})
 		log := &attemptLog{m: map[string][]attemptRec{}}
 		for i := range 3 {
@@ -114,7 +115,7 @@ func TestS09RetrySemantics(t *testing.T) {
 	t.Run("b not idempotent, link drops after the handler ran", func(t *testing.T) {
 		rc := config("s09b", reliability.Policy{Timeout: 5 * time.Second, Retries: 3,
 			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+		m := meshtest.Start(t, hub.Config{Reliability: rc})
 		c := m.Client(t, mesh.WithReliability(*rc))
 		led := scenario.NewLedger()
 		k := 50
@@ -160,7 +161,7 @@ func TestS09RetrySemantics(t *testing.T) {
 			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: 80 * time.Millisecond}}, func(rc *reliability.Config) {
 			rc.Bulkhead = reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 0}
 		})
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+		m := meshtest.Start(t, hub.Config{Reliability: rc})
 		led := scenario.NewLedger()
 		a := agents.New("s09c")
 		a.Handle("s09c.work", func(ctx context.Context, p json.RawMessage) (any, error) {
@@ -196,7 +197,7 @@ func TestS09RetrySemantics(t *testing.T) {
 
 	t.Run("d caller errors are not retried", func(t *testing.T) {
 		rc := config("s09d", reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true}, nil)
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+		m := meshtest.Start(t, hub.Config{Reliability: rc})
 		led := scenario.NewLedger()
 		a := agents.New("s09d")
 		a.Handle("s09d.bad", func(ctx context.Context, p json.RawMessage) (any, error) {
@@ -227,7 +228,7 @@ func TestS09RetrySemantics(t *testing.T) {
 
 	t.Run("e backoff gaps and the deadline", func(t *testing.T) {
 		ms := time.Millisecond
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: config("s09e", reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true,
+		m := meshtest.Start(t, hub.Config{Reliability: config("s09e", reliability.Policy{Timeout: 5 * time.Second, Retries: 3, Idempotent: true,
 			Backoff: reliability.BackoffConfig{Strategy: reliability.Linear, Initial: 20 * ms, Max: 40 * ms, Jitter: true}}, nil)})
 		log := &attemptLog{m: map[string][]attemptRec{}}
 		a := agents.New("s09e")
@@ -272,7 +273,7 @@ func TestS09RetrySemantics(t *testing.T) {
 	})
 
 	t.Run("f pushback honoured", func(t *testing.T) {
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: config("s09f", reliability.Policy{Timeout: 5 * time.Second, Retries: 2, Idempotent: true,
+		m := meshtest.Start(t, hub.Config{Reliability: config("s09f", reliability.Policy{Timeout: 5 * time.Second, Retries: 2, Idempotent: true,
 			Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, nil)})
 		log := &attemptLog{m: map[string][]attemptRec{}}
 		a := agents.New("s09f")

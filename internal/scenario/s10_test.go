@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -33,7 +34,7 @@ func TestS10RetryBudget(t *testing.T) {
 				rc.RetryBudget = reliability.BudgetConfig{Ratio: 0.2, MinPerSecond: 10, Window: 2 * time.Second}
 			}
 		})
-		m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+		m := meshtest.Start(t, hub.Config{Reliability: rc})
 		var slow atomic.Bool
 		var mu sync.Mutex
 		var execAt []time.Time

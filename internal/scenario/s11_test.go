@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -27,7 +28,7 @@ func TestS11BreakerExactCounts(t *testing.T) {
 	rc.CircuitBreaker = reliability.BreakerConfig{FailureThreshold: 5, RecoveryTimeout: 500 * time.Millisecond, SuccessThreshold: 3}
 	hubRC := rc
 	hubRC.CircuitBreaker.FailureThreshold = 1 << 30 // only the client's breaker in play
-	m := meshtest.Start(t, mesh.HubConfig{Reliability: &hubRC})
+	m := meshtest.Start(t, hub.Config{Reliability: &hubRC})
 	var calls atomic.Int32
 	var failing atomic.Bool
 	failing.Store(true)

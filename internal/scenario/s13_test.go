@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -53,7 +54,7 @@ func TestS13BreakerFlapping(t *testing.T) {
 		Backoff: reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Millisecond}}, func(rc *reliability.Config) {
 		rc.CircuitBreaker = reliability.BreakerConfig{FailureThreshold: 5, RecoveryTimeout: recovery, SuccessThreshold: 3}
 	})
-	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc}, mesh.WithBreakerHook(hook))
+	m := meshtest.Start(t, hub.Config{Reliability: rc}, hub.WithBreakerHook(hook))
 	start := time.Now()
 	var flappyCalls atomic.Int64
 	for i := range 5 {

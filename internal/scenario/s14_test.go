@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -24,7 +25,7 @@ func TestS14BulkheadShedding(t *testing.T) {
 	rc := config("slow", reliability.Policy{Timeout: 5 * time.Second}, func(rc *reliability.Config) {
 		rc.Bulkhead = reliability.BulkheadConfig{MaxConcurrent: 20, QueueSize: 100, QueueTimeout: 200 * time.Millisecond}
 	})
-	m := meshtest.Start(t, mesh.HubConfig{Reliability: rc})
+	m := meshtest.Start(t, hub.Config{Reliability: rc})
 	a := agents.New("slow")
 	a.Handle("slow.work", func(ctx context.Context, p json.RawMessage) (any, error) {
 		select {

@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
 )
 
 // Mesh is a running hub on a loopback port.
 type Mesh struct {
-	Hub  *mesh.Hub
+	Hub  *hub.Hub
 	Addr string // host:port
 	WS   string // ws://host:port/ws
 	HTTP string // http://host:port
@@ -29,10 +30,10 @@ type Mesh struct {
 // sets one: each is new, with no agent reconnecting to it, and a call to
 // a method nobody serves gets METHOD_NOT_FOUND at once, as after the
 // warm-up of a restarted meshd.
-func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
+func Start(tb testing.TB, cfg hub.Config, opts ...hub.Option) *Mesh {
 	tb.Helper()
 	cfg = noWarmUp(cfg)
-	h, err := mesh.NewHub(cfg, opts...)
+	h, err := hub.New(cfg, opts...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}
@@ -46,7 +47,7 @@ func Start(tb testing.TB, cfg mesh.HubConfig, opts ...mesh.HubOption) *Mesh {
 // serveCfg serves h, probing readiness in a way cfg's listener answers:
 // the plain readiness probe cannot pass a TLS (maybe mutual) listener, so
 // a TLS hub is ready when it accepts connections.
-func serveCfg(tb testing.TB, h *mesh.Hub, ln net.Listener, cfg mesh.HubConfig) *Mesh {
+func serveCfg(tb testing.TB, h *hub.Hub, ln net.Listener, cfg hub.Config) *Mesh {
 	tb.Helper()
 	if cfg.TLS != nil {
 		return serveWith(tb, h, ln, func(m *Mesh) bool {
@@ -60,7 +61,7 @@ func serveCfg(tb testing.TB, h *mesh.Hub, ln net.Listener, cfg mesh.HubConfig) *
 	return serve(tb, h, ln)
 }
 
-func serve(tb testing.TB, h *mesh.Hub, ln net.Listener) *Mesh {
+func serve(tb testing.TB, h *hub.Hub, ln net.Listener) *Mesh {
 	return serveWith(tb, h, ln, func(m *Mesh) bool {
 		res, err := http.Get(m.HTTP + "/readyz")
 		if err != nil {
@@ -71,7 +72,7 @@ func serve(tb testing.TB, h *mesh.Hub, ln net.Listener) *Mesh {
 	})
 }
 
-func serveWith(tb testing.TB, h *mesh.Hub, ln net.Listener, ready func(*Mesh) bool) *Mesh {
+func serveWith(tb testing.TB, h *hub.Hub, ln net.Listener, ready func(*Mesh) bool) *Mesh {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -149,7 +150,7 @@ func WaitFor(tb testing.TB, d time.Duration, cond func() bool) {
 // StartCluster runs a hub with reg as its registry (an etcd registry for a
 // cluster), advertising its own loopback address to its peers, with opts
 // (telemetry, a logger) besides. reg is closed when the test ends.
-func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, opts ...mesh.HubOption) *Mesh {
+func StartCluster(tb testing.TB, cfg hub.Config, reg registry.Registry, opts ...hub.Option) *Mesh {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -162,10 +163,10 @@ func StartCluster(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, opts
 // StartClusterOn is StartCluster on a listener of the caller's, keeping
 // cfg.Advertise (e.g. a fault proxy in front of ln). Like Start, no
 // warm-up unless cfg sets one.
-func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln net.Listener, opts ...mesh.HubOption) *Mesh {
+func StartClusterOn(tb testing.TB, cfg hub.Config, reg registry.Registry, ln net.Listener, opts ...hub.Option) *Mesh {
 	tb.Helper()
 	cfg = noWarmUp(cfg)
-	h, err := mesh.NewHub(cfg, append([]mesh.HubOption{mesh.WithRegistry(reg)}, opts...)...)
+	h, err := hub.New(cfg, append([]hub.Option{hub.WithRegistry(reg)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}
@@ -174,7 +175,7 @@ func StartClusterOn(tb testing.TB, cfg mesh.HubConfig, reg registry.Registry, ln
 }
 
 // noWarmUp turns the warm-up off unless cfg sets one (see Start).
-func noWarmUp(cfg mesh.HubConfig) mesh.HubConfig {
+func noWarmUp(cfg hub.Config) hub.Config {
 	if cfg.WarmUp == 0 {
 		cfg.WarmUp = -1
 	}

@@ -464,7 +464,7 @@ func (r *Registry) Reseal(ctx context.Context) error {
 
 // SetHub names the hub this registry writes for, and the address peers
 // reach it at, when they were not known at New (a hub given a registry
-// made before it listened: mesh.NewHub calls it). The records name this
+// made before it listened: hub.New calls it). The records name this
 // hub and its address whatever a registration says, so that the other
 // hubs route to its agents only through its presence. It must come before
 // the first Register; a presence already written under the old name is

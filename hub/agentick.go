@@ -1,0 +1,413 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// The agentick surface (seed agentick-gateway-protocol): the gateway
+// protocol of @agentick/gateway, so that its clients work against a hub.
+//
+//	GET  / (upgrade), /agentick/ws  WebSocket: {type:"connect", clientId} → {type:"connected", …};
+//	                           {type:"req", id, method, params} → {type:"res", id, ok, payload|error};
+//	                           pushed {type:"event", event, category, sessionId, data}
+//	GET  /events?clientId=ID   the same client's event stream over SSE
+//	POST /invoke               {method, params[, id][, clientId]} → the res envelope
+//
+// The seed's WebSocket is at the root of the gateway: an upgrade on GET /
+// is agentick's (the root's POST is NEXUS3's, /ws the mesh's own
+// dialect); /agentick/ws is the same endpoint under an unambiguous name.
+//
+// It is a dialect at the edge, not a dispatcher: each agentick method is
+// translated into calls of the chat agent (package agents/chat; a session
+// is a chat agent, its id the session name) or of the mesh, run through
+// the hub's ingress like native calls (authentication, authorisation,
+// policies, tracing, metrics), and their answers and errors translated
+// back. What the gateway keeps itself is only what the protocol has and
+// the mesh has not: the clients connected here, their subscriptions, the
+// channels, and the order of a send's lifecycle events. A method name the
+// seed does not list is a custom method: the mesh method of that name.
+//
+// Methods and their backing:
+//
+//	send              chat.get_context (chat.create on first use), then a turn chat.send in the background → {messageId};
+//	                  the turn names the conversation it was sent to, so a reset in between cancels it
+//	abort             chat.cancel of the turn this gateway started
+//	status            mesh.methods, chat.list, chat.get_context
+//	history           chat.getAgentMessages (ids "msg-N", N the index in the history)
+//	close             chat.destroy
+//	apps              mesh.methods: app "chat" when an agent serves chat.send
+//	sessions          chat.list
+//	subscribe         chat.events (tail, then long polls: Hub.FollowChat)
+//	unsubscribe       the gateway's own subscription: nothing of the session reaches the client after its answer
+//	channel           chat.get_context, then the gateway's own channel fan-out
+//	channel-subscribe chat.get_context, then the gateway's own subscription
+//	schema            mesh.schema, translated
+//	tool-catalog      mesh.schema: the methods agents serve, which a session reaches with its mesh_call tool
+//	tool-dispatch     that method, called with input
+//	reset             chat.reset: the sends in flight are cancelled (the running turn and those waiting here
+//	                  end with result aborted), the session file is moved aside, the history starts empty
+//	tool-confirm      NOT_FOUND_RESOURCE: the chat runtime runs tools without confirmation, so no call awaits one
+//
+// Roles: every mesh call it makes is authorised by the ingress as usual
+// (the role table's entry for chat.send guards send, …); on top, the
+// role table may guard an agentick method by the name "agentick.<method>"
+// ("agentick.*" for all).
+
+const (
+	agentickVersion = "1.0"
+	agentickApp     = "chat" // the one app: the chat runtime
+	// agentickQueue bounds the frames waiting for a client (events and
+	// answers); a client that falls that far behind is disconnected.
+	agentickQueue = 1024
+	// agentickInFlight bounds the requests in flight per WebSocket client.
+	agentickInFlight = 64
+	agentickMaxID    = 256
+	// agentickMaxTurns bounds the sends of one session started here and
+	// not finished (running or waiting for the running one).
+	agentickMaxTurns = 16
+)
+
+// agentickKeepAlive is how often an idle SSE stream gets a comment line.
+var agentickKeepAlive = 15 * time.Second
+
+// Error codes of the seed (@agentick/shared).
+const (
+	agNotFoundResource = "NOT_FOUND_RESOURCE"
+	agNotFoundTool     = "NOT_FOUND_TOOL"
+	agGuardDenied      = "GUARD_DENIED"
+	agValidationReq    = "VALIDATION_REQUIRED"
+	agValidationType   = "VALIDATION_TYPE"
+	agStateComplete    = "STATE_ALREADY_COMPLETE"
+	agMethodError      = "METHOD_ERROR"
+	agInternalError    = "INTERNAL_ERROR"
+)
+
+// agentickErrors is the schema's errors record (the seed's descriptions).
+var agentickErrors = map[string]string{
+	agNotFoundResource: "Resource not found (session, method, tool)",
+	agNotFoundTool:     "Tool not found",
+	agGuardDenied:      "Access denied by guard (role, permission)",
+	agValidationReq:    "Required parameter missing",
+	agValidationType:   "Parameter type mismatch",
+	agStateComplete:    "Operation on closed/completed resource",
+	agMethodError:      "Unhandled error in method handler",
+	agInternalError:    "Unexpected internal error",
+}
+
+// agentickEvents are the event types this gateway emits, with their
+// categories.
+var agentickEvents = []control.SchemaEvent{
+	{Type: "execution_start", Category: "orchestration"},
+	{Type: "message_start", Category: "model"},
+	{Type: "content_delta", Category: "model"},
+	{Type: "message", Category: "model"},
+	{Type: "tick_end", Category: "orchestration"},
+	{Type: "tool_call_start", Category: "model"},
+	{Type: "tool_result", Category: "orchestration"},
+	{Type: "compaction_start", Category: "orchestration"},
+	{Type: "compaction_end", Category: "orchestration"},
+	{Type: "execution_end", Category: "orchestration"},
+	{Type: "result", Category: "result"},
+	{Type: "channel", Category: "gateway"},
+}
+
+func agentickCategory(event string) string {
+	for _, e := range agentickEvents {
+		if e.Type == event {
+			return e.Category
+		}
+	}
+	return "gateway"
+}
+
+// agError is an agentick error object. meshCode, when set, is the mesh's
+// code it comes from (its HTTP status answers /invoke).
+type agError struct {
+	Code     string         `json:"code"`
+	Message  string         `json:"message"`
+	Details  map[string]any `json:"details,omitempty"`
+	meshCode envelope.Code
+	fromMesh bool
+}
+
+func (e *agError) Error() string { return e.Code + ": " + e.Message }
+
+func agErr(code, format string, args ...any) *agError {
+	return &agError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// agentickFromMesh maps a mesh error to the seed's codes; the mesh's code
+// rides in details.meshCode (with retryAfterMs when it has one), as the
+// seed's table has no room for UNAVAILABLE or TIMEOUT.
+func agentickFromMesh(err error, tool bool) *agError {
+	var ae *agError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	e := envelope.AsError(err)
+	code := agInternalError
+	switch e.Code {
+	case envelope.CodeAgentNotFound:
+		code = agNotFoundResource
+	case envelope.CodeMethodNotFound:
+		code = agNotFoundResource
+		if tool {
+			code = agNotFoundTool
+		}
+	case envelope.CodeInvalidParams, envelope.CodeInvalidRequest, envelope.CodeParseError:
+		code = agValidationType
+		if strings.Contains(e.Message, "Missing required parameter") {
+			code = agValidationReq
+		}
+	case envelope.CodePermissionDenied, envelope.CodeUnauthenticated:
+		code = agGuardDenied
+	case envelope.CodeRPCError, envelope.CodeCancelled:
+		code = agMethodError
+	}
+	msg := e.Message
+	if msg == "" {
+		msg = e.Code.String()
+	}
+	ae = &agError{Code: code, Message: msg, meshCode: e.Code, fromMesh: true}
+	switch e.Code {
+	case envelope.CodeAgentNotFound, envelope.CodeMethodNotFound, envelope.CodeInvalidParams, envelope.CodePermissionDenied, envelope.CodeRPCError:
+		// The seed's code says it all.
+	default:
+		ae.Details = map[string]any{"meshCode": e.Code.String()}
+		if ra := e.RetryAfter(); ra > 0 {
+			ae.Details["retryAfterMs"] = ra.Milliseconds()
+		}
+	}
+	return ae
+}
+
+// httpStatus is the status of an /invoke answer failing with e.
+func (e *agError) httpStatus() int {
+	if e.fromMesh && e.meshCode != envelope.CodeOK {
+		return e.meshCode.HTTPStatus()
+	}
+	switch e.Code {
+	case agNotFoundResource, agNotFoundTool:
+		return http.StatusNotFound
+	case agValidationReq, agValidationType:
+		return http.StatusBadRequest
+	case agGuardDenied:
+		return http.StatusForbidden
+	case agStateComplete:
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
+
+// ---- the gateway's state ----
+
+// agentickHolder is the Hub's agentick state, made on first use.
+type agentickHolder struct {
+	once sync.Once
+	gw   *agentickGW
+}
+
+type agentickGW struct {
+	h      *Hub
+	id     string
+	start  time.Time
+	ctx    context.Context // ends with the hub
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // turns, the drain watcher
+
+	mu       sync.Mutex
+	closed   bool
+	clients  map[string]*agClient
+	sessions map[string]*agSession
+	activity map[string]time.Time // session → its last send here
+}
+
+// agSession is what the gateway keeps about a session: its subscribers
+// here, and its turns started here (one at a time, so that each turn's
+// execution_start … result … execution_end bracket its events).
+type agSession struct {
+	subs    map[*agSub]struct{}
+	turn    chan struct{} // a token while a turn runs
+	running string        // messageId of the running turn
+	pending int           // turns started or waiting
+}
+
+func (h *Hub) agentick() *agentickGW {
+	h.ag.once.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		gw := &agentickGW{h: h, id: "gw-" + h.cfg.ID, start: time.Now(), ctx: ctx, cancel: cancel,
+			clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
+		if !h.track(gw) {
+			gw.closed = true
+			cancel()
+		} else {
+			gw.wg.Add(1)
+			go gw.watchDrain()
+		}
+		h.ag.gw = gw
+	})
+	return h.ag.gw
+}
+
+// watchDrain closes the clients once the hub drains: their long polls
+// would otherwise hold the drain up.
+func (gw *agentickGW) watchDrain() {
+	defer gw.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-gw.ctx.Done():
+			return
+		case <-t.C:
+			if gw.h.draining.Load() {
+				gw.killAll()
+				return
+			}
+		}
+	}
+}
+
+func (gw *agentickGW) killAll() {
+	gw.mu.Lock()
+	cs := make([]*agClient, 0, len(gw.clients))
+	for _, c := range gw.clients {
+		cs = append(cs, c)
+	}
+	gw.mu.Unlock()
+	for _, c := range cs {
+		c.kill()
+	}
+}
+
+// Close ends the clients and the turns, and waits for them.
+func (gw *agentickGW) Close() {
+	gw.mu.Lock()
+	gw.closed = true
+	gw.mu.Unlock()
+	gw.cancel()
+	gw.killAll()
+	gw.wg.Wait()
+}
+
+func (gw *agentickGW) session(id string) *agSession {
+	s := gw.sessions[id]
+	if s == nil {
+		s = &agSession{subs: map[*agSub]struct{}{}, turn: make(chan struct{}, 1)}
+		gw.sessions[id] = s
+	}
+	return s
+}
+
+// tidy forgets a session nothing refers to (gw.mu held).
+func (gw *agentickGW) tidy(id string) {
+	if s := gw.sessions[id]; s != nil && len(s.subs) == 0 && s.pending == 0 {
+		delete(gw.sessions, id)
+	}
+}
+
+// ---- clients ----
+
+// agClient is one connected client: a WebSocket, or an SSE stream.
+type agClient struct {
+	gw     *agentickGW
+	id     string
+	who    *Principal
+	ctx    context.Context // carries who; ends with the connection
+	cancel context.CancelFunc
+	push   func([]byte) bool // queues a frame without blocking
+	close  func()            // closes the transport
+	wg     sync.WaitGroup    // followers, request handlers
+
+	mu       sync.Mutex
+	subs     map[string]*agSub
+	channels map[string]struct{} // session + "\x00" + channel
+}
+
+// newClient makes client id of who, arriving on connection conn (its
+// remote address, for the per-connection rate limit; "" if unknown).
+func (gw *agentickGW) newClient(conn, id string, who *Principal) *agClient {
+	base := gw.ctx
+	if conn != "" {
+		base = withConn(base, conn)
+	}
+	if who != nil {
+		base = context.WithValue(base, principalKey{}, who)
+	}
+	ctx, cancel := context.WithCancel(base)
+	return &agClient{gw: gw, id: id, who: who, ctx: ctx, cancel: cancel, subs: map[string]*agSub{}, channels: map[string]struct{}{}}
+}
+
+// attach makes c the client of its id. A client of that id already
+// connected is replaced (a reconnect that came first) when it is the
+// same caller; another caller's id is refused.
+func (gw *agentickGW) attach(c *agClient) *agError {
+	gw.mu.Lock()
+	if gw.closed {
+		gw.mu.Unlock()
+		return agErr(agInternalError, "hub is shutting down")
+	}
+	old := gw.clients[c.id]
+	if old != nil && gw.h.guard.on() && !sameSubject(old.who, c.who) {
+		gw.mu.Unlock()
+		return agErr(agGuardDenied, "clientId %q is connected as another caller", c.id)
+	}
+	gw.clients[c.id] = c
+	gw.mu.Unlock()
+	if old != nil {
+		old.kill()
+	}
+	return nil
+}
+
+// kill closes the client's transport; detach follows from it.
+func (c *agClient) kill() {
+	c.cancel()
+	if c.close != nil {
+		c.close()
+	}
+}
+
+// detach forgets c and waits for its goroutines (not from one of them).
+func (gw *agentickGW) detach(c *agClient) {
+	c.cancel()
+	gw.mu.Lock()
+	if gw.clients[c.id] == c {
+		delete(gw.clients, c.id)
+	}
+	gw.mu.Unlock()
+	c.wg.Wait()
+	c.mu.Lock()
+	subs := c.subs
+	c.subs = map[string]*agSub{}
+	c.mu.Unlock()
+	gw.mu.Lock()
+	for sid, s := range subs {
+		if ss := gw.sessions[sid]; ss != nil {
+			delete(ss.subs, s)
+			gw.tidy(sid)
+		}
+	}
+	gw.mu.Unlock()
+}
+
+func (gw *agentickGW) client(id string) *agClient {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	return gw.clients[id]
+}
+
+func (gw *agentickGW) clientCount() int {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	return len(gw.clients)
+}

@@ -1,0 +1,351 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+)
+
+// serveRPC is POST /rpc: JSON-RPC 2.0, single or batch. JSON-RPC errors are
+// answered with HTTP 200, as JSON-RPC clients expect; transport failures
+// (wrong HTTP method, body over the limit) get their HTTP status with a
+// JSON-RPC error body.
+func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeRPCError(w, http.StatusMethodNotAllowed, envelope.NewError(envelope.CodeInvalidRequest, "use POST for JSON-RPC"))
+		return
+	}
+	ctx, ok := h.authRequest(w, r)
+	if !ok {
+		return
+	}
+	limit := h.cfg.Conn.Limits.MaxBytes
+	if r.ContentLength > int64(limit) {
+		// Declared too big: refused before reading a byte of it.
+		writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+		return
+	}
+	lim := h.cfg.Conn.Limits
+	data, refused, err := link.ReadChecked(http.MaxBytesReader(w, r.Body, int64(limit)), nil, limit,
+		func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }, 0)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeRPCError(w, http.StatusRequestEntityTooLarge, envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit))
+			return
+		}
+		writeRPCError(w, http.StatusBadRequest, envelope.NewError(envelope.CodeInvalidRequest, "cannot read the request body"))
+		return
+	}
+	if refused != nil { // refused in the read buffer, never copied out
+		writeRPCError(w, http.StatusOK, refused)
+		return
+	}
+	calls, batch := envelope.DecodeCheckedJSONRPC(data) // readChecked ran PrecheckJSONRPC
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		// The HTTP header of draft-ietf-httpapi-idempotency-key, for a
+		// single call (a batch carries keys per call in meta).
+		if batch || len(k) > 255 {
+			writeRPCError(w, http.StatusBadRequest, envelope.NewError(envelope.CodeInvalidRequest, "Idempotency-Key: one key of at most 255 bytes, for a single call"))
+			return
+		}
+		if calls[0].Err == nil && calls[0].Request.Headers.IdempotencyKey == "" {
+			calls[0].Request.Headers.IdempotencyKey = k
+		}
+	}
+	if h.isNexus3Global(calls, batch) {
+		h.serveNexus3RPC(w, ctx, &calls[0], r.Header) // NEXUS3's /rpc alias of / (nexus3.go)
+		return
+	}
+	out := h.answerAll(ctx, calls, batch, nil)
+	if out == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	_, _ = w.Write(out)
+}
+
+func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {
+	w.WriteHeader(status)
+	_, _ = w.Write(envelope.AppendJSONRPCError(nil, nil, e))
+}
+
+// answerAll runs decoded JSON-RPC calls (a batch concurrently) and returns
+// the encoded reply, or nil when there is nothing to answer (notifications).
+func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *link.Link) []byte {
+	if !batch {
+		return h.answer(ctx, &calls[0], l)
+	}
+	replies := make([][]byte, len(calls))
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() { replies[i] = h.answer(ctx, &calls[i], l) })
+	}
+	wg.Wait()
+	var out []byte
+	for _, r := range replies {
+		if r == nil {
+			continue
+		}
+		if out == nil {
+			out = append(out, '[')
+		} else {
+			out = append(out, ',')
+		}
+		out = append(out, r...)
+	}
+	if out == nil {
+		return nil
+	}
+	return append(out, ']')
+}
+
+// RPCCall is a decoded JSON-RPC request (see envelope.RPCCall).
+type RPCCall = envelope.RPCCall
+
+func (h *Hub) answer(ctx context.Context, c *RPCCall, l *link.Link) []byte {
+	if c.Err != nil {
+		if c.Notification {
+			return nil
+		}
+		return envelope.AppendJSONRPCError(nil, c.ID, c.Err)
+	}
+	req := &c.Request
+	if req.Timestamp == 0 {
+		req.Timestamp = time.Now().UnixMilli()
+	}
+	if l != nil {
+		ctx = context.WithValue(ctx, linkKey{}, l)
+	}
+	res, err := h.ingress(ctx, req)
+	if c.Notification {
+		return nil
+	}
+	if err != nil {
+		return envelope.AppendJSONRPCError(nil, c.ID, envelope.AsError(err))
+	}
+	return envelope.AppendJSONRPCResult(nil, c.ID, res.Result)
+}
+
+// admit runs the checks every WebSocket upgrade and every edge request
+// (agentick's SSE and /invoke) passes first, in one order: the Origin
+// before anything else, credential or not, so that a cross-site page
+// learns nothing (403, S23); not while draining (503); then the
+// credential (401/429). On refusal it has answered.
+func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
+	return h.admitAs(w, r, false)
+}
+
+// admitAs is admit; with peerOK (serveWS) a hub's peer token is accepted.
+func (h *Hub) admitAs(w http.ResponseWriter, r *http.Request, peerOK bool) (*Principal, bool) {
+	if !h.guard.origins.Check(r) {
+		h.metrics().Refused("origin")
+		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return nil, false
+	}
+	if h.draining.Load() {
+		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
+		return nil, false
+	}
+	who, aerr := h.guard.authenticateAs(r, peerOK)
+	if aerr != nil {
+		h.metrics().Refused(refusal(aerr))
+		httpRefuse(w, aerr)
+		return nil, false
+	}
+	return who, true
+}
+
+// serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
+// Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
+// plain JSON-RPC 2.0 and the envelope headers ride in "meta". A hub's
+// peer token opens a native link only, answered with this hub's proof
+// (peerauth.go).
+func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
+	who, ok := h.admitAs(w, r, true)
+	if !ok {
+		return
+	}
+	var hdr http.Header
+	if who.Peer() {
+		if !slices.Contains(websocket.Subprotocols(r), envelope.Subprotocol) {
+			h.metrics().Refused("unauthenticated")
+			httpRefuse(w, errHubTokenElsewhere)
+			return
+		}
+		proof, err := h.guard.peerProof(who.Claims)
+		if err != nil {
+			h.log.Error("cannot sign the peer proof", "error", err)
+			httpRefuse(w, envelope.NewError(envelope.CodeInternal, "cannot sign the peer proof"))
+			return
+		}
+		hdr = http.Header{peerProofHeader: {proof}}
+	}
+	ws, err := h.upgrader.Upgrade(w, r, hdr)
+	if err != nil {
+		return // the upgrader has answered with an HTTP error
+	}
+	if ws.Subprotocol() == envelope.Subprotocol {
+		h.startLink(ws, who)
+		return
+	}
+	h.startJSONRPC(ws, who)
+}
+
+func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
+	lctx, ref := linkContext()
+	l := link.New(ws, h.cfg.Conn,
+		link.WithHandler(h.ingress),
+		link.WithLogger(h.log),
+		link.WithOwner(who),
+		link.WithContext(lctx),
+		link.WithMaxServing(h.maxPending),
+		link.WithOnClose(func(l *link.Link, err error) { h.linkClosed(l, err) }),
+		link.Accepted(),
+		func(l *link.Link) { ref.l = l }, // before its reader starts
+	)
+	if !h.track(l) {
+		go l.Close()
+		return
+	}
+	if h.draining.Load() {
+		l.SendGoAway() // upgraded while BeginDrain was collecting the links
+	}
+	expireLink(l, who)
+}
+
+// linkClosed removes the instances attached over a lost link from the
+// registry. Their pending calls already failed with UNAVAILABLE.
+func (h *Hub) linkClosed(l *link.Link, err error) {
+	h.untrack(l)
+	h.bindings.Range(func(k, v any) bool {
+		b := v.(*binding)
+		if b.link == l && h.bindings.CompareAndDelete(k, v) {
+			h.breakers.Forget(b.id)
+			if h.movedAway(b.id) {
+				return true // registered on another hub since: not ours to remove
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = h.reg.Deregister(ctx, b.id)
+			cancel()
+			h.log.Info("agent link lost; deregistered", "agent", b.id, "error", errString(err))
+		}
+		return true
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// rpcConn is a plain JSON-RPC 2.0 WebSocket client: requests in, responses
+// out, many in flight at once.
+type rpcConn struct {
+	busy   atomic.Int64 // calls in flight
+	c      *link.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	h      *Hub
+	who    *Principal // nil when the hub authenticates nobody
+}
+
+func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
+	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who}
+	rc.c.WithBackpressure()
+	lim := rc.c.Config().Limits
+	rc.c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) })
+	base := context.Background()
+	if who != nil {
+		base = context.WithValue(base, principalKey{}, who)
+	}
+	rc.ctx, rc.cancel = context.WithCancel(base)
+	if !h.track(rc) {
+		rc.cancel()
+		_ = ws.Close()
+		return
+	}
+	rc.c.Start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
+}
+
+func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
+	if refused != nil {
+		// Refused as a whole: no id can be trusted (null, as JSON-RPC 2.0
+		// answers a request it cannot parse).
+		b := link.GetBuf()
+		*b = envelope.AppendJSONRPCError(*b, nil, refused)
+		rc.c.Send(b)
+		return
+	}
+	calls, batch := envelope.DecodeCheckedJSONRPC(data) // the reader ran c.check, PrecheckJSONRPC
+	// A bound on the calls in flight per connection: past it the
+	// connection's new calls are refused at once, not queued, each under
+	// its own id: a batch is answered with an array of refusals (one per
+	// call that is not a notification), as JSON-RPC 2.0 answers a batch,
+	// so that a client waiting on those ids hears of every one.
+	// The same for the connection's bounds on bytes and calls running
+	// or owed (link.Config.MaxUnwrittenBytes, MaxUnwrittenCalls); a
+	// client that does not read its answers is then paused, not read.
+	n := len(data)
+	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) || !rc.c.TryAdmit(len(calls), n) {
+		rc.busy.Add(-int64(len(calls)))
+		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
+		b := link.GetBuf()
+		if batch {
+			*b = append(*b, '[')
+		}
+		answered := 0
+		for i := range calls {
+			if calls[i].Notification {
+				continue
+			}
+			if answered > 0 {
+				*b = append(*b, ',')
+			}
+			*b = envelope.AppendJSONRPCError(*b, calls[i].ID, e)
+			answered++
+		}
+		if answered == 0 {
+			link.PutBuf(b) // notifications only: nothing to answer
+			return
+		}
+		if batch {
+			*b = append(*b, ']')
+		}
+		rc.c.Send(b)
+		return
+	}
+	// Counted (tryAdmit) until the answer is queued.
+	rc.wg.Add(1)
+	go func() {
+		defer rc.wg.Done()
+		defer rc.busy.Add(-int64(len(calls)))
+		defer rc.c.Release(len(calls), n)
+		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
+		if out == nil {
+			return
+		}
+		rc.c.Send(&out) // not copied: a copy is one more answer's size held
+	}()
+}
+
+// Close closes the connection and waits for its calls to end.
+func (rc *rpcConn) Close() {
+	rc.c.Close()
+	rc.cancel()
+	rc.wg.Wait()
+}

@@ -1,0 +1,935 @@
+package hub
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/ratelimit"
+	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/registry/memory"
+	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// metrics returns the hub's metrics, or nil.
+func (h *Hub) metrics() *telemetry.Metrics {
+	if h.tel == nil {
+		return nil
+	}
+	return h.tel.M
+}
+
+// state is what /metrics reports about the hub at scrape time.
+func (h *Hub) state() telemetry.HubState {
+	snap := h.reg.Snapshot()
+	s := telemetry.HubState{AgentsByState: map[string]int{}, Links: map[string]int{"agent": 0, "client": 0, "peer": 0}}
+	for _, in := range snap.Instances() {
+		s.AgentsByState[in.State()]++
+	}
+	s.Methods = len(snap.Methods())
+	agentLinks := map[*link.Link]bool{}
+	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
+	peerLinks := h.peers.links()
+	h.mu.Lock()
+	for c := range h.conns {
+		l, ok := c.(*link.Link)
+		switch {
+		case ok && agentLinks[l]:
+			s.Links["agent"]++
+		case ok && peerLinks[l]:
+			s.Links["peer"]++
+		default:
+			s.Links["client"]++
+		}
+		if ok {
+			s.Pending += l.Pending()
+		}
+	}
+	h.mu.Unlock()
+	h.bulkheads.Each(func(m string, b *reliability.Bulkhead) {
+		run, q := b.Active()
+		s.Pools = append(s.Pools, telemetry.PoolState{Method: m, Running: run, Queued: q})
+	})
+	return s
+}
+
+// DefaultListen is where meshd listens unless told otherwise: loopback only.
+const DefaultListen = "127.0.0.1:7700"
+
+// Config is the hub's data configuration. The zero value takes the
+// defaults of DefaultConfig.
+type Config struct {
+	// ID names the hub (default: a new UUIDv7).
+	ID string
+	// HeartbeatInterval is assigned to agents when they register; an agent
+	// silent for three intervals expires (default 5 s).
+	HeartbeatInterval time.Duration
+	// DefaultTimeout bounds a request that carries no ttl (default 30 s).
+	DefaultTimeout time.Duration
+	// DrainTimeout bounds how long Serve waits for in-flight calls when its
+	// context ends (default 10 s).
+	DrainTimeout time.Duration
+	// Conn tunes every WebSocket (pings, idle and write timeouts, limits).
+	Conn link.Config
+	// Advertise is the host:port other hubs reach this one at (peer
+	// links); empty: this hub takes no forwarded calls' addresses.
+	Advertise string
+	// PeerHeartbeat is the ping interval of the links this hub dials to
+	// other hubs; a peer silent for 2.5 intervals is dead, its link closed
+	// and the calls in flight on it answered UNAVAILABLE (default 1 s: a
+	// partitioned peer is detected within 2.5 s, S05's bound being 3 s). A
+	// dial to a peer is bounded by 1.5 intervals.
+	PeerHeartbeat time.Duration
+	// Reliability holds the per-method policies, breakers, bulkheads and
+	// retry budget the router applies (nil: reliability.DefaultConfig()).
+	Reliability *reliability.Config
+	// IdempotencyWindow is how long the outcome of a call with an
+	// idempotency key is remembered (default 10 min); IdempotencyKeys
+	// bounds how many are (default 100,000).
+	IdempotencyWindow time.Duration
+	IdempotencyKeys   int
+	// TLS, when set, serves every surface over TLS (ServerTLS; with a
+	// client CA, mutual TLS). PeerTLS, when set, is how this hub dials
+	// its peers: over wss, presenting its client certificate if any.
+	TLS     *tls.Config
+	PeerTLS *tls.Config
+	// MaxConns bounds the open connections; past it a new one gets 503
+	// and is closed at once (default 10,000; keep it under ulimit -n).
+	MaxConns int
+	// Security: tokens, roles, allowed origins, rate limits (nil: no
+	// authentication, browsers from no origin).
+	Security *Security
+	// ConnRate and ConnBurst bound the calls each connection may make
+	// per second (burst default 2 × ConnRate); past them a call gets
+	// OVERLOADED with a retry-after hint. 0: no limit. It holds with
+	// authentication off too (connlimit.go).
+	ConnRate  float64
+	ConnBurst int
+	// GlobalRate and GlobalBurst bound the calls the whole hub admits
+	// per second, every caller together (burst default 2 × GlobalRate),
+	// after the per-identity and per-connection limits; past them a call
+	// gets OVERLOADED with a retry-after hint. 0: no limit.
+	GlobalRate  float64
+	GlobalBurst int
+	// WarmUp is how long after the hub starts, and after its registry
+	// lists its content again (an etcd watch lost and resynced), a method
+	// no agent has registered yet is answered UNAVAILABLE (not sent,
+	// retryable) rather than METHOD_NOT_FOUND: after a restart the agents
+	// that served it reconnect within about a heartbeat interval, and a
+	// METHOD_NOT_FOUND meanwhile is final to every client (default two
+	// HeartbeatIntervals; negative: none).
+	WarmUp time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatInterval: 5 * time.Second,  // the kOS seed's order of magnitude; TTL 15 s
+		DefaultTimeout:    30 * time.Second, // JSON-RPC callers send no ttl; longer than any policy default but llm/media
+		DrainTimeout:      10 * time.Second, // a rolling restart should not wait on a stuck call for ever
+		Conn:              link.Config{}.WithDefaults(),
+		PeerHeartbeat:     time.Second, // TCP notices a dead peer after ~15 min here; S05 wants <= 3 s
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.HeartbeatInterval < 10*time.Millisecond {
+		return errors.New("mesh: heartbeat interval must be at least 10ms")
+	}
+	if c.PeerHeartbeat < 10*time.Millisecond {
+		return errors.New("mesh: peer heartbeat must be at least 10ms")
+	}
+	if c.DefaultTimeout <= 0 || c.DrainTimeout < 0 {
+		return errors.New("mesh: timeouts must be positive")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ID == "" {
+		c.ID = envelope.NewID()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if c.DefaultTimeout <= 0 {
+		c.DefaultTimeout = d.DefaultTimeout
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	if c.PeerHeartbeat <= 0 {
+		c.PeerHeartbeat = d.PeerHeartbeat
+	}
+	c.Conn = c.Conn.WithDefaults()
+	if c.MaxConns <= 0 {
+		c.MaxConns = 10000
+	}
+	if c.IdempotencyWindow <= 0 {
+		c.IdempotencyWindow = 10 * time.Minute
+	}
+	if c.IdempotencyKeys <= 0 {
+		c.IdempotencyKeys = 100000
+	}
+	if c.WarmUp == 0 {
+		c.WarmUp = 2 * c.HeartbeatInterval
+	}
+	return c
+}
+
+// peerConn is the configuration of the links this hub dials to its peers:
+// the hub's, with the peer heartbeat.
+func (c Config) peerConn() link.Config {
+	pc := c.Conn
+	pc.TLS = c.PeerTLS
+	pc.PingInterval = c.PeerHeartbeat
+	pc.IdleTimeout = c.PeerHeartbeat * 5 / 2
+	return pc
+}
+
+// Option wires a code dependency into the hub.
+type Option func(*Hub)
+
+// WithRegistry sets the registry (default: a new memory registry, which
+// the hub then owns and closes).
+func WithRegistry(r registry.Registry) Option { return func(h *Hub) { h.reg = r } }
+
+// WithBreakerHook is told of every state change of the hub's per-instance
+// breakers ("closed", "half-open", "open"). It runs under the breaker's
+// lock: it may count or log, never call into the hub.
+func WithBreakerHook(f func(k reliability.BreakerKey, from, to string)) Option {
+	return func(h *Hub) { h.breakerHook = f }
+}
+
+// WithTelemetry instruments the hub: a SERVER span per call received, a
+// CLIENT span per forward attempt, and, with metrics, /metrics.
+func WithTelemetry(t *telemetry.Telemetry) Option { return func(h *Hub) { h.tel = t } }
+
+// WithLogger sets the hub's logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(h *Hub) { h.log = l } }
+
+// Hub is the mesh's router: it accepts agents and clients over /ws and
+// /rpc, answers the built-in methods and forwards every other call to a
+// ready agent instance serving the method.
+//
+// New starts one goroutine that follows the registry; Shutdown stops it.
+// A Hub is safe for concurrent use.
+type Hub struct {
+	cfg       Config
+	reg       registry.Registry
+	ownsReg   bool
+	log       *slog.Logger
+	upgrader  websocket.Upgrader
+	guard     *guard
+	connLimit *ratelimit.Limiter // per connection (connlimit.go); nil: none
+	global    *ratelimit.Limiter // the whole hub's (connlimit.go); nil: none
+	idem      *idempotency
+	builtins  map[string]builtin
+	invoke    envelope.Invoker // dispatcher for callers
+	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
+
+	breakerHook func(k reliability.BreakerKey, from, to string)
+	tel         *telemetry.Telemetry
+	policies    *reliability.PolicySet
+	breakers    *reliability.Breakers // per (method, instance)
+	bulkheads   *reliability.Bulkheads
+
+	bindings sync.Map // instance id -> *binding (agents attached here)
+	peers    peers    // links to the other hubs of a cluster
+
+	multica multicaDevices // Multica devices connected here (multica.go)
+
+	mu          sync.Mutex
+	conns       map[closer]struct{}
+	connsClosed bool
+	srv         *http.Server
+
+	draining atomic.Bool
+	inflight atomic.Int64
+	started  atomic.Int64 // unix ns: New, then Serve; the warm-up counts from it
+
+	stop     context.CancelFunc
+	done     chan struct{}
+	shutOnce sync.Once
+
+	ag agentickHolder // the agentick surface's clients and turns (agentick.go)
+
+	routes   []route   // mounted by surfaces (Handle); under mu
+	rpcHooks []rpcHook // surfaces' claims on /rpc calls (InterceptRPC); under mu
+
+	// Bounds against slow or greedy clients, set by New; tests shorten
+	// them (security_knobs_test.go).
+	readHeaderTimeout time.Duration // http.Server.ReadHeaderTimeout: slowloris headers (S27)
+	readTimeout       time.Duration // http.Server.ReadTimeout: a whole request, body included
+	maxPending        int           // calls in flight per connection (native link or JSON-RPC WebSocket)
+}
+
+// The defaults of the bounds above.
+const (
+	defaultReadHeaderTimeout = 5 * time.Second  // S27: a header trickled byte by byte is cut here
+	defaultReadTimeout       = 30 * time.Second // the NEXUS3 seed's bound for reading a request
+	defaultMaxPending        = 10000
+)
+
+type closer interface{ Close() }
+
+// binding attaches a registered instance to the link it came over.
+type binding struct {
+	link  *link.Link
+	id    string
+	ready atomic.Bool // set once the registry holds the instance
+}
+
+// New validates cfg and returns a hub. It does no I/O.
+func New(cfg Config, opts ...Option) (*Hub, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc := reliability.DefaultConfig()
+	if cfg.Reliability != nil {
+		rc = *cfg.Reliability
+	}
+	if err := rc.Validate(); err != nil {
+		return nil, err
+	}
+	ps, _ := rc.PolicySet()
+	g, err := newGuard(cfg.Security)
+	if err != nil {
+		return nil, err
+	}
+	g.self, g.advertise = cfg.ID, cfg.Advertise // what the peer tokens it accepts must name
+	g.started = time.Now()
+	cl, err := newConnLimiter(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)
+	}
+	gl, err := newGlobalLimiter(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: global rate limit: %w", err)
+	}
+	h := &Hub{
+		idem:      newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
+		guard:     g,
+		connLimit: cl,
+		global:    gl,
+		cfg:       cfg,
+		log:       slog.New(slog.DiscardHandler),
+		conns:     map[closer]struct{}{},
+		done:      make(chan struct{}),
+
+		readHeaderTimeout: defaultReadHeaderTimeout,
+		readTimeout:       defaultReadTimeout,
+		maxPending:        defaultMaxPending,
+	}
+	h.started.Store(time.Now().UnixNano())
+	for _, o := range opts {
+		o(h)
+	}
+	if h.reg == nil {
+		h.reg = memory.New()
+		h.ownsReg = true
+	}
+	if b, ok := h.reg.(interface{ SetHub(id, addr string) error }); ok {
+		// A cluster registry writes its records in this hub's name and
+		// at its address: other hubs route to its agents only through
+		// them.
+		if err := b.SetHub(cfg.ID, cfg.Advertise); err != nil {
+			return nil, err
+		}
+	}
+	h.upgrader = websocket.Upgrader{
+		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
+		// Browsers only from the allowed origins (no same-host fallback:
+		// DNS rebinding makes a hostile page's Origin and Host agree).
+		CheckOrigin: h.guard.origins.Check,
+		// A 1 KiB read buffer of its own rather than the HTTP server's 4
+		// KiB one: it holds frame headers and small messages, and a
+		// larger message is read straight into its destination past it;
+		// under load the connection's readAhead (capListener) takes up
+		// to 64 KiB per syscall beneath it, so small frames cost no
+		// syscall each, while every idle link keeps 3 KiB less (bench
+		// -idle). Write buffers come from a pool only while writing: an
+		// idle link holds none.
+		ReadBufferSize:  1024,
+		WriteBufferPool: &sync.Pool{},
+	}
+	h.builtins = h.builtinMethods()
+	h.policies = ps
+	m := h.metrics()
+	hook := h.breakerHook
+	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, func(k reliability.BreakerKey, from, to gobreaker.State) {
+		m.BreakerChanged(k.Method, from.String(), to.String())
+		if hook != nil {
+			hook(k, from.String(), to.String())
+		}
+	})
+	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)
+	var onRetry func(method, reason string)
+	if m != nil {
+		h.bulkheads.OnReject = m.BulkheadRejected
+		onRetry = m.Retry
+		h.cfg.Conn.Bytes = m.Bytes
+		h.cfg.Conn.PingAbuse = m.PingAbuse
+		h.cfg.Conn.SlowConsumer = m.SlowConsumer
+		h.cfg.Conn.LateResponse = m.LateResponse
+		h.cfg.Conn.InvalidFrame = m.InvalidFrame
+		m.RegisterHubState(h.state)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.peers = newPeers(h, ctx, h.cfg.peerConn())
+	h.routed = envelope.Chain(
+		h.bulkheads.Middleware,
+		reliability.Retry(ps, reliability.RetryOptions{
+			Budget:   reliability.NewBudget(rc.RetryBudget),
+			Latency:  reliability.NewLatency(),
+			UseTried: true,
+			OnRetry:  onRetry,
+		}),
+		h.tel.Attempt,
+	)(h.attempt)
+	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
+	h.invoke = h.tel.Server(h.logFailures(h.dispatch))
+	watch, err := h.reg.Watch(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	go h.follow(watch)
+	return h, nil
+}
+
+// KnownMethod reports whether method is a built-in or served (now or
+// recently) by some agent: what may appear as a metric label.
+func (h *Hub) KnownMethod(method string) bool {
+	if _, ok := h.builtins[method]; ok {
+		return true
+	}
+	return h.reg.Snapshot().Known(method)
+}
+
+// ID returns the hub's id.
+func (h *Hub) ID() string { return h.cfg.ID }
+
+// Registry returns the hub's registry.
+func (h *Hub) Registry() registry.Registry { return h.reg }
+
+// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /v1 (OpenAI), /healthz, /livez, /readyz.
+func (h *Hub) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/rpc", h.serveRPC)
+	mux.HandleFunc("/ws", h.serveWS)
+	mux.Handle("/mcp", h.mcpHandler())
+	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
+	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
+	h.agentickRoutes(mux)
+	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
+	h.openAIRoutes(mux)                            // GET /v1/models, POST /v1/chat/completions (openai.go)
+	live := func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	}
+	if m := h.metrics(); m != nil {
+		// On the gateway port, with authentication on, metrics need an
+		// admin token (they name methods and agents); meshd --admin-addr
+		// serves them on loopback for the scraper without one.
+		mh := m.Handler()
+		mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+			if h.guard.on() {
+				who, err := h.guard.authenticate(r)
+				if err == nil && !hasRole(who.Roles, auth.RoleAdmin) {
+					err = envelope.NewError(envelope.CodePermissionDenied, "/metrics needs the admin role")
+				}
+				if err != nil {
+					httpRefuse(w, err)
+					return
+				}
+			}
+			mh.ServeHTTP(w, r)
+		})
+	}
+	h.mu.Lock()
+	for _, rt := range h.routes {
+		mux.Handle(rt.pattern, rt.h)
+	}
+	h.mu.Unlock()
+	mux.HandleFunc("/healthz", live)
+	mux.HandleFunc("/livez", live)
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if h.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		if s, ok := h.reg.(interface{ Synced() bool }); ok && !s.Synced() {
+			http.Error(w, "registry not synced", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return h.connContext(mux)
+}
+
+// maxHeaderBytes bounds a request's line and headers (431 past it; Go's
+// server allows 4 KiB over). 16 KiB holds a bearer token with a long
+// list of methods many times over, as nginx's 8 KiB line and Apache's
+// 8 KiB field do; a 16 MiB header costs the hub the reading and parsing
+// of 20 KiB, not the 68 KiB of the 64 KiB bound used before (S26: the
+// parse grows its line buffer by doublings, garbage for the collector).
+const maxHeaderBytes = 16 << 10
+
+// Serve serves on ln until ctx ends, then drains (at most DrainTimeout)
+// and returns. It returns early with the error if the listener fails.
+func (h *Hub) Serve(ctx context.Context, ln net.Listener) error {
+	ln = link.NewCapListener(ln, int64(h.cfg.MaxConns), func() { h.metrics().Refused("max_conns") })
+	if h.cfg.TLS != nil {
+		ln = tls.NewListener(ln, h.cfg.TLS)
+	}
+	srv := &http.Server{
+		Handler:           h.Handler(),
+		ReadHeaderTimeout: h.readHeaderTimeout, // slowloris: a header trickled byte by byte is cut here (S27)
+		ReadTimeout:       h.readTimeout,       // reading a request, body included (the NEXUS3 seed's 30 s)
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	h.mu.Lock()
+	h.srv = srv
+	h.mu.Unlock()
+	h.started.Store(time.Now().UnixNano()) // agents can register from now on
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	h.log.Info("hub listening", "addr", ln.Addr().String(), "hub", h.cfg.ID)
+	select {
+	case err := <-errc:
+		_ = h.Shutdown(context.Background())
+		return err
+	case <-ctx.Done():
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), h.cfg.DrainTimeout)
+	defer cancel()
+	err := h.Shutdown(dctx)
+	<-errc
+	return err
+}
+
+// BeginDrain starts draining without waiting: /readyz turns 503, new
+// calls and WebSockets are refused (agents may still heartbeat and
+// deregister), and every native link is sent a goaway frame, so that
+// agents re-register on another hub and clients move their new calls
+// there at once, while the calls already admitted here finish. Shutdown,
+// or Serve when its context ends, finishes the drain.
+func (h *Hub) BeginDrain() {
+	if h.draining.Swap(true) {
+		return
+	}
+	h.mu.Lock()
+	links := make([]*link.Link, 0, len(h.conns))
+	for c := range h.conns {
+		if l, ok := c.(*link.Link); ok && l.IsAccepted() {
+			links = append(links, l)
+		}
+	}
+	h.mu.Unlock()
+	for _, l := range links {
+		l.SendGoAway()
+	}
+	h.log.Info("draining: goaway sent", "links", len(links))
+}
+
+// Shutdown drains the hub: /readyz turns 503, new calls are refused with
+// UNAVAILABLE, calls in flight get until ctx ends to finish; then every
+// link closes (their pending calls fail with UNAVAILABLE) and the hub's
+// goroutines stop. It is idempotent; later calls wait for the first.
+func (h *Hub) Shutdown(ctx context.Context) error {
+	var err error
+	h.shutOnce.Do(func() {
+		h.BeginDrain()
+		t := time.NewTicker(5 * time.Millisecond)
+		for h.inflight.Load() > 0 {
+			select {
+			case <-ctx.Done():
+				err = ctx.Err()
+				h.log.Warn("drain timed out", "inflight", h.inflight.Load())
+			case <-t.C:
+				continue
+			}
+			break
+		}
+		t.Stop()
+		if err == nil {
+			h.lameDuck(ctx)
+		}
+		h.mu.Lock()
+		srv := h.srv
+		h.connsClosed = true
+		conns := make([]closer, 0, len(h.conns))
+		for c := range h.conns {
+			conns = append(conns, c)
+		}
+		h.mu.Unlock()
+		if srv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = srv.Shutdown(sctx) // hijacked WebSockets are ours to close, below
+			cancel()
+		}
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(c.Close)
+		}
+		wg.Wait()
+		h.stop()
+		h.peers.shutdown() // background dials; a link they open now is closed at once
+		<-h.done
+		if h.ownsReg {
+			_ = h.reg.Close()
+		}
+	})
+	<-h.done
+	return err
+}
+
+// lameDuckCap bounds how long a drained hub waits for its peers to close
+// the links it sent goaway on.
+const lameDuckCap = time.Second
+
+// lameDuck runs once the calls in flight are done: it gives the parties
+// told goaway time to close their links themselves, which they do once
+// nothing is pending on them. Closing first would drop a request still in
+// transit towards this hub (its caller would see the link lost instead of
+// the "draining" refusal that it may safely retry) and answers still
+// queued. It returns when no such link is left; after lameDuckCap, as soon
+// as the remaining ones are quiet (nothing served, nothing to write); or
+// when ctx ends.
+func (h *Hub) lameDuck(ctx context.Context) {
+	start := time.Now()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	quiet := 0
+	for {
+		h.mu.Lock()
+		left, busy := 0, false
+		for c := range h.conns {
+			if l, ok := c.(*link.Link); ok && l.IsAccepted() {
+				left++
+				busy = busy || !l.Quiet()
+			}
+		}
+		h.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		if busy {
+			quiet = 0
+		} else if quiet++; quiet >= 3 && time.Since(start) >= lameDuckCap {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// track records a connection for Shutdown to close; false once Shutdown
+// has collected them (the caller then closes it itself).
+func (h *Hub) track(c closer) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.connsClosed {
+		return false
+	}
+	h.conns[c] = struct{}{}
+	return true
+}
+
+func (h *Hub) untrack(c closer) {
+	h.mu.Lock()
+	delete(h.conns, c)
+	h.mu.Unlock()
+}
+
+// follow watches the registry: an instance attached here that left the
+// registry (expired, or deregistered by another path) loses its link, so
+// that the calls pending on it fail at once with UNAVAILABLE.
+func (h *Hub) follow(watch <-chan *registry.Snapshot) {
+	defer close(h.done)
+	for range watch {
+		snap := h.reg.Snapshot()
+		h.bindings.Range(func(k, v any) bool {
+			b := v.(*binding)
+			if b.ready.Load() && snap.Instance(b.id) == nil {
+				h.log.Info("instance left the registry; closing its link", "agent", b.id)
+				h.metrics().Expired()
+				h.bindings.CompareAndDelete(k, v)
+				h.breakers.Forget(b.id)
+				go b.link.Close()
+			}
+			return true
+		})
+	}
+}
+
+// warmingUp reports whether the hub is within WarmUp of its start or of
+// its registry's last listing (a registry that says when it last synced,
+// as the etcd one does: LastSync). Only a call to a method no agent has
+// registered asks.
+func (h *Hub) warmingUp() bool {
+	w := h.cfg.WarmUp
+	if w <= 0 {
+		return false
+	}
+	since := time.Since(time.Unix(0, h.started.Load()))
+	if s, ok := h.reg.(interface{ LastSync() time.Time }); ok {
+		if t := s.LastSync(); !t.IsZero() {
+			since = min(since, time.Since(t))
+		}
+	}
+	return since < w
+}
+
+// ingress is the dispatcher as callers see it: it counts calls for the
+// drain and refuses new ones while draining.
+func (h *Hub) ingress(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if h.draining.Load() && !isAgentControl(req.Method) {
+		if l := linkFrom(ctx); l != nil && l.IsAccepted() {
+			// BeginDrain may not have reached this link yet: the goaway
+			// goes out before the refusal, so the peer learns why and
+			// where to go (the link's frames are written in order).
+			l.SendGoAway()
+		}
+		return nil, link.UnavailableNotSent("hub is draining")
+	}
+	h.inflight.Add(1)
+	defer h.inflight.Add(-1)
+	if req.ID == "" {
+		req.ID = envelope.NewID()
+	}
+	if tok := req.Headers.AuthToken; tok != "" || h.guard.on() {
+		// A credential never goes further than this: not to logs, spans,
+		// peers or agents.
+		req.Headers.AuthToken = ""
+		p := PrincipalOf(ctx)
+		if p == nil && tok != "" && h.guard.on() {
+			c, err := h.guard.verifier.Verify(tok)
+			if err == nil && hasRole(c.Roles, auth.RolePeer) {
+				err = errHubTokenElsewhere
+			} else if err == nil {
+				err = h.guard.checkAudience(c)
+			}
+			if err != nil {
+				h.metrics().Refused("unauthenticated")
+				return nil, err
+			}
+			p = auth.NewPrincipal(c, "", false)
+			ctx = context.WithValue(ctx, principalKey{}, p)
+		}
+		if err := h.guard.authorize(p, req); err != nil {
+			h.metrics().Refused(refusal(err))
+			return nil, err
+		}
+	}
+	if err := h.limitConn(ctx, req); err != nil {
+		return nil, err
+	}
+	if err := h.limitGlobal(ctx, req); err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = req.WithTTL(ctx, h.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !isAgentControl(req.Method) {
+		caller := ""
+		if p := PrincipalOf(ctx); p != nil && p.Claims != nil {
+			caller = p.Subject
+		}
+		return h.idem.do(ctx, caller, req, func() (*envelope.Response, error) { return h.invoke(ctx, req) })
+	}
+	return h.invoke(ctx, req)
+}
+
+// logFailures logs every failed call with its request id (and, through
+// the logger's handler, the trace and span ids of the server span).
+func (h *Hub) logFailures(next envelope.Invoker) envelope.Invoker {
+	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		res, err := next(ctx, req)
+		if err != nil {
+			e := envelope.AsError(err)
+			level := slog.LevelDebug
+			if e.Code == envelope.CodeInternal {
+				level = slog.LevelError
+			}
+			h.log.LogAttrs(ctx, level, "call failed", slog.String("method", req.Method),
+				slog.String("request_id", req.ID), slog.String("code", e.Code.String()), slog.String("error", e.Message))
+		}
+		return res, err
+	}
+}
+
+func isAgentControl(m string) bool {
+	return m == "agent.heartbeat" || m == "agent.deregister"
+}
+
+// dispatch answers built-in methods and routes the rest. It enforces the
+// Invoker contract: exactly one of response and error.
+func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	var res *envelope.Response
+	var err error
+	if b, ok := h.builtins[req.Method]; ok {
+		if PrincipalOf(ctx).Peer() {
+			// A peer link carries calls for agents only (authorizePeer
+			// refuses the hub's namespaces; this covers every built-in,
+			// "schema" included).
+			return nil, envelope.Errorf(envelope.CodePermissionDenied, "%s: a peer link carries calls for agents only, not for the hub's own methods", req.Method)
+		}
+		res, err = h.runBuiltin(ctx, req, b)
+	} else {
+		res, err = h.route(ctx, req)
+	}
+	if (res == nil) == (err == nil) {
+		h.log.Error("invoker broke its contract", "method", req.Method, "response", res != nil, "error", err)
+		return nil, envelope.NewError(envelope.CodeInternal, "internal error")
+	}
+	return res, err
+}
+
+// route forwards a call to an instance: the one named by Destination, or
+// one picked by the balancer among the ready instances serving the method,
+// under the method's policy (bulkhead, retries, breakers per instance).
+//
+// A call forwarded by a peer hub (Hops > 0) gets one attempt here: the
+// origin hub runs the method's policy (retries, budget), so the error must
+// reach it without this hub's "gave up after N attempts" mark, free to be
+// retried on another instance.
+func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if req.Headers.Hops > 0 {
+		return h.forwarded(ctx, req)
+	}
+	return h.routed(ctx, req)
+}
+
+// attempt is one try of a routed call. It prefers instances the call has
+// not tried yet and skips those whose breaker is open.
+func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	snap := h.reg.Snapshot()
+	tried := reliability.TriedFrom(ctx)
+	var in *registry.Instance
+	if req.Destination != "" {
+		in = snap.Instance(req.Destination)
+		if in == nil && req.Headers.Hops > 0 {
+			// The origin hub picked an instance that has just left this
+			// one: not sent, so the origin retries elsewhere.
+			return nil, link.UnavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
+		}
+		if in == nil {
+			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
+		}
+		if !in.Serves(req.Method) {
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method).WithAttempts(1)
+		}
+	} else {
+		cands := snap.Lookup(req.Method)
+		if len(cands) == 0 {
+			// No responders: answered at once (S22). The attempts mark
+			// tells every retry loop that another try cannot help.
+			if snap.Known(req.Method) {
+				return nil, link.UnavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
+			}
+			if h.warmingUp() {
+				// Just started, or just listed the registry again: the
+				// agents serving it may not have registered (again) yet.
+				// Retryable, unlike METHOD_NOT_FOUND, which every client
+				// takes as final (Config.WarmUp).
+				return nil, link.UnavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
+			}
+			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
+		}
+		open := func(in *registry.Instance) bool {
+			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+		}
+		// Instances behind a peer link found dead are avoided while others
+		// serve the method; when only they are left one is tried, which
+		// fails fast (not sent) and kicks a re-dial.
+		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr) }
+		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
+		if in == nil {
+			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		}
+		if in == nil && tried != nil {
+			in = registry.Pick(cands, open) // every instance tried: any that is not open
+		}
+		if in == nil {
+			// Every instance is behind an open breaker: refused at once.
+			// A retry loop tries again when the first of them admits a
+			// probe, if that is before the call's deadline; never after a
+			// mere backoff (CircuitOpen).
+			var probe time.Time
+			for _, c := range cands {
+				if at, ok := h.breakers.ProbeAt(reliability.BreakerKey{Method: req.Method, Instance: c.InstanceID}); ok && (probe.IsZero() || at.Before(probe)) {
+					probe = at
+				}
+			}
+			return nil, reliability.CircuitOpen("the circuit is open for every instance serving "+req.Method, probe)
+		}
+	}
+	// Picked although behind a down peer: no instance outside one was left.
+	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr)
+	tried.Add(in.InstanceID)
+	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
+	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+	if err != nil {
+		return nil, err
+	}
+	release := in.Acquire()
+	var res *envelope.Response
+	outcome := error(nil) // what the breaker is told
+	// A binding not ready yet is a registration this hub has not had
+	// accepted by the registry: while the registry names another hub for
+	// the instance (a stale entry, e.g. during an etcd cut), calls go
+	// there, not over the link of a registration that may be refused.
+	if v, ok := h.bindings.Load(in.InstanceID); ok && (v.(*binding).ready.Load() || in.Hub == h.cfg.ID) {
+		res, err = v.(*binding).link.Call(ctx, req)
+		outcome = err
+	} else if in.Hub != h.cfg.ID {
+		var peerLost bool
+		res, peerLost, err = h.forward(ctx, req, in) // attached to another hub of the cluster
+		outcome = err
+		if peerLost {
+			// The link between the hubs failed, not the instance: its
+			// breaker is neither tripped nor healed (an excluded outcome).
+			outcome = link.UnavailableNotSent("peer link lost")
+			if e := envelope.AsError(err); e.NotSent() && onlyBehindDown {
+				// Every instance left is behind a down peer: like no
+				// responders (S22), answered at once, and no retry loop
+				// waits to try again.
+				err = e.WithAttempts(1)
+			}
+		}
+	} else {
+		err = link.UnavailableNotSent("agent " + in.InstanceID + " is not attached to this hub")
+		outcome = err
+	}
+	release()
+	done(outcome)
+	return res, err
+}

@@ -1,0 +1,209 @@
+package hub
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"time"
+
+	mcpauth "github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// The MCP surface (Streamable HTTP at /mcp, with the official MCP Go
+// SDK): tools/list lists the methods agents serve now as tools, with the
+// schemas they declared; tools/call runs one through the hub's ingress,
+// as a native call (authorisation, policies, tracing, metrics). It is
+// stateless: no MCP session lives in the hub, so any hub of a cluster
+// answers any request and nothing is left to close on shutdown.
+
+type mcpPrincipalKey struct{}
+
+// mcpHandler returns the handler of /mcp.
+func (h *Hub) mcpHandler() http.Handler {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "agentmesh", Version: envelope.Version}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+	})
+	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			switch r := req.(type) {
+			case *mcp.ListToolsRequest:
+				return h.mcpTools(mcpPrincipal(r.Extra)), nil
+			case *mcp.CallToolRequest:
+				return h.mcpCall(ctx, mcpPrincipal(r.Extra), r.Params, r.Extra), nil
+			}
+			return next(ctx, method, req)
+		}
+	})
+	var sh http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		Stateless:           true,
+		MaxRequestBodyBytes: int64(h.cfg.Conn.Limits.MaxBytes),
+	})
+	if h.guard.on() {
+		// The SDK hands a request's token info to the handlers; the
+		// principal rides in it (authenticated below, before the SDK).
+		sh = mcpauth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*mcpauth.TokenInfo, error) {
+			p, _ := r.Context().Value(mcpPrincipalKey{}).(*Principal)
+			if p == nil || p.Claims == nil {
+				return nil, mcpauth.ErrInvalidToken
+			}
+			return &mcpauth.TokenInfo{UserID: p.Subject, Expiration: p.ExpiresAt, Extra: map[string]any{"principal": p}}, nil
+		}, &mcpauth.RequireBearerTokenOptions{AllowMissingExpiration: true})(sh)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.guard.origins.Check(r) {
+			// The MCP transport's rule against DNS rebinding: a browser
+			// from an origin not allowed learns nothing.
+			h.metrics().Refused("origin")
+			http.Error(w, "origin not allowed", http.StatusForbidden)
+			return
+		}
+		if h.draining.Load() {
+			http.Error(w, "hub is draining", http.StatusServiceUnavailable)
+			return
+		}
+		who, aerr := h.guard.authenticate(r)
+		if aerr != nil {
+			h.metrics().Refused(refusal(aerr))
+			httpRefuse(w, aerr)
+			return
+		}
+		if who != nil {
+			r = r.WithContext(context.WithValue(r.Context(), mcpPrincipalKey{}, who))
+		}
+		sh.ServeHTTP(w, r)
+	})
+}
+
+func mcpPrincipal(x *mcp.RequestExtra) *Principal {
+	if x == nil || x.TokenInfo == nil {
+		return nil
+	}
+	p, _ := x.TokenInfo.Extra["principal"].(*Principal)
+	return p
+}
+
+// mayCall reports whether p's roles let it call m (the role checks of
+// guard.authorize, without its rate limit).
+func (g *guard) mayCall(p *Principal, m string) bool {
+	if !g.on() {
+		return true
+	}
+	if p == nil || p.Claims == nil {
+		return false
+	}
+	if hasRole(p.Roles, auth.RolePeer) {
+		return false // a hub token opens a peer link, nothing else
+	}
+	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
+		return false
+	}
+	need, ok := g.roles.lookup(m)
+	return !ok || auth.Allowed(p.Roles, need)
+}
+
+// toolName: the characters MCP allows in a tool name.
+func toolName(m string) bool {
+	if m == "" || len(m) > 128 {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		c := m[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// objectSchema returns s when it is a JSON Schema of type object (what
+// MCP requires of a tool's schemas), else nil.
+func objectSchema(s json.RawMessage) json.RawMessage {
+	var v struct {
+		Type any `json:"type"`
+	}
+	if len(s) == 0 || json.Unmarshal(s, &v) != nil || v.Type != "object" {
+		return nil
+	}
+	return s
+}
+
+// mcpTools lists the methods agents serve now that p may call.
+func (h *Hub) mcpTools(p *Principal) *mcp.ListToolsResult {
+	out := &mcp.ListToolsResult{Tools: []*mcp.Tool{}}
+	for name, m := range h.Schema().Methods {
+		if m.Builtin || m.Pattern || !toolName(name) || !h.guard.mayCall(p, name) {
+			continue
+		}
+		in := objectSchema(m.Params)
+		if in == nil {
+			// No object schema declared: any arguments, passed as the
+			// method's params.
+			in = json.RawMessage(`{"type":"object"}`)
+		}
+		t := &mcp.Tool{Name: name, Description: m.Description, InputSchema: in,
+			Annotations: &mcp.ToolAnnotations{IdempotentHint: m.Idempotent}}
+		if o := objectSchema(m.Response); o != nil {
+			t.OutputSchema = o
+		}
+		out.Tools = append(out.Tools, t)
+	}
+	sort.Slice(out.Tools, func(i, j int) bool { return out.Tools[i].Name < out.Tools[j].Name })
+	return out
+}
+
+// mcpCall runs a tool as a call through the hub's ingress. A failed call
+// is a tool result with isError set, its text "CODE: message" and its
+// structured content {code, jsonrpcCode, message, data}.
+//
+// The W3C trace context comes from the request's _meta (traceparent,
+// tracestate: the MCP convention) or else from its HTTP headers.
+func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) *mcp.CallToolResult {
+	if params == nil {
+		return mcpError(envelope.NewError(envelope.CodeInvalidParams, "tools/call needs params"))
+	}
+	if _, ok := h.builtins[params.Name]; ok {
+		return mcpError(envelope.Errorf(envelope.CodeMethodNotFound, "%q is not a tool", params.Name))
+	}
+	args := bytes.TrimSpace(params.Arguments)
+	if string(args) == "null" {
+		args = nil
+	}
+	req := &envelope.Request{ID: envelope.NewID(), Method: params.Name, Params: json.RawMessage(args),
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	for _, k := range []string{"traceparent", "tracestate"} {
+		v, _ := params.Meta[k].(string)
+		if v == "" && x != nil && x.Header != nil {
+			v = x.Header.Get(k)
+		}
+		if v != "" && len(v) <= 512 {
+			req.Headers.Set(k, v)
+		}
+	}
+	if p != nil {
+		ctx = context.WithValue(ctx, principalKey{}, p)
+	}
+	res, err := h.ingress(ctx, req)
+	if err != nil {
+		return mcpError(envelope.AsError(err))
+	}
+	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}}
+	if r := bytes.TrimSpace(res.Result); len(r) > 0 && r[0] == '{' {
+		out.StructuredContent = json.RawMessage(r)
+	}
+	return out
+}
+
+func mcpError(e *envelope.Error) *mcp.CallToolResult {
+	sc := map[string]any{"code": e.Code.String(), "jsonrpcCode": e.Code.JSONRPC(), "message": e.Message}
+	if e.Data != nil {
+		sc["data"] = e.Data
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: e.Code.String() + ": " + e.Message}},
+		StructuredContent: sc}
+}

@@ -1,0 +1,699 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+)
+
+// The Multica surface (seeds multica-hub-rpc and multica-client-streaming):
+// Multica's Gateway, where devices (web apps, desktops, the hub itself)
+// exchange RoutedMessages {id, uid, from, to, action, payload} over one
+// WebSocket each, and the hub answers "request"s addressed to it.
+//
+//	GET /multica?deviceId=ID&deviceType=TYPE   (WebSocket; subprotocol "multica" optional)
+//
+// The seeds name no mount path (Multica's gateway speaks Socket.io, whose
+// handshake carries deviceId and deviceType): here the device names itself
+// in the query, and the hub greets it with
+//
+//	{id, uid: null, from: HUB, to: ID, action: "registered", payload: {deviceId, deviceType, hubDeviceId: HUB}}
+//
+// where HUB, the hub's deviceId, is its hub id (Config.ID). Then:
+//
+//   - A message to another connected device is delivered to it as sent (its
+//     six fields, re-encoded; "from" must be the sender's own deviceId or
+//     empty, and is filled in). Each device has a bounded send queue
+//     (link.Config.QueueSize frames): a device whose queue is full is
+//     disconnected (close 1008 "send queue full": it would otherwise miss
+//     frames in the middle of a stream) and the sender is told, so that a
+//     slow device never blocks its senders nor anyone else.
+//   - A "request" to the hub, payload {requestId, method, params?, meta?},
+//     is a call through the hub's ingress, like a native one (authorisation,
+//     policies, tracing, metrics): the seed's method getAgentMessages is
+//     the chat agent's chat.getAgentMessages, and every method of the mesh
+//     is callable by its own name. meta, an addition to the seed, carries
+//     the envelope headers as on /rpc (traceparent, ttl, idempotencyKey, …).
+//     The answer is a "response" to the sender: {requestId, ok: true,
+//     payload} or {requestId, ok: false, error: {code, message}} with the
+//     seed's codes: METHOD_NOT_FOUND, INVALID_PARAMS (also for mesh's
+//     INVALID_REQUEST and PARSE_ERROR), AGENT_NOT_FOUND, and RPC_ERROR for
+//     every other mesh code, which then rides along as error.meshCode
+//     (UNAVAILABLE, TIMEOUT, OVERLOADED, PERMISSION_DENIED, …) so that a
+//     client can tell a retryable failure.
+//   - A request of chat.send, or a "message" to the hub with payload
+//     {agentId, content}, runs a turn of that chat agent and streams the
+//     agent's events to the sender from the moment it is sent until the
+//     turn's last, each as a "stream" message with the seed's
+//     StreamPayload {streamId, agentId, event} (Hub.FollowChat), before
+//     the request's response. (A turn queued behind another caller's turn
+//     of the same agent streams that one's events too, under their own
+//     streamId.) A "message" gets no answer but the stream, or an "error"
+//     if it failed.
+//   - A message the hub cannot take (not JSON, a field of the wrong type,
+//     an unknown destination, an action the hub does not serve) is answered
+//     with {action: "error", payload: {messageId, code, message[, meshCode]}},
+//     or, for a "request", with its "response" (ok false), so that the
+//     seed's SDK rejects at once instead of timing out.
+//
+// Authentication and origins are those of /ws: a browser from an origin
+// not allowed is refused before anything (403); with a key, a bearer token
+// (Authorization header or "bearer.TOKEN" subprotocol) is required and the
+// device is disconnected when it expires. A second connection with a
+// deviceId in use replaces the first when it is the same principal (a
+// reconnect), and is refused with 409 otherwise. Devices are those of this
+// hub: a device attached to another hub of a cluster is not reachable.
+
+const (
+	// multicaSubprotocol may be offered by a browser (beside its
+	// bearer.TOKEN); the hub then selects it.
+	multicaSubprotocol = "multica"
+	// multicaMaxInflight bounds the requests and turns in flight per
+	// device; past it a request is answered RPC_ERROR (meshCode OVERLOADED).
+	multicaMaxInflight = 1000
+	// multicaMaxID bounds deviceIds, message ids and requestIds.
+	multicaMaxID = 256
+	// multicaStreamGrace bounds how long a turn's response waits for the
+	// follower to forward the turn's last events.
+	multicaStreamGrace = 5 * time.Second
+)
+
+// multicaMethods maps the seed's method names to the mesh's.
+var multicaMethods = map[string]string{
+	"getAgentMessages": "chat.getAgentMessages",
+}
+
+var errMulticaSlow = errors.New("multica device does not read: send queue full")
+
+// multicaDevices is the hub's table of connected devices by deviceId. The
+// zero value is ready.
+type multicaDevices struct {
+	mu sync.Mutex
+	m  map[string]*multicaDevice
+}
+
+// add registers d; a device connected with the same id is returned to be
+// closed when replace allows it, else d is refused (ok false).
+func (t *multicaDevices) add(d *multicaDevice, replace func(old *multicaDevice) bool) (old *multicaDevice, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[string]*multicaDevice{}
+	}
+	if old = t.m[d.id]; old != nil && !replace(old) {
+		return nil, false
+	}
+	t.m[d.id] = d
+	return old, true
+}
+
+func (t *multicaDevices) remove(d *multicaDevice) {
+	t.mu.Lock()
+	if t.m[d.id] == d {
+		delete(t.m, d.id)
+	}
+	t.mu.Unlock()
+}
+
+func (t *multicaDevices) get(id string) *multicaDevice {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[id]
+}
+
+// multicaDevice is one connected device.
+type multicaDevice struct {
+	h      *Hub
+	id     string
+	typ    string
+	who    *Principal
+	c      *link.Conn
+	ctx    context.Context // ends when the device disconnects
+	cancel context.CancelFunc
+	busy   atomic.Int64 // requests and turns in flight
+	wg     sync.WaitGroup
+}
+
+// multicaMsg is a decoded RoutedMessage. UID is raw JSON (a string or
+// null), Payload raw JSON or nil when absent.
+type multicaMsg struct {
+	ID      string
+	UID     json.RawMessage
+	From    string
+	To      string
+	Action  string
+	Payload json.RawMessage
+}
+
+// multicaWire is a RoutedMessage to write (appendMultica).
+type multicaWire struct {
+	ID      string
+	UID     json.RawMessage // a JSON string, or empty for null
+	From    string
+	To      string
+	Action  string
+	Payload json.RawMessage // JSON, or empty for null
+}
+
+// validDeviceID: 1..multicaMaxID bytes, no control characters.
+func validDeviceID(s string) bool {
+	if s == "" || len(s) > multicaMaxID {
+		return false
+	}
+	for _, r := range s {
+		if r == unicode.ReplacementChar || unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// serveMultica is GET /multica.
+func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
+	who, ok := h.admit(w, r) // as /ws: origin, draining, credential
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	id, typ := q.Get("deviceId"), q.Get("deviceType")
+	if !validDeviceID(id) || id == h.cfg.ID || len(typ) > 64 {
+		w.Header().Set("Content-Type", "application/json")
+		writeRPCError(w, http.StatusBadRequest, envelope.Errorf(envelope.CodeInvalidParams,
+			"deviceId (query) must be 1..%d bytes without control characters, not the hub's, and deviceType at most 64 bytes", multicaMaxID))
+		return
+	}
+	replace := func(old *multicaDevice) bool { return !h.guard.on() || sameSubject(old.who, who) }
+	if old := h.multica.get(id); old != nil && !replace(old) {
+		http.Error(w, "deviceId "+strconv.Quote(id)+" is connected with another identity", http.StatusConflict)
+		return
+	}
+	up := h.upgrader
+	up.Subprotocols = []string{multicaSubprotocol}
+	ws, err := up.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered
+	}
+	base := connBase(context.Background(), r)
+	if who != nil {
+		base = context.WithValue(base, principalKey{}, who)
+	}
+	d := &multicaDevice{h: h, id: id, typ: typ, who: who, c: link.NewConn(ws, h.cfg.Conn)}
+	d.ctx, d.cancel = context.WithCancel(base)
+	if !h.track(d) {
+		d.cancel()
+		_ = ws.Close()
+		return
+	}
+	// No message-level check on this connection (c.check is nil): the
+	// surface decodes and refuses its frames itself.
+	d.c.Start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) {
+		d.cancel()
+		h.multica.remove(d)
+		h.untrack(d)
+	})
+	// In the table once running, so that whoever closes it (a newer
+	// connection of the same device) runs its onClose.
+	old, ok := h.multica.add(d, replace)
+	if !ok {
+		// Another identity took the id between the check and now.
+		d.c.Shutdown(errors.New("deviceId in use"))
+		return
+	}
+	if old != nil {
+		old.c.Shutdown(errors.New("replaced by a new connection of the same device"))
+	}
+	// Greeted once routable: a device told it is registered can be sent to
+	// at once (greeted before, a message sent to it on its greeting could
+	// find no such device).
+	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
+	d.send(d.fromHub("registered", nil, greeting))
+	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
+		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
+			d.c.Shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
+		})
+		context.AfterFunc(d.ctx, func() { t.Stop() })
+	}
+}
+
+// Close disconnects the device and waits for its calls to end.
+func (d *multicaDevice) Close() {
+	d.c.Close()
+	d.cancel()
+	d.wg.Wait()
+}
+
+// fromHub builds a message from the hub to the device.
+func (d *multicaDevice) fromHub(action string, uid, payload json.RawMessage) *multicaWire {
+	return &multicaWire{ID: envelope.NewID(), UID: uid, From: d.h.cfg.ID, To: d.id, Action: action, Payload: payload}
+}
+
+// send queues m for the device without waiting; a device whose queue is
+// full is disconnected (errMulticaSlow). It reports whether m was queued.
+func (d *multicaDevice) send(m *multicaWire) bool {
+	b := link.GetBuf()
+	*b = appendMultica(*b, m)
+	if d.c.TrySend(b) {
+		return true
+	}
+	select {
+	case <-d.c.Done():
+	default:
+		d.c.Shutdown(errMulticaSlow)
+	}
+	return false
+}
+
+// appendMultica appends m as JSON. UID and Payload are valid JSON already
+// (decoded or made by the hub): they are copied, not re-validated, which
+// would cost a pass over every routed payload.
+func appendMultica(b []byte, m *multicaWire) []byte {
+	b = append(b, `{"id":`...)
+	b = append(b, mustQuote(m.ID)...)
+	b = append(b, `,"uid":`...)
+	if len(m.UID) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, m.UID...)
+	}
+	b = append(b, `,"from":`...)
+	b = append(b, mustQuote(m.From)...)
+	b = append(b, `,"to":`...)
+	b = append(b, mustQuote(m.To)...)
+	b = append(b, `,"action":`...)
+	b = append(b, mustQuote(m.Action)...)
+	b = append(b, `,"payload":`...)
+	if len(m.Payload) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, m.Payload...)
+	}
+	return append(b, '}')
+}
+
+// multicaErr is the error of a response {code, message} in the seed's
+// codes, with the mesh's code when the seed's catch-all hides it.
+type multicaErr struct {
+	Code     string `json:"code"`
+	Message  string `json:"message"`
+	MeshCode string `json:"meshCode,omitempty"`
+}
+
+func multicaError(err error) *multicaErr {
+	e := envelope.AsError(err)
+	out := &multicaErr{Message: e.Message}
+	if out.Message == "" {
+		out.Message = e.Code.String()
+	}
+	switch e.Code {
+	case envelope.CodeMethodNotFound:
+		out.Code = "METHOD_NOT_FOUND"
+	case envelope.CodeInvalidParams, envelope.CodeInvalidRequest, envelope.CodeParseError:
+		out.Code = "INVALID_PARAMS"
+	case envelope.CodeAgentNotFound:
+		out.Code = "AGENT_NOT_FOUND"
+	case envelope.CodeRPCError:
+		out.Code = "RPC_ERROR"
+	default:
+		out.Code, out.MeshCode = "RPC_ERROR", e.Code.String()
+	}
+	return out
+}
+
+// sendError answers a message the hub could not take.
+func (d *multicaDevice) sendError(m *multicaMsg, err error) {
+	e := multicaError(err)
+	id := ""
+	var uid json.RawMessage
+	if m != nil {
+		id, uid = m.ID, m.UID
+	}
+	p, _ := json.Marshal(struct {
+		MessageID string `json:"messageId"`
+		*multicaErr
+	}{id, e})
+	d.send(d.fromHub("error", uid, p))
+}
+
+// respond sends the response to a request.
+func (d *multicaDevice) respond(m *multicaMsg, requestID string, result json.RawMessage, err error) {
+	var p []byte
+	if err != nil {
+		p, _ = json.Marshal(struct {
+			RequestID string      `json:"requestId"`
+			OK        bool        `json:"ok"`
+			Error     *multicaErr `json:"error"`
+		}{requestID, false, multicaError(err)})
+	} else {
+		if len(result) == 0 {
+			result = json.RawMessage("null")
+		}
+		p, _ = json.Marshal(struct {
+			RequestID string          `json:"requestId"`
+			OK        bool            `json:"ok"`
+			Payload   json.RawMessage `json:"payload"`
+		}{requestID, true, result})
+	}
+	d.send(d.fromHub("response", m.UID, p))
+}
+
+// onMessage runs on the reader goroutine: it routes or starts the work of
+// one message, and never blocks.
+func (d *multicaDevice) onMessage(data []byte) {
+	m, derr := decodeMultica(data, d.c.Config().Limits)
+	if derr != nil {
+		d.sendError(m, derr)
+		return
+	}
+	if m.From == "" {
+		m.From = d.id
+	} else if m.From != d.id {
+		d.sendError(m, envelope.Errorf(envelope.CodeInvalidParams, "from must be your deviceId %q", d.id))
+		return
+	}
+	if m.To == d.h.cfg.ID {
+		d.toHub(m)
+		return
+	}
+	to := d.h.multica.get(m.To)
+	if to == nil {
+		err := envelope.Errorf(envelope.CodeUnavailable, "device %q is not connected", m.To)
+		if m.Action == "request" {
+			if rid := requestIDOf(m.Payload); rid != "" {
+				d.respond(m, rid, nil, err)
+				return
+			}
+		}
+		d.sendError(m, err)
+		return
+	}
+	if !to.send(&multicaWire{ID: m.ID, UID: m.UID, From: m.From, To: m.To, Action: m.Action, Payload: m.Payload}) {
+		d.sendError(m, envelope.Errorf(envelope.CodeUnavailable, "device %q does not read its messages: disconnected", m.To))
+	}
+}
+
+// toHub serves a message addressed to the hub.
+func (d *multicaDevice) toHub(m *multicaMsg) {
+	switch m.Action {
+	case "request":
+		rp, err := decodeMulticaRequest(m.Payload, d.c.Config().Limits)
+		if err != nil {
+			if rp != nil && rp.requestID != "" {
+				d.respond(m, rp.requestID, nil, err)
+			} else {
+				d.sendError(m, err)
+			}
+			return
+		}
+		d.spawn(m, rp.requestID, func() {
+			var res *envelope.Response
+			var err error
+			if agent, ok := chatSendAgent(rp.req); ok {
+				res, err = d.turn(rp.req, agent)
+			} else {
+				res, err = d.h.ingress(d.ctx, rp.req)
+			}
+			var result json.RawMessage
+			if err == nil {
+				result = res.Result
+			}
+			d.respond(m, rp.requestID, result, err)
+		})
+	case "message":
+		var in struct {
+			AgentID string          `json:"agentId"`
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(m.Payload, &in); err != nil || in.AgentID == "" || len(in.Content) == 0 || in.Content[0] != '"' {
+			d.sendError(m, envelope.NewError(envelope.CodeInvalidParams, "a message to the hub needs payload {agentId, content}, content a string"))
+			return
+		}
+		params, _ := json.Marshal(map[string]json.RawMessage{"agentId": mustQuote(in.AgentID), "content": in.Content})
+		req := &envelope.Request{ID: envelope.NewID(), Origin: d.id, Method: "chat.send", Params: params,
+			Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+		d.spawn(m, "", func() {
+			if _, err := d.turn(req, in.AgentID); err != nil {
+				d.sendError(m, err)
+			}
+		})
+	case "response":
+		// A device answering the hub: the hub asks nothing; ignored.
+	default:
+		d.sendError(m, envelope.Errorf(envelope.CodeMethodNotFound, "the hub takes the actions request and message, not %q", m.Action))
+	}
+}
+
+// spawn runs fn for message m on its own goroutine, within the device's
+// bound of work in flight.
+func (d *multicaDevice) spawn(m *multicaMsg, requestID string, fn func()) {
+	if d.busy.Add(1) > multicaMaxInflight {
+		d.busy.Add(-1)
+		err := envelope.NewError(envelope.CodeOverloaded, "too many requests in flight on this connection").MarkNotSent()
+		if requestID != "" {
+			d.respond(m, requestID, nil, err)
+		} else {
+			d.sendError(m, err)
+		}
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer d.busy.Add(-1)
+		fn()
+	}()
+}
+
+func mustQuote(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// chatSendAgent reports whether req is a chat.send, and of which agent.
+func chatSendAgent(req *envelope.Request) (string, bool) {
+	if req.Method != "chat.send" {
+		return "", false
+	}
+	var p struct {
+		AgentID  string `json:"agentId"`
+		AgentID2 string `json:"agent_id"`
+	}
+	if json.Unmarshal(req.Params, &p) != nil {
+		return "", false // the chat agent answers INVALID_PARAMS
+	}
+	if p.AgentID == "" {
+		p.AgentID = p.AgentID2
+	}
+	return p.AgentID, p.AgentID != ""
+}
+
+// turn runs req (a chat.send of agent) and streams the agent's events from
+// the moment before it starts until its last one to the device, each as a
+// "stream" message, before it returns. The follower goroutine ends with
+// the turn, or with the device's connection.
+func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Response, error) {
+	tail, err := d.h.ChatTail(d.ctx, agent)
+	if envelope.CodeOf(err) == envelope.CodeAgentNotFound {
+		// No agent, no events to follow: the call itself answers, so that
+		// it is chat.send's answer, traced and counted under chat.send as
+		// natively (not chat.events' under no trace).
+		return d.h.ingress(d.ctx, req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Only this turn's events go to the device: another caller's turn on
+	// the same agent (before or after this one) is not this request's
+	// stream, and a turn that follows at once must not be relayed twice.
+	rid := withRequestID(req)
+	fctx, stop := context.WithCancel(d.ctx)
+	defer stop()
+	var mu sync.Mutex
+	last, stopAt := tail, uint64(0)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		_, _ = d.h.FollowChat(fctx, agent, tail, func(e ChatEvent) bool {
+			sent := true
+			if rid == "" || e.RequestID == rid {
+				p, _ := json.Marshal(struct {
+					StreamID string          `json:"streamId"`
+					AgentID  string          `json:"agentId"`
+					Event    json.RawMessage `json:"event"`
+				}{e.StreamID, e.AgentID, e.Event})
+				sent = d.send(d.fromHub("stream", nil, p))
+			}
+			mu.Lock()
+			last = e.Seq
+			end := stopAt != 0 && last >= stopAt
+			mu.Unlock()
+			return sent && !end
+		})
+	}()
+	res, err := d.h.ingress(d.ctx, req)
+	// Every event of the turn is in the agent's log before its answer:
+	// the follower stops once it has passed the log's end as it is now.
+	end, terr := d.h.ChatTail(d.ctx, agent)
+	mu.Lock()
+	if terr != nil || last >= end {
+		stop()
+	} else {
+		stopAt = end
+	}
+	mu.Unlock()
+	t := time.AfterFunc(multicaStreamGrace, stop)
+	<-followed
+	t.Stop()
+	return res, err
+}
+
+// requestIDOf digs the requestId out of a request's payload, if any (its
+// key matched exactly, as decodeMulticaRequest does).
+func requestIDOf(payload json.RawMessage) string {
+	var p map[string]json.RawMessage
+	var id string
+	if json.Unmarshal(payload, &p) != nil || json.Unmarshal(p["requestId"], &id) != nil || len(id) > multicaMaxID {
+		return ""
+	}
+	return id
+}
+
+// decodeMultica decodes one RoutedMessage within lim. Keys are matched
+// exactly (not encoding/json's case-insensitive way); of duplicates the
+// last counts, and since messages are re-encoded from what was decoded, a
+// receiver never sees another value than the hub routed by. On an error
+// the message is returned as far as it was read (its id, for the answer).
+func decodeMultica(data []byte, lim envelope.Limits) (*multicaMsg, *envelope.Error) {
+	if d := envelope.DefaultLimits(); lim.MaxBytes <= 0 {
+		lim.MaxBytes = d.MaxBytes
+	}
+	if d := envelope.DefaultLimits(); lim.MaxDepth <= 0 {
+		lim.MaxDepth = d.MaxDepth
+	}
+	if len(data) > lim.MaxBytes {
+		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), lim.MaxBytes)
+	}
+	if !utf8.Valid(data) {
+		// Routed on as it is, it would make a browser drop the receiver's
+		// connection (a text frame must be UTF-8).
+		return nil, envelope.NewError(envelope.CodeParseError, "a message must be valid UTF-8")
+	}
+	if jsonDepth(data) > lim.MaxDepth {
+		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message nests deeper than %d", lim.MaxDepth)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, envelope.NewError(envelope.CodeParseError, "a message must be a JSON object: {id, uid, from, to, action, payload}")
+	}
+	m := &multicaMsg{}
+	str := func(key string, dst *string, required bool) *envelope.Error {
+		v, ok := raw[key]
+		if !ok || string(v) == "null" {
+			if required {
+				return envelope.Errorf(envelope.CodeInvalidParams, "%s is missing", key)
+			}
+			return nil
+		}
+		if json.Unmarshal(v, dst) != nil {
+			return envelope.Errorf(envelope.CodeInvalidParams, "%s must be a string", key)
+		}
+		if len(*dst) > multicaMaxID {
+			return envelope.Errorf(envelope.CodeInvalidParams, "%s is longer than %d bytes", key, multicaMaxID)
+		}
+		if required && *dst == "" {
+			return envelope.Errorf(envelope.CodeInvalidParams, "%s is empty", key)
+		}
+		return nil
+	}
+	if e := str("id", &m.ID, false); e != nil {
+		return m, e
+	}
+	if m.ID == "" {
+		m.ID = envelope.NewID()
+	}
+	if uid, ok := raw["uid"]; ok {
+		var s *string
+		if json.Unmarshal(uid, &s) != nil {
+			return m, envelope.NewError(envelope.CodeInvalidParams, "uid must be a string or null")
+		}
+		if s != nil {
+			m.UID = uid
+		}
+	}
+	for _, f := range []struct {
+		key      string
+		dst      *string
+		required bool
+	}{{"from", &m.From, false}, {"to", &m.To, true}, {"action", &m.Action, true}} {
+		if e := str(f.key, f.dst, f.required); e != nil {
+			return m, e
+		}
+	}
+	m.Payload = raw["payload"]
+	return m, nil
+}
+
+// multicaRequest is a decoded RequestPayload.
+type multicaRequest struct {
+	requestID string
+	req       *envelope.Request
+}
+
+// decodeMulticaRequest decodes a RequestPayload {requestId, method,
+// params?, meta?} into the request it calls: the seed's method names are
+// mapped to the mesh's, and params and meta are read by the JSON-RPC
+// decoder of /rpc (limits, the headers' rules).
+func decodeMulticaRequest(payload json.RawMessage, lim envelope.Limits) (*multicaRequest, *envelope.Error) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(payload, &p) != nil || p == nil {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "a request's payload must be an object {requestId, method, params?}")
+	}
+	out := &multicaRequest{}
+	if v, ok := p["requestId"]; !ok || json.Unmarshal(v, &out.requestID) != nil || out.requestID == "" || len(out.requestID) > multicaMaxID {
+		out.requestID = ""
+		return out, envelope.Errorf(envelope.CodeInvalidParams, "requestId must be a string of 1..%d bytes", multicaMaxID)
+	}
+	var method string
+	if v, ok := p["method"]; !ok || json.Unmarshal(v, &method) != nil || method == "" {
+		return out, envelope.NewError(envelope.CodeInvalidParams, "method must be a non-empty string")
+	}
+	if m, ok := multicaMethods[method]; ok {
+		method = m
+	}
+	b := append([]byte(`{"jsonrpc":"2.0","id":0,"method":`), mustQuote(method)...)
+	if v, ok := p["params"]; ok && string(v) != "null" {
+		if v[0] != '{' && v[0] != '[' {
+			return out, envelope.NewError(envelope.CodeInvalidParams, "params must be an object or an array")
+		}
+		b = append(append(b, `,"params":`...), v...)
+	}
+	if v, ok := p["meta"]; ok && string(v) != "null" {
+		b = append(append(b, `,"meta":`...), v...)
+	}
+	b = append(b, '}')
+	calls, _, derr := envelope.DecodeJSONRPC(b, lim)
+	if derr != nil {
+		return out, derr
+	}
+	if calls[0].Err != nil {
+		return out, calls[0].Err
+	}
+	req := calls[0].Request
+	req.Headers.Hops = 0 // a device is not a peer hub
+	if req.ID == "" {
+		req.ID = envelope.NewID()
+	}
+	req.Timestamp = time.Now().UnixMilli()
+	req.Version = envelope.Version
+	out.req = &req
+	return out, nil
+}

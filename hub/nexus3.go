@@ -1,0 +1,268 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+)
+
+// The NEXUS3 surface (seed nexus3-rpc-module): the HTTP JSON-RPC of
+// `nexus3 --serve`, so that its clients work against a hub unchanged.
+//
+//	POST /              global methods: create_agent, destroy_agent, list_agents
+//	POST /rpc           the same three names (see below)
+//	POST /agent/{id}    agent methods: send, cancel, shutdown, get_tokens, get_context
+//
+// It is a dialect at the edge, not a dispatcher: each NEXUS3 method is
+// translated into a call of the chat agent's method (package agents/chat:
+// create_agent → chat.create_agent, send → chat.send with agentId = {id},
+// …) and run through the hub's ingress like a native call (authentication,
+// authorisation, policies, tracing, metrics), then its answer and error
+// are translated back into NEXUS3's shapes: {"jsonrpc","id","result"} or
+// {"jsonrpc","id","error":{"code","message"}} with the error's own message
+// ("Missing required parameter: content", "Method not found: x"). A
+// request without an id, or with id null (NEXUS3's None), is a
+// notification: it runs, and is answered with HTTP 204 and no body. An
+// agent the chat runtime does not know is HTTP 404 {"error": "Agent not
+// found: ID"}, as NEXUS3 answers for an id not in its pool.
+//
+// /rpc stays the mesh's generic JSON-RPC endpoint. A single call there of
+// create_agent, destroy_agent or list_agents, when no built-in and no
+// agent serves that exact name, is answered by this surface, so that a NEXUS3 client using /rpc, the seed's alias of /, gets
+// NEXUS3's answers; every other call on /rpc is untouched.
+
+// nexus3Global maps NEXUS3's global methods to the chat agent's.
+var nexus3Global = map[string]string{
+	"create_agent":  "chat.create_agent",
+	"destroy_agent": "chat.destroy_agent",
+	"list_agents":   "chat.list_agents",
+}
+
+// nexus3Agent maps NEXUS3's agent methods to the chat agent's.
+var nexus3Agent = map[string]string{
+	"send":        "chat.send",
+	"cancel":      "chat.cancel",
+	"shutdown":    "chat.shutdown",
+	"get_tokens":  "chat.get_tokens",
+	"get_context": "chat.get_context",
+}
+
+// nexus3Routes mounts the NEXUS3 surface on mux.
+func (h *Hub) nexus3Routes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /{$}", func(w http.ResponseWriter, r *http.Request) { h.serveNexus3(w, r, "") })
+	mux.HandleFunc("POST /agent/{id}", func(w http.ResponseWriter, r *http.Request) {
+		h.serveNexus3(w, r, r.PathValue("id"))
+	})
+}
+
+// isNexus3Global reports whether a call on /rpc is one of NEXUS3's global
+// methods that neither a built-in nor an agent serves: this surface
+// answers it.
+func (h *Hub) isNexus3Global(calls []RPCCall, batch bool) bool {
+	if batch || len(calls) != 1 || calls[0].Err != nil {
+		return false
+	}
+	m := calls[0].Request.Method
+	if _, ok := nexus3Global[m]; !ok {
+		return false
+	}
+	if _, ok := h.builtins[m]; ok {
+		return false
+	}
+	return len(h.reg.Snapshot().Lookup(m)) == 0
+}
+
+// nexus3Error is a JSON-RPC error in NEXUS3's shape.
+type nexus3Error struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func nexus3Err(code envelope.Code, msg string) *nexus3Error {
+	return &nexus3Error{Code: code.JSONRPC(), Message: msg}
+}
+
+func nexus3FromMesh(err error) *nexus3Error {
+	e := envelope.AsError(err)
+	msg := e.Message
+	if msg == "" {
+		msg = e.Code.String()
+	}
+	return &nexus3Error{Code: e.Code.JSONRPC(), Message: msg}
+}
+
+// writeNexus3HTTPError answers a failure outside JSON-RPC (unknown agent,
+// body too large) as NEXUS3 does: its HTTP status and {"error": msg}.
+func writeNexus3HTTPError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	_, _ = w.Write(b)
+}
+
+// serveNexus3 serves one NEXUS3 request: a global one when agent is "",
+// else one for that agent.
+func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) {
+	ctx, ok := h.authRequest(w, r)
+	if !ok {
+		return
+	}
+	limit := h.cfg.Conn.Limits.MaxBytes
+	tooBig := "Request body too large (limit " + strconv.Itoa(limit) + " bytes)"
+	if r.ContentLength > int64(limit) {
+		writeNexus3HTTPError(w, http.StatusRequestEntityTooLarge, tooBig)
+		return
+	}
+	data, err := link.ReadExact(http.MaxBytesReader(w, r.Body, int64(limit)), limit)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeNexus3HTTPError(w, http.StatusRequestEntityTooLarge, tooBig)
+			return
+		}
+		writeNexus3HTTPError(w, http.StatusBadRequest, "Cannot read the request body")
+		return
+	}
+	calls, batch, derr := envelope.DecodeJSONRPC(data, h.cfg.Conn.Limits)
+	switch {
+	case derr != nil:
+		h.nexus3Reply(w, ctx, agent, nil, false, nil, nexus3Err(derr.Code, derr.Message))
+	case batch:
+		h.nexus3Reply(w, ctx, agent, nil, false, nil, nexus3Err(envelope.CodeInvalidRequest, "Request must be a JSON object"))
+	default:
+		h.serveNexus3Call(w, ctx, agent, &calls[0], r.Header)
+	}
+}
+
+// serveNexus3Call runs one decoded NEXUS3 request and answers it.
+func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent string, c *RPCCall, hdr http.Header) {
+	// NEXUS3 reads a missing id and id null alike: None, a notification.
+	notify := c.Notification || string(c.ID) == "null"
+	if c.Err != nil {
+		// Not a valid request: answered, id or not (NEXUS3's ParseError).
+		h.nexus3Reply(w, ctx, agent, c.ID, false, nil, nexus3Err(c.Err.Code, c.Err.Message))
+		return
+	}
+	in := &c.Request
+	params := in.Params
+	if len(params) > 0 && params[0] == '[' {
+		h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Positional params not supported, use named params"))
+		return
+	}
+	table := nexus3Global
+	if agent != "" {
+		table = nexus3Agent
+	}
+	method, ok := table[in.Method]
+	if !ok {
+		h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeMethodNotFound, "Method not found: "+in.Method))
+		return
+	}
+	if agent != "" {
+		// The agent is the path's: it goes in the params as agentId.
+		p := map[string]json.RawMessage{}
+		if len(params) > 0 {
+			if err := json.Unmarshal(params, &p); err != nil {
+				h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Invalid params: "+err.Error()))
+				return
+			}
+		}
+		id, _ := json.Marshal(agent)
+		p["agentId"] = id
+		params, _ = json.Marshal(p)
+	}
+	// Headers come as on /rpc, from the body's optional "meta"; the W3C
+	// trace context may also come in HTTP headers, as NEXUS3 clients
+	// know nothing of meta.
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: params, Headers: in.Headers,
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	if req.Headers.Traceparent == "" {
+		for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+			if v := hdr.Get(k); v != "" && len(v) <= 512 {
+				req.Headers.Set(k, v)
+			}
+		}
+	}
+	if k := hdr.Get("Idempotency-Key"); k != "" && len(k) <= 255 && req.Headers.IdempotencyKey == "" {
+		req.Headers.IdempotencyKey = k // as on /rpc
+	}
+	res, err := h.ingress(ctx, req)
+	if err != nil {
+		if agent != "" && envelope.CodeOf(err) == envelope.CodeAgentNotFound {
+			writeNexus3HTTPError(w, http.StatusNotFound, "Agent not found: "+agent)
+			return
+		}
+		h.nexus3Reply(w, ctx, "", c.ID, notify, nil, nexus3FromMesh(err))
+		return
+	}
+	result := res.Result
+	if in.Method == "create_agent" {
+		// NEXUS3 answers where to find the new agent.
+		var cr struct {
+			AgentID string `json:"agent_id"`
+		}
+		if err := json.Unmarshal(result, &cr); err != nil || cr.AgentID == "" {
+			h.nexus3Reply(w, ctx, "", c.ID, notify, nil, nexus3Err(envelope.CodeInternal, "create_agent: unexpected answer from chat.create_agent"))
+			return
+		}
+		result, _ = json.Marshal(map[string]string{"agent_id": cr.AgentID, "url": "/agent/" + url.PathEscape(cr.AgentID)})
+	}
+	h.nexus3Reply(w, ctx, "", c.ID, notify, result, nil)
+}
+
+// nexus3Reply writes a NEXUS3 JSON-RPC response (HTTP 200), or HTTP 204
+// for a notification. An error for an agent's request not run (parse
+// error, unknown method) is a 404 when the agent does not exist: NEXUS3
+// looks the agent up before it reads the request.
+func (h *Hub) nexus3Reply(w http.ResponseWriter, ctx context.Context, agent string, id json.RawMessage, notify bool, result json.RawMessage, e *nexus3Error) {
+	if e != nil && agent != "" && !h.nexus3AgentExists(ctx, agent) {
+		writeNexus3HTTPError(w, http.StatusNotFound, "Agent not found: "+agent)
+		return
+	}
+	if notify {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	out := struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  json.RawMessage `json:"result,omitempty"`
+		Error   *nexus3Error    `json:"error,omitempty"`
+	}{"2.0", id, result, e}
+	if e == nil && len(result) == 0 {
+		out.Result = json.RawMessage("null")
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		writeNexus3HTTPError(w, http.StatusInternalServerError, "cannot encode the response")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// nexus3AgentExists asks the chat agent whether it knows agent (a
+// get_context call through the ingress). Only requests that fail before
+// reaching the chat agent pay for it; an unreachable chat agent counts as
+// existing, so that the request's own error is answered.
+func (h *Hub) nexus3AgentExists(ctx context.Context, agent string) bool {
+	p, _ := json.Marshal(map[string]string{"agentId": agent})
+	_, err := h.ingress(ctx, &envelope.Request{ID: envelope.NewID(), Method: "chat.get_context", Params: p,
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
+	return envelope.CodeOf(err) != envelope.CodeAgentNotFound
+}
+
+// serveNexus3RPC answers a NEXUS3 global call that came on /rpc.
+func (h *Hub) serveNexus3RPC(w http.ResponseWriter, ctx context.Context, c *RPCCall, hdr http.Header) {
+	h.serveNexus3Call(w, ctx, "", c, hdr)
+}

@@ -1,0 +1,364 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// The OpenAI surface: the chat-completions API of OpenAI, so that any
+// OpenAI client (SDKs, curl, the chat runtime's own openai provider) can
+// talk to the mesh's chat agents.
+//
+//	GET  /v1/models                 the models that can be addressed
+//	GET  /v1/models/{model}         one of them
+//	POST /v1/chat/completions       stream false: one chat.completion
+//	                                stream true:  chat.completion.chunk events (SSE), then [DONE]
+//
+// Models. "agentmesh-chat" is a conversation of its own per request: the
+// surface creates a transient chat agent (chat.create, its system prompt
+// the request's system and developer messages, followed by a transcript
+// of the earlier turns when the request carries some), sends it the last
+// user message (chat.send) and destroys it (chat.destroy). "chat/ID"
+// addresses the existing chat agent ID (one per row of chat.list): the
+// last user message is sent to it, and its own history and system prompt
+// stand for the rest of the request's messages. /v1/models lists
+// "agentmesh-chat" and a "chat/ID" per agent; it is empty when no chat
+// agent runs.
+//
+// It is a dialect at the edge, like NEXUS3's and MCP's: every step is a
+// call of the chat agent's methods through the hub's ingress, so the
+// caller is authenticated (Authorization: Bearer, as on /rpc) and
+// authorised per method, and each step is traced (the W3C traceparent of
+// the HTTP request) and counted as the native call of that method.
+//
+// Streaming follows the agent's events (Hub.FollowChat, chat.events long
+// polls) while chat.send runs: each message_update becomes a delta of its
+// text (content) and of its thinking (reasoning_content, as vLLM and
+// DeepSeek stream it); a turn that calls tools streams each assistant
+// message of the turn, separated by a blank line, whereas the non-streamed
+// answer is the turn's last message (what chat.send answers). A client
+// that goes away cancels the turn (chat.cancel with the send's request
+// id) and the surface waits for the send to end before it returns.
+// Chat events carry the request_id of the send whose turn emitted them,
+// so a stream to a chat/ID agent that other clients use relays only its
+// own turn.
+// Usage figures are estimates (about 4 bytes a token, the chat runtime's
+// estimate) of the text the request carried and the answer: the provider's
+// own counts do not travel through chat.send.
+
+// OpenAIModel is the model name of a transient conversation per request.
+const OpenAIModel = "agentmesh-chat"
+
+// openAIAgentPrefix prefixes the model name of an existing chat agent.
+const openAIAgentPrefix = "chat/"
+
+// openAIStepTimeout bounds the surface's bookkeeping calls (create,
+// destroy, cancel) made outside the caller's context.
+const openAIStepTimeout = 5 * time.Second
+
+// openAIEpoch is the created time of the agentmesh-chat model: when the
+// process started.
+var openAIEpoch = time.Now().Unix()
+
+// openAIKeepAlive is how often a stream with nothing to say sends an SSE
+// comment, so that clients with an idle timeout keep waiting.
+const openAIKeepAlive = 15 * time.Second
+
+// openAIRoutes mounts the OpenAI surface on mux.
+func (h *Hub) openAIRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/models", h.serveOpenAIModels)
+	mux.HandleFunc("GET /v1/models/{model...}", h.serveOpenAIModels)
+	mux.HandleFunc("POST /v1/chat/completions", h.serveOpenAICompletions)
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		// Any other path or method, as OpenAI answers it.
+		e := envelope.Errorf(envelope.CodeInvalidRequest, "Invalid URL (%s %s)", r.Method, r.URL.Path)
+		_, oe := openAIErrorOf(e)
+		oe.Code = "unknown_url"
+		writeOpenAIErrorStatus(w, e, http.StatusNotFound, oe)
+	})
+}
+
+// OpenAIRequest is the part of a chat-completions request the surface
+// reads. Fields it does not know (temperature, max_tokens, user…) are
+// ignored: the chat agent's provider settings apply.
+type OpenAIRequest struct {
+	Model         string          `json:"model"`
+	Messages      []OpenAIMessage `json:"messages"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N     *int            `json:"n"`
+	Tools json.RawMessage `json:"tools"`
+}
+
+// OpenAIMessage is one message of a request; Text is its content's text
+// (a string, or the text parts of an array), filled by DecodeOpenAIRequest.
+type OpenAIMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Text    string          `json:"-"`
+}
+
+// DecodeOpenAIRequest decodes and checks a chat-completions request body:
+// a model, at least one message, the last one the user's, only text
+// content, n 1 at most, no tools (the chat agent runs its own). Errors are
+// INVALID_REQUEST (not a JSON object) or INVALID_PARAMS.
+func DecodeOpenAIRequest(data []byte) (*OpenAIRequest, *envelope.Error) {
+	var req OpenAIRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "field %s: a JSON %s is not valid there", ute.Field, ute.Value)
+		}
+		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "the body is not a JSON object: %v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	switch {
+	case req.Model == "":
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "you must provide a model parameter")
+	case len(req.Messages) == 0:
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "messages must hold at least one message")
+	case req.N != nil && *req.N != 1:
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "n must be 1: a chat agent gives one answer")
+	}
+	if t := strings.TrimSpace(string(req.Tools)); t != "" && t != "null" && t != "[]" {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "tools are not supported: the chat agent runs its own tools")
+	}
+	for i := range req.Messages {
+		m := &req.Messages[i]
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].role: %q is not one of system, developer, user, assistant, tool", i, m.Role)
+		}
+		text, err := openAIText(m.Content)
+		if err != nil {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].content: %s", i, err.Message)
+		}
+		m.Text = text
+	}
+	if last := req.Messages[len(req.Messages)-1]; last.Role != "user" {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "the last message must be the user's, not %q", last.Role)
+	}
+	return &req, nil
+}
+
+// openAIText is the text of a message's content: a string, null, or an
+// array of {type:"text", text} parts.
+func openAIText(raw json.RawMessage) (string, *envelope.Error) {
+	c := strings.TrimSpace(string(raw))
+	switch {
+	case c == "" || c == "null":
+		return "", nil
+	case c[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", envelope.NewError(envelope.CodeInvalidParams, "not a string")
+		}
+		return s, nil
+	case c[0] == '[':
+		var parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", envelope.NewError(envelope.CodeInvalidParams, "not an array of content parts")
+		}
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type != "text" || p.Text == nil {
+				return "", envelope.Errorf(envelope.CodeInvalidParams, "content part of type %q: only text is supported", p.Type)
+			}
+			b.WriteString(*p.Text)
+		}
+		return b.String(), nil
+	}
+	return "", envelope.NewError(envelope.CodeInvalidParams, "want a string or an array of content parts")
+}
+
+// openAIError is OpenAI's error object.
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// openAIErrorOf maps a mesh error to its HTTP status and OpenAI's error
+// object: the status of the code table (AGENT_NOT_FOUND and
+// METHOD_NOT_FOUND, i.e. no such agent or no chat agent at all, are an
+// unknown model), the type OpenAI uses for that status, and the mesh code
+// in lower case as code.
+func openAIErrorOf(e *envelope.Error) (int, openAIError) {
+	status := e.Code.HTTPStatus()
+	code := strings.ToLower(e.Code.String())
+	typ := "server_error"
+	switch e.Code {
+	case envelope.CodeAgentNotFound, envelope.CodeMethodNotFound:
+		status, typ, code = http.StatusNotFound, "invalid_request_error", "model_not_found"
+	case envelope.CodeUnauthenticated:
+		typ = "authentication_error"
+	case envelope.CodePermissionDenied:
+		typ = "permission_error"
+	case envelope.CodeOverloaded:
+		status, typ = http.StatusTooManyRequests, "rate_limit_error"
+	default:
+		if status >= 400 && status < 500 {
+			typ = "invalid_request_error"
+		}
+	}
+	msg := e.Message
+	if msg == "" {
+		msg = e.Code.String()
+	}
+	return status, openAIError{Message: msg, Type: typ, Code: code}
+}
+
+// writeOpenAIError answers e as OpenAI does: its status, {"error": {...}},
+// Retry-After on 429 and 503 when the mesh said when to come back (at
+// least 1 s on a 429), WWW-Authenticate on 401.
+func writeOpenAIError(w http.ResponseWriter, e *envelope.Error) {
+	status, oe := openAIErrorOf(e)
+	writeOpenAIErrorStatus(w, e, status, oe)
+}
+
+func writeOpenAIErrorStatus(w http.ResponseWriter, e *envelope.Error, status int, oe openAIError) {
+	ra := e.RetryAfter()
+	if status == http.StatusTooManyRequests || (status == http.StatusServiceUnavailable && ra > 0) {
+		secs := int64((ra + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	}
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="agentmesh"`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(struct {
+		Error openAIError `json:"error"`
+	}{oe})
+	_, _ = w.Write(b)
+}
+
+// openAIAuth authenticates a request as authRequest does, answering a
+// refusal in OpenAI's shape.
+func (h *Hub) openAIAuth(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	who, aerr := h.guard.authenticate(r)
+	if aerr != nil {
+		h.metrics().Refused(refusal(aerr))
+		writeOpenAIError(w, aerr)
+		return nil, false
+	}
+	ctx := r.Context()
+	if who != nil {
+		ctx = context.WithValue(ctx, principalKey{}, who)
+	}
+	return ctx, true
+}
+
+// openAICall is one step of the surface: a call of a chat method through
+// the ingress, carrying the HTTP request's W3C trace context.
+type openAICall struct {
+	h     *Hub
+	trace envelope.Headers
+}
+
+func (h *Hub) newOpenAICall(r *http.Request) *openAICall {
+	c := &openAICall{h: h}
+	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+		if v := r.Header.Get(k); v != "" && len(v) <= 512 {
+			c.trace.Set(k, v)
+		}
+	}
+	return c
+}
+
+func (c *openAICall) call(ctx context.Context, method string, params any, out any) error {
+	p, err := json.Marshal(params)
+	if err != nil {
+		return envelope.WrapError(envelope.CodeInternal, "cannot encode the params", err)
+	}
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: p, Headers: c.trace,
+		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
+	res, err := c.h.ingress(ctx, req)
+	if err != nil {
+		return err
+	}
+	if out != nil {
+		if err := json.Unmarshal(res.Result, out); err != nil {
+			return envelope.Errorf(envelope.CodeInternal, "%s: unexpected answer: %v", method, err)
+		}
+	}
+	return nil
+}
+
+type openAIModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// openAIModels lists the models (chat.list through the ingress): none
+// when no chat agent runs.
+func (h *Hub) openAIModels(ctx context.Context, c *openAICall) ([]openAIModel, error) {
+	var list struct {
+		Agents []struct {
+			AgentID   string `json:"agent_id"`
+			CreatedAt string `json:"created_at"`
+		} `json:"agents"`
+	}
+	if err := c.call(ctx, "chat.list", struct{}{}, &list); err != nil {
+		if envelope.CodeOf(err) == envelope.CodeMethodNotFound {
+			return []openAIModel{}, nil
+		}
+		return nil, err
+	}
+	out := []openAIModel{{ID: OpenAIModel, Object: "model", Created: openAIEpoch, OwnedBy: "agentmesh"}}
+	for _, a := range list.Agents {
+		created := openAIEpoch
+		if t, err := time.Parse(time.RFC3339Nano, a.CreatedAt); err == nil {
+			created = t.Unix()
+		}
+		out = append(out, openAIModel{ID: openAIAgentPrefix + a.AgentID, Object: "model", Created: created, OwnedBy: "agentmesh"})
+	}
+	return out, nil
+}
+
+// serveOpenAIModels is GET /v1/models and GET /v1/models/{model}.
+func (h *Hub) serveOpenAIModels(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := h.openAIAuth(w, r)
+	if !ok {
+		return
+	}
+	models, err := h.openAIModels(ctx, h.newOpenAICall(r))
+	if err != nil {
+		writeOpenAIError(w, envelope.AsError(err))
+		return
+	}
+	var out any = struct {
+		Object string        `json:"object"`
+		Data   []openAIModel `json:"data"`
+	}{"list", models}
+	if want := r.PathValue("model"); want != "" {
+		out = nil
+		for _, m := range models {
+			if m.ID == want {
+				out = m
+			}
+		}
+		if out == nil {
+			writeOpenAIError(w, envelope.Errorf(envelope.CodeAgentNotFound, "The model '%s' does not exist", want))
+			return
+		}
+	}
+	b, _ := json.Marshal(out)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,269 @@
+package hub
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/registry"
+)
+
+func mustSchema[T any]() json.RawMessage {
+	s, err := control.SchemaFor[T]()
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// encodeSchemas checks an agent's declared schemas and encodes them for
+// its registration (nil when there are none).
+func encodeSchemas(caps []string, schemas map[string]control.MethodSchema) (json.RawMessage, error) {
+	if len(schemas) == 0 {
+		return nil, nil
+	}
+	for m, s := range schemas {
+		served := false
+		for _, c := range caps {
+			served = served || registry.Match(c, m)
+		}
+		if strings.Contains(m, "*") || !served {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %q is not a method this agent serves", m)
+		}
+		for what, raw := range map[string]json.RawMessage{"params": s.Params, "result": s.Result} {
+			if len(raw) == 0 {
+				continue
+			}
+			v := bytes.TrimSpace(raw)
+			if !(len(v) > 0 && v[0] == '{') && string(v) != "true" && string(v) != "false" {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %s must be a JSON Schema (an object or a boolean)", m, what)
+			}
+		}
+		for _, e := range s.Errors {
+			if _, ok := envelope.ParseCode(e); !ok || e == "OK" {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %q is not an error code of the mesh", m, e)
+			}
+		}
+		for _, r := range s.Roles {
+			if r == "" || len(r) > 64 {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: roles are 1 to 64 bytes", m)
+			}
+		}
+	}
+	raw, err := json.Marshal(schemas)
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInvalidParams, "agent.register: schemas cannot be encoded", err)
+	}
+	if len(raw) > control.MaxSchemaBytes {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas take %d bytes; at most %d", len(raw), control.MaxSchemaBytes)
+	}
+	return raw, nil
+}
+
+// builtinSchemas describe the hub's own methods.
+var builtinSchemas = func() map[string]control.MethodSchema {
+	none := json.RawMessage(`{"type":"object","additionalProperties":false}`)
+	link := []string{"INVALID_PARAMS", "INVALID_REQUEST", "AGENT_NOT_FOUND", "UNAVAILABLE"}
+	return map[string]control.MethodSchema{
+		"agent.register": {Description: "Register this WebSocket link as an agent instance serving methods",
+			Params: mustSchema[control.RegisterParams](), Result: mustSchema[control.RegisterResult](),
+			Errors: append(link, "PERMISSION_DENIED")},
+		"agent.heartbeat": {Description: "Report that the agent is alive, with its state and load",
+			Params: mustSchema[control.HeartbeatParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"}}}`),
+			Errors: link},
+		"agent.deregister": {Description: "Deregister the agent before it leaves",
+			Params: mustSchema[control.DeregisterParams](), Result: json.RawMessage(`{"type":"object","properties":{"acknowledged":{"type":"boolean"},"gracePeriod":{"type":"number"}}}`),
+			Errors: link},
+		"mesh.ping": {Description: "Liveness of the hub", Idempotent: true,
+			Result: json.RawMessage(`{"type":"object","properties":{"pong":{"type":"boolean"},"hub":{"type":"string"},"time":{"type":"integer"}}}`)},
+		"mesh.agents":   {Description: "List the registered agent instances", Params: none, Result: mustSchema[[]control.AgentInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.methods":  {Description: "List the methods served by agents, with their instances", Params: none, Result: mustSchema[[]control.MethodInfo](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.breakers": {Description: "List the circuit breakers per (method, instance)", Params: none, Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"mesh.schema":   {Description: "Protocol discovery: every method with its schemas, error codes and roles, and every error code", Params: none, Result: mustSchema[control.SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"schema":        {Description: "Protocol discovery (the agentick name of mesh.schema)", Params: none, Result: mustSchema[control.SchemaPayload](), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+		"rpc.discover":  {Description: "The mesh's methods as an OpenRPC 1.3 document", Params: none, Result: json.RawMessage(`{"type":"object","required":["openrpc","info","methods"]}`), Errors: []string{"INVALID_PARAMS"}, Idempotent: true},
+	}
+}()
+
+// chatStreamEvents are the stream events of chat agents (chat.events, and
+// Multica's "stream" messages: StreamPayload {streamId, agentId, event}),
+// as the Multica streaming seed names them, with their categories.
+var chatStreamEvents = []control.SchemaEvent{
+	{Type: "message_start", Category: "model"},
+	{Type: "message_update", Category: "model"},
+	{Type: "message_end", Category: "model"},
+	{Type: "tool_execution_start", Category: "orchestration"},
+	{Type: "tool_execution_end", Category: "orchestration"},
+	{Type: "compaction_start", Category: "orchestration"},
+	{Type: "compaction_end", Category: "orchestration"},
+}
+
+// agentErrors are the codes any routed call may end with, whatever the
+// agent declared.
+var agentErrors = []string{"METHOD_NOT_FOUND", "UNAVAILABLE", "TIMEOUT", "CIRCUIT_OPEN", "OVERLOADED", "CANCELLED", "RPC_ERROR"}
+
+// Schema returns the mesh's contract as it stands now: the built-ins and
+// every method an agent serves (the first instance, by id, that declared
+// a schema for it wins).
+func (h *Hub) Schema() control.SchemaPayload {
+	out := control.SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]control.SchemaMethod{}, Events: slices.Clone(chatStreamEvents), Errors: envelope.CodeTable()}
+	for m := range h.builtins {
+		s := builtinSchemas[m]
+		out.Methods[m] = control.SchemaMethod{Description: s.Description, Builtin: true, Params: s.Params, Response: s.Result,
+			Errors: s.Errors, Roles: h.rolesOf(m, nil), Idempotent: s.Idempotent}
+	}
+	for _, in := range h.reg.Snapshot().Instances() {
+		var decl map[string]control.MethodSchema
+		if len(in.Schemas) > 0 {
+			_ = json.Unmarshal(in.Schemas, &decl)
+		}
+		add := func(m string, s control.MethodSchema, declared bool) {
+			cur, seen := out.Methods[m]
+			if seen && (cur.Builtin || cur.Params != nil || cur.Response != nil || !declared) {
+				if !slices.Contains(cur.Agents, in.Name) {
+					cur.Agents = append(cur.Agents, in.Name)
+					out.Methods[m] = cur
+				}
+				return
+			}
+			errs := slices.Clone(s.Errors)
+			for _, e := range agentErrors {
+				if !slices.Contains(errs, e) {
+					errs = append(errs, e)
+				}
+			}
+			ms := control.SchemaMethod{Description: s.Description, Params: s.Params, Response: s.Result, Errors: errs,
+				Roles: h.rolesOf(m, s.Roles), Idempotent: s.Idempotent || h.policies.For(m).Idempotent,
+				Pattern: strings.HasSuffix(m, "*"), Agents: []string{in.Name}}
+			if seen {
+				ms.Agents = append(cur.Agents, in.Name)
+				slices.Sort(ms.Agents)
+				ms.Agents = slices.Compact(ms.Agents)
+			}
+			out.Methods[m] = ms
+		}
+		for m, s := range decl {
+			add(m, s, true)
+		}
+		for _, c := range in.Capabilities {
+			if _, ok := decl[c]; !ok {
+				add(c, control.MethodSchema{}, false)
+			}
+		}
+	}
+	return out
+}
+
+// rolesOf returns the roles a call to m needs: the hub's when it
+// authenticates, else those declared.
+func (h *Hub) rolesOf(m string, declared []string) []string {
+	if !h.guard.on() {
+		return declared
+	}
+	if adminMethods[m] {
+		return []string{auth.RoleAdmin}
+	}
+	if r, ok := h.guard.roles.lookup(m); ok {
+		return r
+	}
+	return nil
+}
+
+func (h *Hub) meshSchema(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
+	if err := decodeParams("schema", raw, &struct{}{}); err != nil {
+		return nil, err
+	}
+	return h.Schema(), nil
+}
+
+// OpenRPC document (https://spec.open-rpc.org, 1.3).
+type openRPC struct {
+	OpenRPC string          `json:"openrpc"`
+	Info    openRPCInfo     `json:"info"`
+	Methods []openRPCMethod `json:"methods"`
+}
+
+type openRPCInfo struct {
+	Title       string `json:"title"`
+	Description string `json:"description,omitempty"`
+	Version     string `json:"version"`
+}
+
+type openRPCMethod struct {
+	Name           string              `json:"name"`
+	Description    string              `json:"description,omitempty"`
+	ParamStructure string              `json:"paramStructure,omitempty"`
+	Params         []openRPCDescriptor `json:"params"`
+	Result         *openRPCDescriptor  `json:"result,omitempty"`
+	Errors         []openRPCError      `json:"errors,omitempty"`
+}
+
+type openRPCDescriptor struct {
+	Name     string          `json:"name"`
+	Required bool            `json:"required,omitempty"`
+	Schema   json.RawMessage `json:"schema"`
+}
+
+type openRPCError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
+	if err := decodeParams("rpc.discover", raw, &struct{}{}); err != nil {
+		return nil, err
+	}
+	s := h.Schema()
+	doc := openRPC{OpenRPC: "1.3.2", Info: openRPCInfo{Title: "agentmesh", Version: envelope.Version,
+		Description: "The methods of an agentmesh hub: its built-ins and those of the agents registered now"}, Methods: []openRPCMethod{}}
+	names := make([]string, 0, len(s.Methods))
+	for m, ms := range s.Methods {
+		if !ms.Pattern {
+			names = append(names, m)
+		}
+	}
+	sort.Strings(names)
+	for _, m := range names {
+		ms := s.Methods[m]
+		om := openRPCMethod{Name: m, Description: ms.Description, ParamStructure: "by-name", Params: paramDescriptors(ms.Params)}
+		res := ms.Response
+		if res == nil {
+			res = json.RawMessage(`{}`)
+		}
+		om.Result = &openRPCDescriptor{Name: "result", Schema: res}
+		for _, e := range ms.Errors {
+			if c, ok := envelope.ParseCode(e); ok {
+				om.Errors = append(om.Errors, openRPCError{Code: c.JSONRPC(), Message: e})
+			}
+		}
+		doc.Methods = append(doc.Methods, om)
+	}
+	return doc, nil
+}
+
+// paramDescriptors turns an object schema into OpenRPC by-name params,
+// one per property; a schema without properties (or with definitions its
+// properties refer to) becomes an empty list.
+func paramDescriptors(schema json.RawMessage) []openRPCDescriptor {
+	out := []openRPCDescriptor{}
+	var s struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+		Required   []string                   `json:"required"`
+		Defs       json.RawMessage            `json:"$defs"`
+	}
+	if len(schema) == 0 || json.Unmarshal(schema, &s) != nil || s.Defs != nil {
+		return out
+	}
+	for name, ps := range s.Properties {
+		out = append(out, openRPCDescriptor{Name: name, Required: slices.Contains(s.Required, name), Schema: ps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,9 +1,0 @@
-package mesh
-
-import "time"
-
-// WithIdempotencyClock sets the clock of the hub's idempotency window, so
-// that a test can replay a key minutes later without waiting for them.
-func WithIdempotencyClock(now func() time.Time) HubOption {
-	return func(h *Hub) { h.idem.now = now }
-}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // ---- calls into the mesh ----
@@ -363,7 +364,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	gw.mu.Lock()
 	s.running = id
 	gw.mu.Unlock()
-	t0, _ := gw.h.ChatTail(ctx, name)
+	t0, _ := surface.ChatTail(ctx, gw.h, name)
 	gw.emit(name, "execution_start", map[string]any{"messageId": id}, t0)
 	var out struct {
 		Content string `json:"content"`
@@ -373,7 +374,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	s.running = ""
 	gw.activity[name] = time.Now()
 	gw.mu.Unlock()
-	t1, terr := gw.h.ChatTail(ctx, name)
+	t1, terr := surface.ChatTail(ctx, gw.h, name)
 	if terr != nil {
 		t1 = 0
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // ---- subscriptions ----
@@ -72,7 +74,7 @@ func (s *agSub) end() {
 }
 
 // onChat translates one chat event into agentick events.
-func (s *agSub) onChat(e ChatEvent) bool {
+func (s *agSub) onChat(e surface.ChatEvent) bool {
 	var ev struct {
 		Type    string `json:"type"`
 		Message *struct {
@@ -169,7 +171,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 	if ok {
 		return nil
 	}
-	tail, err := gw.h.ChatTail(c.ctx, session)
+	tail, err := surface.ChatTail(c.ctx, gw.h, session)
 	if err != nil {
 		return agentickFromMesh(err, false)
 	}
@@ -189,7 +191,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 	gw.mu.Unlock()
 	go func() {
 		defer c.wg.Done()
-		_, _ = gw.h.FollowChat(ctx, session, tail, s.onChat)
+		_, _ = surface.FollowChat(ctx, gw.h, session, tail, s.onChat)
 		s.end()
 		cancel()
 		gw.mu.Lock()

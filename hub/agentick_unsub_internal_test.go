@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // TestAgentickUnsubscribeStopsDelivery: once unsubscribe returns, the
@@ -34,8 +36,8 @@ func TestAgentickUnsubscribeStopsDelivery(t *testing.T) {
 	s := &agSub{c: c, session: "s", cancel: scancel, text: map[string]string{}}
 	c.subs["s"] = s
 	gw.session("s").subs[s] = struct{}{}
-	chatEv := func(seq uint64) ChatEvent {
-		return ChatEvent{Seq: seq, StreamID: "x", AgentID: "s", Event: json.RawMessage(`{"type":"message_start"}`)}
+	chatEv := func(seq uint64) surface.ChatEvent {
+		return surface.ChatEvent{Seq: seq, StreamID: "x", AgentID: "s", Event: json.RawMessage(`{"type":"message_start"}`)}
 	}
 	delivered := func() []string {
 		mu.Lock()

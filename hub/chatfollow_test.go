@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // TestFollowChat follows a chat agent's events through the hub while a
@@ -30,7 +31,7 @@ func TestFollowChat(t *testing.T) {
 		}
 	}
 	send("first turn") // its events are before the tail
-	tail, err := hb.ChatTail(ctx, "f1")
+	tail, err := surface.ChatTail(ctx, hb, "f1")
 	if err != nil || tail == 0 {
 		t.Fatalf("ChatTail = %d, %v; want the seq of the first turn's last event", tail, err)
 	}
@@ -43,7 +44,7 @@ func TestFollowChat(t *testing.T) {
 	done := make(chan error, 1)
 	fctx, stop := context.WithCancel(ctx)
 	go func() {
-		_, err := hb.FollowChat(fctx, "f1", tail, func(e hub.ChatEvent) bool {
+		_, err := surface.FollowChat(fctx, hb, "f1", tail, func(e surface.ChatEvent) bool {
 			var ev struct {
 				Type string `json:"type"`
 			}
@@ -72,7 +73,7 @@ func TestFollowChat(t *testing.T) {
 		}
 	}
 	// A follower of an unknown agent gets the coded error.
-	if _, err := hb.FollowChat(ctx, "nope", 0, func(hub.ChatEvent) bool { return true }); err == nil {
+	if _, err := surface.FollowChat(ctx, hb, "nope", 0, func(surface.ChatEvent) bool { return true }); err == nil {
 		t.Fatal("FollowChat of an unknown agent: no error")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // TestHopsHeaderDoesNotEscapeLimits: with authentication on, a client
@@ -72,7 +73,7 @@ func TestFollowChatOutlastsRateLimit(t *testing.T) {
 	ends := make(chan struct{}, 8)
 	done := make(chan error, 1)
 	go func() {
-		_, err := m.Hub.FollowChat(ctx, "f1", 0, func(e hub.ChatEvent) bool {
+		_, err := surface.FollowChat(ctx, m.Hub, "f1", 0, func(e surface.ChatEvent) bool {
 			if strings.Contains(string(e.Event), `"type":"message_end"`) {
 				ends <- struct{}{}
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // The Multica surface (seeds multica-hub-rpc and multica-client-streaming):
@@ -501,7 +502,7 @@ func chatSendAgent(req *envelope.Request) (string, bool) {
 // "stream" message, before it returns. The follower goroutine ends with
 // the turn, or with the device's connection.
 func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Response, error) {
-	tail, err := d.h.ChatTail(d.ctx, agent)
+	tail, err := surface.ChatTail(d.ctx, d.h, agent)
 	if envelope.CodeOf(err) == envelope.CodeAgentNotFound {
 		// No agent, no events to follow: the call itself answers, so that
 		// it is chat.send's answer, traced and counted under chat.send as
@@ -514,7 +515,7 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	// Only this turn's events go to the device: another caller's turn on
 	// the same agent (before or after this one) is not this request's
 	// stream, and a turn that follows at once must not be relayed twice.
-	rid := withRequestID(req)
+	rid := surface.WithRequestID(req)
 	fctx, stop := context.WithCancel(d.ctx)
 	defer stop()
 	var mu sync.Mutex
@@ -522,7 +523,7 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
-		_, _ = d.h.FollowChat(fctx, agent, tail, func(e ChatEvent) bool {
+		_, _ = surface.FollowChat(fctx, d.h, agent, tail, func(e surface.ChatEvent) bool {
 			sent := true
 			if rid == "" || e.RequestID == rid {
 				p, _ := json.Marshal(struct {
@@ -542,7 +543,7 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	res, err := d.h.ingress(d.ctx, req)
 	// Every event of the turn is in the agent's log before its answer:
 	// the follower stops once it has passed the log's end as it is now.
-	end, terr := d.h.ChatTail(d.ctx, agent)
+	end, terr := surface.ChatTail(d.ctx, d.h, agent)
 	mu.Lock()
 	if terr != nil || last >= end {
 		stop()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // openAITurn is one completion being served.
@@ -355,19 +356,19 @@ func (s *sseWriter) chunk(delta map[string]string, finish string, usage *openAIU
 // where they stand, runs chat.send, and turns message updates into deltas.
 func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 	sw := &sseWriter{w: w, rc: http.NewResponseController(w), id: "chatcmpl-" + envelope.NewID(), model: t.req.Model, created: time.Now().Unix()}
-	tail, err := t.c.h.ChatTail(ctx, t.agentID)
+	tail, err := surface.ChatTail(ctx, t.c.h, t.agentID)
 	if err != nil {
 		writeOpenAIError(w, envelope.AsError(err))
 		return
 	}
 	rid := newOpenAIRequestID()
 	fctx, stopFollow := context.WithCancel(ctx)
-	events := make(chan ChatEvent, 64)
+	events := make(chan surface.ChatEvent, 64)
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
 		defer close(events)
-		_, _ = t.c.h.FollowChat(fctx, t.agentID, tail, func(e ChatEvent) bool {
+		_, _ = surface.FollowChat(fctx, t.c.h, t.agentID, tail, func(e surface.ChatEvent) bool {
 			if e.RequestID != rid {
 				return true // another caller's turn on this agent
 			}
@@ -399,7 +400,7 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 	)
 	keep := time.NewTicker(openAIKeepAlive)
 	defer keep.Stop()
-	delta := func(e ChatEvent) {
+	delta := func(e surface.ChatEvent) {
 		var ev openAIEvent
 		if json.Unmarshal(e.Event, &ev) != nil || ev.Message == nil {
 			return

@@ -1,4 +1,4 @@
-package hub
+package surface
 
 import (
 	"context"
@@ -21,11 +21,11 @@ type ChatEvent struct {
 	RequestID string `json:"request_id,omitempty"`
 }
 
-// withRequestID returns req's chat.send request_id, giving req one first
+// WithRequestID returns req's chat.send request_id, giving req one first
 // when it has none, so that a surface can tell its own turn's events from
 // those of other callers of the same agent. Params that are not an object
 // are left as they are (the chat agent answers INVALID_PARAMS).
-func withRequestID(req *envelope.Request) string {
+func WithRequestID(req *envelope.Request) string {
 	var p map[string]json.RawMessage
 	if json.Unmarshal(req.Params, &p) != nil || p == nil {
 		return ""
@@ -40,7 +40,7 @@ func withRequestID(req *envelope.Request) string {
 		}
 	}
 	id = envelope.NewID()
-	p["request_id"] = mustQuote(id)
+	p["request_id"] = quote(id)
 	if b, err := json.Marshal(p); err == nil {
 		req.Params = b
 		return id
@@ -61,15 +61,15 @@ const chatPollWait = 10 * time.Second
 
 // ChatTail returns the seq of the last event agentID has emitted, so that
 // a follower started with it sees only what comes next.
-func (h *Hub) ChatTail(ctx context.Context, agentID string) (uint64, error) {
-	p, err := h.chatEvents(ctx, agentID, 0, true, 0)
+func ChatTail(ctx context.Context, h Invoker, agentID string) (uint64, error) {
+	p, err := chatEvents(ctx, h, agentID, 0, true, 0)
 	if err != nil {
 		return 0, err
 	}
 	return p.NextSeq, nil
 }
 
-func (h *Hub) chatEvents(ctx context.Context, agentID string, after uint64, tail bool, wait time.Duration) (*chatEventsPage, error) {
+func chatEvents(ctx context.Context, h Invoker, agentID string, after uint64, tail bool, wait time.Duration) (*chatEventsPage, error) {
 	params, _ := json.Marshal(struct {
 		AgentID  string `json:"agentId"`
 		AfterSeq uint64 `json:"after_seq"`
@@ -78,7 +78,7 @@ func (h *Hub) chatEvents(ctx context.Context, agentID string, after uint64, tail
 	}{agentID, after, wait.Milliseconds(), tail})
 	cctx, cancel := context.WithTimeout(ctx, wait+5*time.Second)
 	defer cancel()
-	res, err := h.ingress(cctx, &envelope.Request{Method: "chat.events", Params: params,
+	res, err := h.Invoke(cctx, &envelope.Request{Method: "chat.events", Params: params,
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
 	if err != nil {
 		return nil, err
@@ -91,14 +91,14 @@ func (h *Hub) chatEvents(ctx context.Context, agentID string, after uint64, tail
 }
 
 // FollowChat calls fn with every event agentID emits after seq after, in
-// order, by long polls of chat.events through the hub's own dispatch
+// order, by long polls of chat.events through h (the hub's ingress)
 // (so the caller's principal in ctx is checked as for any call). It
 // returns when ctx ends (nil), when fn returns false (nil), when the
 // agent is closed (nil), or on an error of chat.events. Events the agent's
 // ring dropped before they were read are skipped; dropped counts them.
-func (h *Hub) FollowChat(ctx context.Context, agentID string, after uint64, fn func(ChatEvent) bool) (dropped uint64, err error) {
+func FollowChat(ctx context.Context, h Invoker, agentID string, after uint64, fn func(ChatEvent) bool) (dropped uint64, err error) {
 	for ctx.Err() == nil {
-		p, err := h.chatEvents(ctx, agentID, after, false, chatPollWait)
+		p, err := chatEvents(ctx, h, agentID, after, false, chatPollWait)
 		if err != nil {
 			if ctx.Err() != nil {
 				return dropped, nil
@@ -134,4 +134,15 @@ func (h *Hub) FollowChat(ctx context.Context, agentID string, after uint64, fn f
 		}
 	}
 	return dropped, nil
+}
+
+// Invoker is the part of Host the chat relay needs.
+type Invoker interface {
+	Invoke(ctx context.Context, req *envelope.Request) (*envelope.Response, error)
+}
+
+// quote is s as a JSON string.
+func quote(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -27,7 +28,7 @@ func startAgentickWith(t *testing.T, cfg chat.Config, delay time.Duration) (*mes
 		cfg.DataDir = t.TempDir()
 	}
 	tools := chat.NewTools(chat.MeshCallTool(m.Client(t), 10*time.Second))
-	rt := chat.NewRuntime(cfg, &essayProvider{chat.Scripted{Delay: delay}}, tools)
+	rt := chat.NewRuntime(cfg, &testkit.EssayProvider{Scripted: chat.Scripted{Delay: delay}}, tools)
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	m.RunAgent(t, chat.NewService(rt))
 	return m, cfg.DataDir

@@ -23,6 +23,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -243,7 +244,7 @@ var seedBuiltins = []string{"send", "abort", "status", "history", "reset", "clos
 // TestAgentickSeedExamples replays the seed's frames literally over a real
 // WebSocket and compares the answers with those the seed shows, ids aside.
 func TestAgentickSeedExamples(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c, _, err := dialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -259,8 +260,8 @@ func TestAgentickSeedExamples(t *testing.T) {
 "apps": ["coding", "research"],
 "sessions": []
 }`), &seed)
-	if !reflect.DeepEqual(keys(got), keys(seed)) || got["type"] != "connected" || got["protocolVersion"] != "1.0" {
-		t.Fatalf("connected = %v; want the seed's fields %v", got, keys(seed))
+	if !reflect.DeepEqual(testkit.Keys(got), testkit.Keys(seed)) || got["type"] != "connected" || got["protocolVersion"] != "1.0" {
+		t.Fatalf("connected = %v; want the seed's fields %v", got, testkit.Keys(seed))
 	}
 	if id, _ := got["gatewayId"].(string); id == "" {
 		t.Errorf("gatewayId = %v", got["gatewayId"])
@@ -273,12 +274,12 @@ func TestAgentickSeedExamples(t *testing.T) {
 	// Schema discovery.
 	c.write(`{ "type": "req", "id": "req-1", "method": "schema", "params": {} }`)
 	res := c.res("req-1")
-	if !reflect.DeepEqual(keys(res), []string{"id", "ok", "payload", "type"}) || res["ok"] != true {
+	if !reflect.DeepEqual(testkit.Keys(res), []string{"id", "ok", "payload", "type"}) || res["ok"] != true {
 		t.Fatalf("schema res = %v; want {type, id, ok: true, payload}", res)
 	}
 	p := res["payload"].(map[string]any)
-	if !reflect.DeepEqual(keys(p), []string{"errors", "events", "methods", "protocolVersion"}) || p["protocolVersion"] != "1.0" {
-		t.Fatalf("schema payload keys %v", keys(p))
+	if !reflect.DeepEqual(testkit.Keys(p), []string{"errors", "events", "methods", "protocolVersion"}) || p["protocolVersion"] != "1.0" {
+		t.Fatalf("schema payload keys %v", testkit.Keys(p))
 	}
 	if !reflect.DeepEqual(p["errors"], seedErrors) {
 		t.Errorf("schema errors = %v; want the seed's %v", p["errors"], seedErrors)
@@ -326,10 +327,10 @@ func TestAgentickSeedExamples(t *testing.T) {
 	// The seed's error shape.
 	c.write(`{ "type": "req", "id": "req-1", "method": "history", "params": { "sessionId": "nope" } }`)
 	res = c.res("req-1")
-	if !reflect.DeepEqual(keys(res), []string{"error", "id", "ok", "type"}) || res["ok"] != false {
+	if !reflect.DeepEqual(testkit.Keys(res), []string{"error", "id", "ok", "type"}) || res["ok"] != false {
 		t.Fatalf("error res = %v; want {type, id, ok: false, error}", res)
 	}
-	if e := res["error"].(map[string]any); !reflect.DeepEqual(keys(e), []string{"code", "message"}) || e["code"] != "NOT_FOUND_RESOURCE" {
+	if e := res["error"].(map[string]any); !reflect.DeepEqual(testkit.Keys(e), []string{"code", "message"}) || e["code"] != "NOT_FOUND_RESOURCE" {
 		t.Errorf("error = %v; want {code: NOT_FOUND_RESOURCE, message}", e)
 	}
 	// "A send call might return NOT_FOUND_RESOURCE (bad session ID) or
@@ -376,7 +377,7 @@ func TestAgentickSeedExamples(t *testing.T) {
 // agent's, content deltas adding up to the message, and keep-alive
 // comments while idle; the stream ends with the client.
 func TestAgentickSSETurn(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	s, status := openSSE(t, m, "sse-1", "")
 	if status != 200 {
 		t.Fatalf("GET /events: HTTP %d", status)
@@ -496,7 +497,7 @@ func waitAgentickGone(t *testing.T) {
 
 // TestAgentickInvoke runs every built-in method over POST /invoke.
 func TestAgentickInvoke(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	ok := func(what, body string) map[string]any {
 		t.Helper()
 		st, r := invoke(t, m, "", body)
@@ -603,7 +604,7 @@ func TestAgentickInvoke(t *testing.T) {
 // TestAgentickErrorCodes drives every error code of the seed, over
 // /invoke and over the WebSocket.
 func TestAgentickErrorCodes(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	boom := agents.New("boom")
 	boom.Handle("boom.fail", func(ctx context.Context, p json.RawMessage) (any, error) {
 		return nil, errors.New("handler exploded")
@@ -720,10 +721,10 @@ func TestAgentickErrorCodes(t *testing.T) {
 // by the role table's entry for the agentick method, or for the mesh
 // method it maps onto.
 func TestAgentickAuth(t *testing.T) {
-	m := securedHub(t, hub.Security{Roles: map[string][]string{"chat.destroy": {"writer"}, "agentick.tool-catalog": {"tools"}}})
+	m := testkit.SecuredHub(t, hub.Security{Roles: map[string][]string{"chat.destroy": {"writer"}, "agentick.tool-catalog": {"tools"}}})
 	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
 	t.Cleanup(func() { rt.Close(context.Background()) })
-	m.RunAgent(t, chat.NewService(rt, agents.WithToken(token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
+	m.RunAgent(t, chat.NewService(rt, agents.WithToken(testkit.Token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
 	if st, _ := invoke(t, m, "", `{"method":"apps"}`); st != http.StatusUnauthorized {
 		t.Errorf("/invoke without a token: HTTP %d; want 401", st)
 	}
@@ -733,8 +734,8 @@ func TestAgentickAuth(t *testing.T) {
 	if _, res, err := dialAgentick(t, m, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("WebSocket without a token: %v %v; want 401", res, err)
 	}
-	reader := token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
-	writer := token(t, auth.Claims{Subject: "w", Roles: []string{"writer", "tools"}}, time.Hour)
+	reader := testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
+	writer := testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer", "tools"}}, time.Hour)
 	st, r := invoke(t, m, reader, `{"method":"send","params":{"sessionId":"a1","message":"hi"}}`)
 	if st != 200 || r["ok"] != true {
 		t.Fatalf("reader's send: %d %v", st, r)
@@ -802,7 +803,7 @@ func TestAgentickAuth(t *testing.T) {
 // with a turn running, and an SSE client, leave no goroutine of the
 // surface behind once they disconnect.
 func TestAgentickNoGoroutineLeft(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	// Everything running now (the hub, the chat agent) may stay; nothing
 	// the clients start may.
 	invoke(t, m, "", `{"method":"apps"}`) // the hub's agentick state (its drain watcher lives with the hub)
@@ -848,10 +849,10 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 func TestAgentickMetricsLikeNative(t *testing.T) {
 	var hb *hub.Hub
 	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return hb.KnownMethod(m) }))
-	m := startNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
+	m := testkit.StartNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
 	c := m.Client(t, mesh.WithoutReliability())
 	count := func(method, status string) uint64 {
-		return histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
+		return testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
 	}
 	for _, tc := range []struct {
 		name, method, status string
@@ -898,7 +899,7 @@ func TestAgentickTraceLikeNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-	m := startNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
+	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	const (
 		nativeTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 		agTrace     = "6bf92f3577b34da6a3ce929d0e0e4738"
@@ -916,7 +917,7 @@ func TestAgentickTraceLikeNative(t *testing.T) {
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	native, viaAg := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, agTrace, parent)
+	native, viaAg := testkit.SpanShapes(t, exp, nativeTrace, parent), testkit.SpanShapes(t, exp, agTrace, parent)
 	t.Logf("spans: native %v, agentick %v", native, viaAg)
 	if len(native) == 0 || !slices.Contains(native, "chat.list/server/Unset") || !slices.Equal(native, viaAg) {
 		t.Errorf("spans of the native call %v, of the agentick call %v; want the same, with the chat.list server span", native, viaAg)
@@ -926,7 +927,7 @@ func TestAgentickTraceLikeNative(t *testing.T) {
 // TestAgentickChannel: a channel message reaches the clients subscribed
 // to that session's channel, and only them.
 func TestAgentickChannel(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"room","message":"hi"}}`); st != 200 {
 		t.Fatalf("send: %d %v", st, r)
 	}
@@ -961,7 +962,7 @@ func TestAgentickChannel(t *testing.T) {
 // deltas adding up to the text, and the chat agent keeps its link: the
 // surface polls chat.events in pages small enough for the link's limit.
 func TestAgentickLongTurn(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c, _, err := dialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1000,7 +1001,7 @@ func TestAgentickLongTurn(t *testing.T) {
 // (long polls of chat.events in flight) drains promptly: the clients are
 // closed once the drain starts instead of holding it for a poll's 10 s.
 func TestAgentickDrain(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c, _, err := dialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1043,7 +1044,7 @@ func TestAgentickDrain(t *testing.T) {
 // bounded; past the bound a send is refused at once (INTERNAL_ERROR,
 // mesh code OVERLOADED, HTTP 429) and other sessions are served.
 func TestAgentickSendBound(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	accepted, refused := 0, 0
 	for range 20 {
 		st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"busy","message":"Write a long essay"}}`)
@@ -1077,7 +1078,7 @@ func TestAgentickSendBound(t *testing.T) {
 // same endpoint answers at /agentick/ws; a plain GET / is refused 405
 // and POST / is still NEXUS3's.
 func TestAgentickRoot(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	for _, url := range []string{"ws://" + m.Addr, "ws://" + m.Addr + "/", "ws://" + m.Addr + "/agentick/ws"} {
 		c, res, err := dialAgentickAt(t, url, nil)
 		if err != nil {

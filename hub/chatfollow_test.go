@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/surface"
 )
 
@@ -15,7 +16,7 @@ import (
 // with the streamId of the turn, and nothing from before the tail.
 func TestFollowChat(t *testing.T) {
 	var hb *hub.Hub
-	m := startNexus3(t, &hb)
+	m := testkit.StartNexus3(t, &hb)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	var created struct {

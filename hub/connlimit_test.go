@@ -12,6 +12,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -31,8 +32,8 @@ func TestRateLimitPerConnection(t *testing.T) {
 		return "ok", nil
 	})
 	m.RunAgent(t, echo)
-	flood := mustClient(t, m.WS, mesh.WithoutReliability())
-	calm := mustClient(t, m.WS, mesh.WithoutReliability())
+	flood := testkit.MustClient(t, m.WS, mesh.WithoutReliability())
+	calm := testkit.MustClient(t, m.WS, mesh.WithoutReliability())
 	f := floodAndCalm(flood, calm, 2*time.Second)
 	rate := f.rate(20)
 	t.Logf("flooding connection: %d ok (%.0f/s after the burst), %d OVERLOADED (%d with retry-after, not sent), %d other; calm connection: %d ok, %d failed; agent executed %d",

@@ -6,41 +6,17 @@ package hub_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
-	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
-// pctl returns the p-th percentile (0..100) of ds, or 0 for none.
-func pctl(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s)-1) * p / 100)
-	return s[i]
-}
-
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// printSummary prints a scenario's figures as one JSON line.
-func printSummary(t *testing.T, v map[string]any) {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scenario.Emit(b)
-}
 
 // openFDs counts this process's open file descriptors (the hub runs in
 // process, so this is the hub's count plus the test's own).

@@ -11,6 +11,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -21,7 +22,7 @@ import (
 // with key1 tokens stay open; drop key1: key1 tokens are UNAUTHENTICATED,
 // the links opened with them are closed, the key2 ones go on untouched.
 func TestAuthKeyRotation(t *testing.T) {
-	key1 := testKey
+	key1 := testkit.TestKey
 	key2 := []byte("a second key of at least thirty-two bytes, for rotation")
 	m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, Security: &hub.Security{Keys: []auth.Key{{Secret: key1}}}})
 	issue := func(key []byte, c auth.Claims) string {
@@ -36,12 +37,12 @@ func TestAuthKeyRotation(t *testing.T) {
 
 	// key1: an agent and a caller, each on its own link.
 	var n1, n2 atomic.Int64
-	a1 := countingAgent("rot1", &n1, issue(key1, auth.Claims{Subject: "rot1", Serve: []string{"rot1.*"}}), "rot1.call")
+	a1 := testkit.CountingAgent("rot1", &n1, issue(key1, auth.Claims{Subject: "rot1", Serve: []string{"rot1.*"}}), "rot1.call")
 	run1 := make(chan error, 1)
 	go func() { run1 <- a1.Run(ctx, m.WS) }()
 	<-a1.Registered()
 	tok1 := issue(key1, auth.Claims{Subject: "caller1"})
-	c1 := mustClient(t, m.WS, mesh.WithToken(tok1), mesh.WithoutReliability())
+	c1 := testkit.MustClient(t, m.WS, mesh.WithToken(tok1), mesh.WithoutReliability())
 	if err := c1.Call(ctx, "rot1.call", nil, nil); err != nil {
 		t.Fatalf("key1 caller before the rotation: %v", err)
 	}
@@ -51,12 +52,12 @@ func TestAuthKeyRotation(t *testing.T) {
 	if err != nil || closed != 0 {
 		t.Fatalf("SetAuthKeys(key1, key2) = %d, %v; want 0 closed", closed, err)
 	}
-	a2 := countingAgent("rot2", &n2, issue(key2, auth.Claims{Subject: "rot2", Serve: []string{"rot2.*"}}), "rot2.call")
+	a2 := testkit.CountingAgent("rot2", &n2, issue(key2, auth.Claims{Subject: "rot2", Serve: []string{"rot2.*"}}), "rot2.call")
 	run2 := make(chan error, 1)
 	go func() { run2 <- a2.Run(ctx, m.WS) }()
 	<-a2.Registered()
 	tok2 := issue(key2, auth.Claims{Subject: "caller2"})
-	c2 := mustClient(t, m.WS, mesh.WithToken(tok2), mesh.WithoutReliability())
+	c2 := testkit.MustClient(t, m.WS, mesh.WithToken(tok2), mesh.WithoutReliability())
 	for _, call := range []struct {
 		c      *mesh.Client
 		method string
@@ -78,7 +79,7 @@ func TestAuthKeyRotation(t *testing.T) {
 	}
 	select {
 	case err := <-run1:
-		wantCode(t, "key1 agent after key1 was dropped", err, envelope.CodeUnauthenticated)
+		testkit.WantCode(t, "key1 agent after key1 was dropped", err, envelope.CodeUnauthenticated)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the key1 agent kept its link (or kept reconnecting) after key1 was dropped")
 	}
@@ -93,7 +94,7 @@ func TestAuthKeyRotation(t *testing.T) {
 		err = fresh.Call(ctx, "rot2.call", nil, nil)
 		_ = fresh.Close()
 	}
-	wantCode(t, "a new key1 link after key1 was dropped", err, envelope.CodeUnauthenticated)
+	testkit.WantCode(t, "a new key1 link after key1 was dropped", err, envelope.CodeUnauthenticated)
 	before := n2.Load()
 	if err := c2.Call(ctx, "rot2.call", nil, nil); err != nil {
 		t.Errorf("key2 caller after key1 was dropped: %v", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/surface"
@@ -30,11 +31,11 @@ func TestHopsHeaderDoesNotEscapeLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			cfg.Security = &hub.Security{Key: testKey}
+			cfg.Security = &hub.Security{Key: testkit.TestKey}
 			m := meshtest.Start(t, cfg)
 			var n atomic.Int64
-			m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
-			c := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "spoof"}, time.Hour)), mesh.WithoutReliability())
+			m.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+			c := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "spoof"}, time.Hour)), mesh.WithoutReliability())
 			hops := mesh.WithHeaders(func(h *envelope.Headers) { h.Hops = 1 })
 			ok, limited := 0, 0
 			for range 40 {

@@ -15,6 +15,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -107,7 +108,7 @@ func TestMCPServer(t *testing.T) {
 		}
 	}
 
-	before := histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""})
+	before := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""})
 	res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo.echo", Arguments: map[string]any{"hello": "mcp", "n": 7}})
 	if err != nil {
 		t.Fatalf("tools/call echo.echo: %v", err)
@@ -119,7 +120,7 @@ func TestMCPServer(t *testing.T) {
 	if sc, ok := res.StructuredContent.(map[string]any); !ok || sc["hello"] != "mcp" {
 		t.Errorf("tools/call echo.echo structured content = %#v; want the result object", res.StructuredContent)
 	}
-	if after := histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""}); after != before+1 {
+	if after := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""}); after != before+1 {
 		t.Errorf("echo.echo server calls counted %d -> %d; want one more for the MCP call", before, after)
 	}
 
@@ -153,7 +154,7 @@ func TestMCPServer(t *testing.T) {
 			t.Errorf("tools/call %s = isError %v, text %q, structured %v; want an error result with code %s", c.name, res.IsError, textOf(t, res), sc, c.code)
 		}
 	}
-	if got := histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.sleep", "rpc_response_status_code": "-32602"}); got != 1 {
+	if got := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.sleep", "rpc_response_status_code": "-32602"}); got != 1 {
 		t.Errorf("echo.sleep INVALID_PARAMS counted %d; want 1 (the MCP call)", got)
 	}
 }
@@ -162,9 +163,9 @@ func TestMCPServer(t *testing.T) {
 // only the tools the caller's roles allow, and tools/call of another is
 // refused with PERMISSION_DENIED.
 func TestMCPRoles(t *testing.T) {
-	m := securedHub(t, hub.Security{Roles: map[string][]string{"memory.*": {"writer"}}})
-	m.RunAgent(t, agents.NewEcho(agents.WithToken(token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour))))
-	m.RunAgent(t, agents.NewKV(agents.WithToken(token(t, auth.Claims{Subject: "kv", Serve: []string{"memory.*"}}, time.Hour))))
+	m := testkit.SecuredHub(t, hub.Security{Roles: map[string][]string{"memory.*": {"writer"}}})
+	m.RunAgent(t, agents.NewEcho(agents.WithToken(testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour))))
+	m.RunAgent(t, agents.NewKV(agents.WithToken(testkit.Token(t, auth.Claims{Subject: "kv", Serve: []string{"memory.*"}}, time.Hour))))
 
 	if _, err := mcpConnect(t, m, ""); err == nil {
 		t.Errorf("MCP connect without a token succeeded; want 401")
@@ -178,11 +179,11 @@ func TestMCPRoles(t *testing.T) {
 		t.Errorf("POST /mcp without a token: HTTP %d; want 401", res.StatusCode)
 	}
 
-	reader, err := mcpConnect(t, m, token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
+	reader, err := mcpConnect(t, m, testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
 	if err != nil {
 		t.Fatalf("reader connect: %v", err)
 	}
-	writer, err := mcpConnect(t, m, token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour))
+	writer, err := mcpConnect(t, m, testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour))
 	if err != nil {
 		t.Fatalf("writer connect: %v", err)
 	}
@@ -246,7 +247,7 @@ func TestMCPTraceLikeNative(t *testing.T) {
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	native, viaMCP := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, mcpTrace, parent)
+	native, viaMCP := testkit.SpanShapes(t, exp, nativeTrace, parent), testkit.SpanShapes(t, exp, mcpTrace, parent)
 	t.Logf("spans: native %v, MCP %v", native, viaMCP)
 	if len(native) == 0 || !slices.Contains(native, "echo.echo/server/Unset") || !slices.Equal(native, viaMCP) {
 		t.Errorf("spans of the native call %v, of the MCP call %v; want the same, with the echo.echo server span", native, viaMCP)

@@ -12,34 +12,11 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
-
-// histCount returns the sample count of the histogram series with labels.
-func histCount(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) uint64 {
-	t.Helper()
-	fams, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, s := range f.Metric {
-			for _, lp := range s.Label {
-				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
-					continue next
-				}
-			}
-			return s.GetHistogram().GetSampleCount()
-		}
-	}
-	return 0
-}
 
 func labelValues(t *testing.T, m *telemetry.Metrics, name, label string) []string {
 	t.Helper()
@@ -78,10 +55,10 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("junk call: %v", err)
 		}
 	}
-	if got := histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""}); got != 5 {
+	if got := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.echo", "rpc_response_status_code": ""}); got != 5 {
 		t.Errorf("successful echo.echo calls counted %d; want 5", got)
 	}
-	if got := histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "_OTHER", "rpc_response_status_code": "-32601"}); got != 50 {
+	if got := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "_OTHER", "rpc_response_status_code": "-32601"}); got != 50 {
 		t.Errorf("unknown-method calls under _OTHER/-32601 counted %d; want 50", got)
 	}
 	for _, v := range labelValues(t, metrics, "rpc_server_call_duration_seconds", "rpc_method") {

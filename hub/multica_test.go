@@ -24,6 +24,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -112,7 +113,7 @@ func (d *device) request(requestID, method string, params any) map[string]any {
 	if params != nil {
 		p["params"] = params
 	}
-	d.write(mustJSON(d.t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request", "payload": p}))
+	d.write(testkit.MustJSON(d.t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request", "payload": p}))
 	r := d.next2()
 	for r["action"] == "stream" { // a chat.send's events come first
 		r = d.next2()
@@ -164,7 +165,7 @@ func TestMulticaSeedRPC(t *testing.T) {
 	var hb *hub.Hub
 	// The provider scripted with the seed's answer and model; what it
 	// cannot script is its own name ("scripted") and figures.
-	sp := &essayProvider{}
+	sp := &testkit.EssayProvider{}
 	sp.Model = "claude-sonnet-4-20250514"
 	sp.Reply = func(req *chat.Request) (string, bool) {
 		if n := len(req.Messages); n > 0 && chat.TextOf(req.Messages[n-1].Content) == "Hello" {
@@ -172,7 +173,7 @@ func TestMulticaSeedRPC(t *testing.T) {
 		}
 		return "", false
 	}
-	m := startNexus3With(t, sp, &hb)
+	m := testkit.StartNexus3With(t, sp, &hb)
 	const agent = "019abc12-3def-7000-8000-000000000001"
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
@@ -233,7 +234,7 @@ func TestMulticaSeedRPC(t *testing.T) {
 		}
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("getAgentMessages:\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
+		t.Errorf("getAgentMessages:\n got %s\nwant %s", testkit.MustJSON(t, got), testkit.MustJSON(t, want))
 	}
 
 	// The seed's example error.
@@ -250,7 +251,7 @@ func TestMulticaSeedRPC(t *testing.T) {
   }
 }`), &want)
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("getAgentMessages of an unknown agent:\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
+		t.Errorf("getAgentMessages of an unknown agent:\n got %s\nwant %s", testkit.MustJSON(t, got), testkit.MustJSON(t, want))
 	}
 
 	// The offset and limit defaults (0 and 50), and a closed agent's
@@ -269,7 +270,7 @@ func TestMulticaSeedRPC(t *testing.T) {
 // "error" answer and leave the connection usable.
 func TestMulticaErrorCodes(t *testing.T) {
 	var hb *hub.Hub
-	m := startNexus3(t, &hb)
+	m := testkit.StartNexus3(t, &hb)
 	boom := agents.New("boom")
 	boom.Handle("boom.fail", func(context.Context, json.RawMessage) (any, error) { return nil, errors.New("kaput") })
 	m.RunAgent(t, boom)
@@ -289,7 +290,7 @@ func TestMulticaErrorCodes(t *testing.T) {
 	} {
 		p := d.request("req-"+tc.name, tc.method, tc.params)
 		code, mc := errorCode(t, p)
-		t.Logf("%s: %s", tc.name, mustJSON(t, p))
+		t.Logf("%s: %s", tc.name, testkit.MustJSON(t, p))
 		if code != tc.code || mc != tc.meshCode {
 			t.Errorf("%s: code %q meshCode %q (%v); want %q %q", tc.name, code, mc, p, tc.code, tc.meshCode)
 		}
@@ -308,7 +309,7 @@ func TestMulticaErrorCodes(t *testing.T) {
 		d.write(tc.msg)
 		e := d.next("error")
 		p := e["payload"].(map[string]any)
-		t.Logf("%s: %s", tc.name, mustJSON(t, p))
+		t.Logf("%s: %s", tc.name, testkit.MustJSON(t, p))
 		if p["code"] != tc.code || p["message"] == "" {
 			t.Errorf("%s: error %v; want code %s", tc.name, p, tc.code)
 		}
@@ -370,7 +371,7 @@ func TestMulticaRouting(t *testing.T) {
 			default:
 			}
 			start := time.Now()
-			b.write(mustJSON(t, map[string]any{"id": fmt.Sprint("b", i), "to": b.hub, "action": "request",
+			b.write(testkit.MustJSON(t, map[string]any{"id": fmt.Sprint("b", i), "to": b.hub, "action": "request",
 				"payload": map[string]any{"requestId": fmt.Sprint("rb", i), "method": "echo.echo", "params": map[string]any{"i": i}}}))
 			v, err := b.read(5 * time.Second)
 			if err != nil || v["action"] != "response" || v["payload"].(map[string]any)["ok"] != true {
@@ -419,14 +420,14 @@ func TestMulticaRouting(t *testing.T) {
 	if e := a2.next("error"); e["payload"].(map[string]any)["meshCode"] != "UNAVAILABLE" {
 		t.Errorf("after the flood, to dev-c: %v; want it disconnected", e)
 	}
-	p99 := pctl(rtts, 99)
-	printSummary(t, map[string]any{"test": "TestMulticaRouting", "flood_messages": sent, "slow_device_cut_after_ms": ms(detect),
-		"refusal": why, "other_device_calls": len(rtts), "other_p50_ms": ms(pctl(rtts, 50)), "other_p99_ms": ms(p99), "other_max_ms": ms(pctl(rtts, 100))})
+	p99 := testkit.Pctl(rtts, 99)
+	testkit.PrintSummary(t, map[string]any{"test": "TestMulticaRouting", "flood_messages": sent, "slow_device_cut_after_ms": ms(detect),
+		"refusal": why, "other_device_calls": len(rtts), "other_p50_ms": ms(testkit.Pctl(rtts, 50)), "other_p99_ms": ms(p99), "other_max_ms": ms(testkit.Pctl(rtts, 100))})
 	if !strings.Contains(why, "does not read its messages") {
 		t.Errorf("a's refusal %s; want the send-queue policy's (dev-c does not read)", why)
 	}
 	// Blocked behind dev-c, dev-b would have waited until it was cut off.
-	if worst := pctl(rtts, 100); worst > detect/2 {
+	if worst := testkit.Pctl(rtts, 100); worst > detect/2 {
 		t.Errorf("dev-b's slowest call took %v while dev-c was stuck for %v: blocked behind it", worst, detect)
 	}
 	if len(rtts) == 0 || p99 > time.Second {
@@ -472,7 +473,7 @@ func chatToolCalls(ev map[string]any) []any {
 // order from message_start to message_end, tool executions between; the
 // request's response comes after the last event.
 func TestMulticaStream(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "019def34-0000-7000-8000-000000000001"}, nil); err != nil {
 		t.Fatal(err)
@@ -590,14 +591,14 @@ func TestMulticaStreamCompaction(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("compaction events %v; want compaction_start and compaction_end", got)
 	}
-	t.Logf("compaction: %s", mustJSON(t, got))
+	t.Logf("compaction: %s", testkit.MustJSON(t, got))
 	// The third turn's user message makes 5 > 4; the cut falls before a
 	// user message, so only that one is kept.
 	var want []map[string]any
 	_ = json.Unmarshal([]byte(`[{"streamId":"compaction:`+agent+`","agentId":"`+agent+`","event":{"type":"compaction_start"}},
 		{"streamId":"compaction:`+agent+`","agentId":"`+agent+`","event":{"type":"compaction_end","removed":4,"kept":1,"reason":"count"}}]`), &want)
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("compaction events\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
+		t.Errorf("compaction events\n got %s\nwant %s", testkit.MustJSON(t, got), testkit.MustJSON(t, want))
 	}
 }
 
@@ -605,7 +606,7 @@ func TestMulticaStreamCompaction(t *testing.T) {
 // leaves no goroutine behind: its follower and its call end, and the
 // chat agent's turn is cancelled.
 func TestMulticaNoLeak(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "essay"}, nil); err != nil {
 		t.Fatal(err)
@@ -661,7 +662,7 @@ func TestMulticaNoLeak(t *testing.T) {
 	base = runtime.NumGoroutine()
 	d := connect(t, m, "queued")
 	d.write(`{"id":"q","uid":null,"to":"` + d.hub + `","action":"message","payload":{"agentId":"busy","content":"hi"}}`)
-	if v, err := d.read(500 * time.Millisecond); err == nil || !isTimeout(err) {
+	if v, err := d.read(500 * time.Millisecond); err == nil || !testkit.IsTimeout(err) {
 		t.Fatalf("queued message: got %v, %v; want nothing while the essay runs", v, err)
 	}
 	_ = d.ws.Close()
@@ -706,7 +707,7 @@ func settled(t *testing.T, base int, what string) {
 // refused first; a deviceId in use is taken over only by the same
 // identity; roles apply to the calls.
 func TestMulticaAuth(t *testing.T) {
-	m := securedHub(t, hub.Security{Origins: []string{"https://app.example"}, Roles: map[string][]string{"mesh.agents": {"admin"}}})
+	m := testkit.SecuredHub(t, hub.Security{Origins: []string{"https://app.example"}, Roles: map[string][]string{"mesh.agents": {"admin"}}})
 	if _, res, err := dialDevice(t, m.Addr, "d1", "client", nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("no token: %v, %v; want 401", res, err)
 	}
@@ -714,7 +715,7 @@ func TestMulticaAuth(t *testing.T) {
 	if _, res, err := dialDevice(t, m.Addr, "d1", "client", bad); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("bad token: %v, %v; want 401", res, err)
 	}
-	alice := token(t, auth.Claims{Subject: "alice"}, time.Hour)
+	alice := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
 	evil := http.Header{"Authorization": {"Bearer " + alice}, "Origin": {"https://evil.example"}}
 	if _, res, err := dialDevice(t, m.Addr, "d1", "client", evil); err == nil || res == nil || res.StatusCode != http.StatusForbidden {
 		t.Errorf("foreign origin: %v, %v; want 403", res, err)
@@ -735,7 +736,7 @@ func TestMulticaAuth(t *testing.T) {
 	}
 	d2.next("registered")
 	// Another identity cannot take d1; alice reconnecting can.
-	bob := token(t, auth.Claims{Subject: "bob"}, time.Hour)
+	bob := testkit.Token(t, auth.Claims{Subject: "bob"}, time.Hour)
 	if _, res, err := dialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + bob}}); err == nil || res == nil || res.StatusCode != http.StatusConflict {
 		t.Errorf("bob taking alice's d1: %v, %v; want 409", res, err)
 	}
@@ -749,11 +750,11 @@ func TestMulticaAuth(t *testing.T) {
 		t.Fatalf("alice reconnecting d1: %v", err)
 	}
 	d1b.next("registered")
-	if _, err := d.read(5 * time.Second); err == nil || isTimeout(err) {
+	if _, err := d.read(5 * time.Second); err == nil || testkit.IsTimeout(err) {
 		t.Errorf("the replaced d1 connection: %v; want it closed", err)
 	}
 	// A device is disconnected when its token expires.
-	short := token(t, auth.Claims{Subject: "carol"}, time.Second)
+	short := testkit.Token(t, auth.Claims{Subject: "carol"}, time.Second)
 	d3, _, err := dialDevice(t, m.Addr, "d3", "client", http.Header{"Authorization": {"Bearer " + short}})
 	if err != nil {
 		t.Fatalf("short token: %v", err)
@@ -762,7 +763,7 @@ func TestMulticaAuth(t *testing.T) {
 	start := time.Now()
 	_, err = d3.read(10 * time.Second)
 	t.Logf("device with a 1 s token closed after %v: %v", time.Since(start), err)
-	if err == nil || isTimeout(err) {
+	if err == nil || testkit.IsTimeout(err) {
 		t.Errorf("device with an expiring token: %v; want closed", err)
 	}
 }
@@ -773,14 +774,14 @@ func TestMulticaAuth(t *testing.T) {
 func TestMulticaMetricsLikeNative(t *testing.T) {
 	var hb *hub.Hub
 	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return hb.KnownMethod(m) }))
-	m := startNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
+	m := testkit.StartNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
 	c := m.Client(t, mesh.WithoutReliability())
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "w"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	d := connect(t, m, "metrics-dev")
 	count := func(method, status string) uint64 {
-		return histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
+		return testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
 	}
 	for _, tc := range []struct {
 		name, method, status, seedMethod string
@@ -796,7 +797,7 @@ func TestMulticaMetricsLikeNative(t *testing.T) {
 		afterNative := count(tc.method, tc.status)
 		p := d.request("m-"+tc.name, tc.seedMethod, tc.params)
 		afterMultica := count(tc.method, tc.status)
-		t.Logf("%s: %s{status=%q} count %d → native %d (%v) → Multica %d (%s)", tc.name, tc.method, tc.status, before, afterNative, nerr, afterMultica, mustJSON(t, p))
+		t.Logf("%s: %s{status=%q} count %d → native %d (%v) → Multica %d (%s)", tc.name, tc.method, tc.status, before, afterNative, nerr, afterMultica, testkit.MustJSON(t, p))
 		if afterNative-before != 1 || afterMultica-afterNative != 1 {
 			t.Errorf("%s: counted %d natively and %d via Multica; want 1 and 1", tc.name, afterNative-before, afterMultica-afterNative)
 		}
@@ -813,7 +814,7 @@ func TestMulticaTraceLikeNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-	m := startNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
+	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": "tr"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -842,7 +843,7 @@ func TestMulticaTraceLikeNative(t *testing.T) {
 		if err := p.ForceFlush(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		native, viaMultica := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, multicaTrace, parent)
+		native, viaMultica := testkit.SpanShapes(t, exp, nativeTrace, parent), testkit.SpanShapes(t, exp, multicaTrace, parent)
 		t.Logf("%s %s: spans native %v, Multica %v", tc.method, tc.params, native, viaMultica)
 		if len(native) == 0 || !slices.ContainsFunc(native, func(s string) bool { return strings.HasPrefix(s, tc.method+"/server/") }) || !slices.Equal(native, viaMultica) {
 			t.Errorf("spans of the native call %v, of the Multica call %v; want the same, with the %s server span", native, viaMultica, tc.method)
@@ -951,7 +952,7 @@ func TestMulticaStreamSeedExamples(t *testing.T) {
 			return b.String(), nil
 		},
 	}
-	m := startChatHub(t, &essayProvider{}, chat.NewTools(bash), nil)
+	m := testkit.StartChatHub(t, &testkit.EssayProvider{}, chat.NewTools(bash), nil)
 	const agent = "019def34-0000-7000-8000-000000000002"
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
@@ -1043,9 +1044,9 @@ func TestMulticaStreamCompactionTokens(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("compaction events %v; want compaction_start and compaction_end", got)
 	}
-	t.Logf("compaction (tokens): %s", mustJSON(t, got))
+	t.Logf("compaction (tokens): %s", testkit.MustJSON(t, got))
 	end := got[1]["event"].(map[string]any)
-	if !reflect.DeepEqual(keys(end), []string{"kept", "reason", "removed", "tokensKept", "tokensRemoved", "type"}) ||
+	if !reflect.DeepEqual(testkit.Keys(end), []string{"kept", "reason", "removed", "tokensKept", "tokensRemoved", "type"}) ||
 		end["type"] != "compaction_end" || end["reason"] != "tokens" || got[1]["streamId"] != "compaction:"+agent {
 		t.Fatalf("compaction_end %v; want the seed's {type, removed, kept, tokensRemoved, tokensKept, reason: tokens}", got[1])
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -25,16 +26,6 @@ import (
 // essayProvider is the scripted provider, except that "Write a long
 // essay" (the seed's long-running request) streams a first chunk and then
 // writes until it is cancelled.
-type essayProvider struct{ chat.Scripted }
-
-func (p *essayProvider) Stream(ctx context.Context, req *chat.Request, update func(chat.Content)) (*chat.Message, error) {
-	if n := len(req.Messages); n > 0 && chat.TextOf(req.Messages[n-1].Content) == "Write a long essay" {
-		update(chat.Content{chat.Text("Once upon a time")})
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return p.Scripted.Stream(ctx, req, update)
-}
 
 // nexus3SeedReplies scripts the provider with the NEXUS3 seed's example
 // conversation, answered from the context the agent keeps: a greeting,
@@ -60,31 +51,6 @@ func nexus3SeedReplies(req *chat.Request) (string, bool) {
 		return "I do not know your name.", true
 	}
 	return "", false
-}
-
-// startNexus3 runs a hub with a chat agent (scripted provider, sessions in
-// a temporary directory).
-func startNexus3(t *testing.T, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
-	t.Helper()
-	return startNexus3With(t, &essayProvider{}, hb, opts...)
-}
-
-func startNexus3With(t *testing.T, p chat.Provider, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
-	t.Helper()
-	return startChatHub(t, p, nil, hb, opts...)
-}
-
-// startChatHub runs a hub with a chat agent of provider p and tools.
-func startChatHub(t *testing.T, p chat.Provider, tools *chat.Tools, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
-	t.Helper()
-	m := meshtest.Start(t, hub.Config{}, opts...)
-	if hb != nil {
-		*hb = m.Hub
-	}
-	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, p, tools)
-	t.Cleanup(func() { rt.Close(context.Background()) })
-	m.RunAgent(t, chat.NewService(rt))
-	return m
 }
 
 type curlReply struct {
@@ -151,32 +117,13 @@ func result(t *testing.T, what string, got curlReply, wantID float64) map[string
 	return r
 }
 
-func keys(m map[string]any) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return sortedStrings(out)
-}
-
-func sortedStrings(s []string) []string {
-	for i := range s {
-		for j := i + 1; j < len(s); j++ {
-			if s[j] < s[i] {
-				s[i], s[j] = s[j], s[i]
-			}
-		}
-	}
-	return s
-}
-
 // TestNexus3SeedExamples replays the NEXUS3 seed's curl examples literally
 // (same paths, same bodies) over real HTTP and checks the answers the seed
 // shows, ids and timestamps aside.
 func TestNexus3SeedExamples(t *testing.T) {
-	p := &essayProvider{}
+	p := &testkit.EssayProvider{}
 	p.Reply = nexus3SeedReplies
-	m := startNexus3With(t, p, nil)
+	m := testkit.StartNexus3With(t, p, nil)
 	u := m.HTTP
 
 	// Create an Agent.
@@ -197,7 +144,7 @@ func TestNexus3SeedExamples(t *testing.T) {
 	// Send Message to Agent.
 	r := result(t, "send", curl(t, u, "/agent/worker-1", true, `{"jsonrpc":"2.0","method":"send","params":{"content":"Hello"},"id":2}`), 2)
 	// {"content":"Hello! How can I help you?","request_id":"a1b2c3d4"}
-	if !reflect.DeepEqual(keys(r), []string{"content", "request_id"}) || r["content"] != "Hello! How can I help you?" || r["request_id"] == "" {
+	if !reflect.DeepEqual(testkit.Keys(r), []string{"content", "request_id"}) || r["content"] != "Hello! How can I help you?" || r["request_id"] == "" {
 		t.Errorf("send result = %v; want the seed's {content: Hello! How can I help you?, request_id}", r)
 	}
 
@@ -260,7 +207,7 @@ func TestNexus3SeedExamples(t *testing.T) {
 
 	// Get Token Usage.
 	r = result(t, "get_tokens", curl(t, u, "/agent/worker-1", false, `{"jsonrpc":"2.0","method":"get_tokens","id":5}`), 5)
-	if !reflect.DeepEqual(keys(r), []string{"available", "budget", "messages", "system", "tools", "total"}) ||
+	if !reflect.DeepEqual(testkit.Keys(r), []string{"available", "budget", "messages", "system", "tools", "total"}) ||
 		r["total"] != r["system"].(float64)+r["tools"].(float64)+r["messages"].(float64) || r["messages"].(float64) == 0 ||
 		r["available"].(float64) > r["budget"].(float64) {
 		t.Errorf("get_tokens = %v", r)
@@ -275,7 +222,7 @@ func TestNexus3SeedExamples(t *testing.T) {
 	same(t, "shutdown", curl(t, u, "/agent/worker-1", false, `{"jsonrpc":"2.0","method":"shutdown","id":6}`),
 		200, `{"jsonrpc":"2.0","id":6,"result":{"success":true}}`)
 	r = result(t, "list after shutdown", curl(t, u, "/", false, `{"jsonrpc":"2.0","method":"list_agents","id":3}`), 3)
-	if !strings.Contains(mustJSON(t, r), `"agent_id":"worker-1","created_at":`) || !strings.Contains(mustJSON(t, r), `"should_shutdown":true`) {
+	if !strings.Contains(testkit.MustJSON(t, r), `"agent_id":"worker-1","created_at":`) || !strings.Contains(testkit.MustJSON(t, r), `"should_shutdown":true`) {
 		t.Errorf("list_agents after shutdown = %v; want worker-1 with should_shutdown true", r)
 	}
 
@@ -363,28 +310,19 @@ func TestNexus3SeedExamples(t *testing.T) {
 	}
 }
 
-func mustJSON(t *testing.T, v any) string {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestNexus3MetricsLikeNative: a call entering by the NEXUS3 surface is
 // counted in rpc_server_call_duration_seconds under the chat method, as
 // the same call made natively, success and failure alike.
 func TestNexus3MetricsLikeNative(t *testing.T) {
 	var hb *hub.Hub
 	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return hb.KnownMethod(m) }))
-	m := startNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
+	m := testkit.StartNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
 	c := m.Client(t, mesh.WithoutReliability())
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "w"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	count := func(method, status string) uint64 {
-		return histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
+		return testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
 	}
 	for _, tc := range []struct {
 		name, method, status string
@@ -447,7 +385,7 @@ func TestNexus3TraceLikeNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
-	m := startNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
+	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	same(t, "create_agent", curl(t, m.HTTP, "/", true, `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"worker-1"},"id":1}`),
 		200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"worker-1","url":"/agent/worker-1"}}`)
 	const (
@@ -475,7 +413,7 @@ func TestNexus3TraceLikeNative(t *testing.T) {
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	native, viaNexus3 := spanShapes(t, exp, nativeTrace, parent), spanShapes(t, exp, nexusTrace, parent)
+	native, viaNexus3 := testkit.SpanShapes(t, exp, nativeTrace, parent), testkit.SpanShapes(t, exp, nexusTrace, parent)
 	t.Logf("spans: native %v, NEXUS3 %v", native, viaNexus3)
 	if len(native) == 0 || !slices.Contains(native, "chat.send/server/Unset") || !slices.Equal(native, viaNexus3) {
 		t.Errorf("spans of the native call %v, of the NEXUS3 call %v; want the same, with the chat.send server span", native, viaNexus3)
@@ -486,10 +424,10 @@ func TestNexus3TraceLikeNative(t *testing.T) {
 // authorises like /rpc: no token is 401; a role the method's pattern does
 // not allow is a PERMISSION_DENIED error, in NEXUS3's shape.
 func TestNexus3Auth(t *testing.T) {
-	m := securedHub(t, hub.Security{Roles: map[string][]string{"chat.destroy": {"writer"}, "chat.destroy_agent": {"writer"}}})
+	m := testkit.SecuredHub(t, hub.Security{Roles: map[string][]string{"chat.destroy": {"writer"}, "chat.destroy_agent": {"writer"}}})
 	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
 	t.Cleanup(func() { rt.Close(context.Background()) })
-	m.RunAgent(t, chat.NewService(rt, agents.WithToken(token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
+	m.RunAgent(t, chat.NewService(rt, agents.WithToken(testkit.Token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
 	post := func(path, tok, body string) curlReply {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+path, strings.NewReader(body))
 		if tok != "" {
@@ -513,8 +451,8 @@ func TestNexus3Auth(t *testing.T) {
 	if r := post("/agent/worker-1", "", `{"jsonrpc":"2.0","method":"get_tokens","id":5}`); r.status != http.StatusUnauthorized {
 		t.Errorf("get_tokens without a token: HTTP %d %s; want 401", r.status, r.body)
 	}
-	reader := token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
-	writer := token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)
+	reader := testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
+	writer := testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)
 	same(t, "reader's create_agent", post("/", reader, create), 200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"worker-1","url":"/agent/worker-1"}}`)
 	r := post("/", reader, destroy)
 	v, _ := jsonOf(t, r.body).(map[string]any)

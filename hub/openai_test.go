@@ -17,6 +17,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -124,7 +125,7 @@ func chatAgents(t *testing.T, c *mesh.Client) []string {
 // one addressed to an existing agent by chat/ID goes on that agent's own
 // conversation.
 func TestOpenAICompletion(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	c := m.Client(t)
 	status, _, b := oaiPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]}`)
 	got := completion(t, "transient", status, b)
@@ -210,7 +211,7 @@ func readSSE(t *testing.T, r io.Reader, each func(sseChunk)) (done bool) {
 // runes), thinking as reasoning_content, a last chunk with finish_reason
 // stop, the usage chunk asked for, then data: [DONE].
 func TestOpenAIStream(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	body := `{"model":"agentmesh-chat","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"/think say it in many words please"}]}`
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+"/v1/chat/completions", strings.NewReader(body))
 	res, err := http.DefaultClient.Do(req)
@@ -273,7 +274,7 @@ func TestOpenAIStream(t *testing.T) {
 // assistant messages, separated by a blank line, and ends once, after the
 // last; the non-streamed answer of the same turn is the last message.
 func TestOpenAIStreamToolTurn(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	body := `{"model":"agentmesh-chat","stream":true,"messages":[{"role":"user","content":"/tool nosuch {}"}]}`
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+"/v1/chat/completions", strings.NewReader(body))
 	res, err := http.DefaultClient.Do(req)
@@ -307,7 +308,7 @@ func TestOpenAIStreamToolTurn(t *testing.T) {
 // (SSE, usage, [DONE]) is read as any OpenAI server's, and the answer is
 // the chat agent's.
 func TestOpenAIProviderRoundTrip(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	p, err := chat.NewOpenAI(chat.OpenAIConfig{BaseURL: m.HTTP + "/v1", Model: hub.OpenAIModel, APIKey: "unused", IdleTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +347,7 @@ func TestOpenAIProviderRoundTrip(t *testing.T) {
 // chat agent in OpenAI's list format; one model can be read by id; a hub
 // with no chat agent lists none.
 func TestOpenAIModels(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": "m1"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +411,7 @@ func TestOpenAIModels(t *testing.T) {
 // method needs, 429 with Retry-After past a token's rate, 503 for an
 // agent shutting down, 504 for a turn past its deadline.
 func TestOpenAIErrors(t *testing.T) {
-	m := startNexus3(t, nil)
+	m := testkit.StartNexus3(t, nil)
 	check := func(what, body string, wantStatus int, wantType, wantCode string) {
 		t.Helper()
 		status, _, b := oaiPost(t, m.HTTP, "", body)
@@ -474,10 +475,10 @@ func TestOpenAIErrors(t *testing.T) {
 	}
 
 	// Security: 401, 403, 429 with Retry-After.
-	sec := securedHub(t, hub.Security{Roles: map[string][]string{"chat.send": {"writer"}}, RatePerToken: 0.5, BurstPerToken: 2})
+	sec := testkit.SecuredHub(t, hub.Security{Roles: map[string][]string{"chat.send": {"writer"}}, RatePerToken: 0.5, BurstPerToken: 2})
 	srt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
 	t.Cleanup(func() { srt.Close(context.Background()) })
-	sec.RunAgent(t, chat.NewService(srt, agents.WithToken(token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
+	sec.RunAgent(t, chat.NewService(srt, agents.WithToken(testkit.Token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
 	body := `{"model":"agentmesh-chat","messages":[{"role":"user","content":"hi"}]}`
 	status, hdr, b := oaiPost(t, sec.HTTP, "", body)
 	if _, typ, code := oaiError(t, b); status != 401 || typ != "authentication_error" || code != "unauthenticated" || hdr.Get("WWW-Authenticate") == "" {
@@ -486,12 +487,12 @@ func TestOpenAIErrors(t *testing.T) {
 	if status, _, b := oaiPost(t, sec.HTTP, "not-a-token", body); status != 401 {
 		t.Errorf("bad token: HTTP %d %s; want 401", status, b)
 	}
-	reader := token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
+	reader := testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
 	status, _, b = oaiPost(t, sec.HTTP, reader, `{"model":"chat/x","messages":[{"role":"user","content":"hi"}]}`)
 	if _, typ, code := oaiError(t, b); status != 403 || typ != "permission_error" || code != "permission_denied" {
 		t.Errorf("reader's send: HTTP %d %s; want 403 permission_error", status, b)
 	}
-	writer := token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)
+	writer := testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)
 	// Each transient completion is three calls (create, send, destroy);
 	// a burst of 2 at 0.5/s runs out within the first.
 	var got429 bool
@@ -543,13 +544,13 @@ func gaugeValue(t *testing.T, m *telemetry.Metrics, name string, labels map[stri
 func TestOpenAIDisconnectCancels(t *testing.T) {
 	var hb *hub.Hub
 	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return hb.KnownMethod(m) }))
-	m := startNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
+	m := testkit.StartNexus3(t, &hb, hub.WithTelemetry(telemetry.New(nil, metrics)))
 	c := m.Client(t)
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "essayist"}, nil); err != nil {
 		t.Fatalf("%v (cause: %v)", err, errors.Unwrap(err))
 	}
 	count := func(method, status string) uint64 {
-		return histCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
+		return testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
 	}
 	for _, model := range []string{"chat/essayist", "agentmesh-chat"} {
 		cancelsBefore, cancelledBefore := count("chat.cancel", ""), count("chat.send", "-32006")

@@ -20,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/internal/tokentap"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -30,7 +31,7 @@ import (
 
 // peerSec is the Security of the hubs of these tests: the test key, and
 // no failed-authentication budget, so that every refusal says why.
-func peerSec() *hub.Security { return &hub.Security{Key: testKey, FailedAuthRate: -1} }
+func peerSec() *hub.Security { return &hub.Security{Key: testkit.TestKey, FailedAuthRate: -1} }
 
 // fakeHub is a listener posing as a hub: it upgrades /ws with the native
 // subprotocol, keeps the bearer token of each upgrade, and answers every
@@ -153,7 +154,7 @@ func TestForgedPeerGetsNoUsableToken(t *testing.T) {
 	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", Security: peerSec()}, reg)
 	b := meshtest.StartCluster(t, hub.Config{ID: "hub-B", Security: peerSec()}, reg)
 	var ran atomic.Int64
-	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	b.RunAgent(t, testkit.CountingAgent("echo", &ran, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	fake := startFakeHub(t, nil)
 	forge := func(id, hb string, caps ...string) {
 		if _, err := reg.Register(t.Context(), registry.Registration{InstanceID: id, Name: "forged", Hub: hb, HubAddr: fake.addr,
@@ -165,7 +166,7 @@ func TestForgedPeerGetsNoUsableToken(t *testing.T) {
 	forge("forged-b", "hub-B", "forged.*")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("forged-b") != nil })
 
-	cl := mustClient(t, a.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	cl := testkit.MustClient(t, a.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	for _, dest := range []string{"forged-evil", "forged-b"} {
 		var got any
 		err := cl.Call(t.Context(), "forged.echo", 1, &got, mesh.To(dest))
@@ -229,9 +230,9 @@ func TestReplayedPeerToken(t *testing.T) {
 	secB.RatePerToken, secB.BurstPerToken = 2, 3
 	b := meshtest.StartClusterOn(t, hub.Config{ID: "hub-B", Advertise: tap.Addr, Security: secB, GlobalRate: 2, GlobalBurst: 3}, reg, lnB)
 	var ran atomic.Int64
-	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	b.RunAgent(t, testkit.CountingAgent("echo", &ran, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(a.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
-	cl := mustClient(t, a.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	cl := testkit.MustClient(t, a.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	if err := cl.Call(t.Context(), "echo.echo", 1, nil); err != nil {
 		t.Fatalf("call through A to B over the tapped peer link: %v", err)
 	}
@@ -327,14 +328,14 @@ func TestReplayedPeerToken(t *testing.T) {
 func TestPeerTokenBinding(t *testing.T) {
 	b := meshtest.StartCluster(t, hub.Config{ID: "hub-B", Security: peerSec()}, memory.New())
 	var ran atomic.Int64
-	ag := countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
+	ag := testkit.CountingAgent("echo", &ran, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
 	b.RunAgent(t, ag)
 	peer := func(mod func(*auth.Claims), ttl time.Duration) (string, string) {
 		c := auth.Claims{Subject: "hub.hub-X", Roles: []string{auth.RolePeer}, Audience: "hub-B", Addr: b.Addr, ID: envelope.NewID()}
 		if mod != nil {
 			mod(&c)
 		}
-		return token(t, c, ttl), c.ID
+		return testkit.Token(t, c, ttl), c.ID
 	}
 	for _, tc := range []struct {
 		name string
@@ -372,7 +373,7 @@ func TestPeerTokenBinding(t *testing.T) {
 	if st != http.StatusSwitchingProtocols {
 		t.Fatalf("well-bound hub token on /ws: HTTP %d %s; want 101", st, body)
 	}
-	v, _ := auth.NewVerifier(testKey)
+	v, _ := auth.NewVerifier(testkit.TestKey)
 	proof, err := v.VerifyProof(hdr.Get("Agentmesh-Peer-Proof"))
 	if err != nil || proof.Subject != "hub.hub-B" || proof.Audience != "hub-X" || proof.Nonce != jti {
 		t.Errorf("the proof answering the upgrade: %+v, %v; want subject hub.hub-B, audience hub-X, nonce %s", proof, err, jti)
@@ -436,9 +437,9 @@ func TestPeerLinkOutlivesItsToken(t *testing.T) {
 	tap := tokentap.Start(t, lnB.Addr().String())
 	b := meshtest.StartClusterOn(t, hub.Config{ID: "hub-B", Advertise: tap.Addr, Security: peerSec()}, reg, lnB)
 	var ran atomic.Int64
-	b.RunAgent(t, countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	b.RunAgent(t, testkit.CountingAgent("echo", &ran, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(a.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
-	cl := mustClient(t, a.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	cl := testkit.MustClient(t, a.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	if err := cl.Call(t.Context(), "echo.echo", 1, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +459,7 @@ func TestPeerLinkOutlivesItsToken(t *testing.T) {
 // then) stays up while k1 is in both sets, is closed when B drops k1, and
 // A re-dials with k2; calls through A to B keep working.
 func TestPeerLinksAcrossKeyRotation(t *testing.T) {
-	k1, k2 := testKey, []byte("a second key of at least thirty-two bytes, for rotation")
+	k1, k2 := testkit.TestKey, []byte("a second key of at least thirty-two bytes, for rotation")
 	both := []auth.Key{{Secret: k1}, {Secret: k2}}
 	reg := memory.New()
 	sec := func() *hub.Security { return &hub.Security{Keys: both, FailedAuthRate: -1} }
@@ -472,9 +473,9 @@ func TestPeerLinksAcrossKeyRotation(t *testing.T) {
 		return s
 	}
 	var ran atomic.Int64
-	b.RunAgent(t, countingAgent("echo", &ran, tok(auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}), "echo.*"))
+	b.RunAgent(t, testkit.CountingAgent("echo", &ran, tok(auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}), "echo.*"))
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return len(a.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
-	cl := mustClient(t, a.WS, mesh.WithToken(tok(auth.Claims{Subject: "caller"})), mesh.WithoutReliability())
+	cl := testkit.MustClient(t, a.WS, mesh.WithToken(tok(auth.Claims{Subject: "caller"})), mesh.WithoutReliability())
 	calls := func(what string) {
 		t.Helper()
 		for i := range 5 {
@@ -522,13 +523,13 @@ func TestPeerMustProveItsIdentity(t *testing.T) {
 	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", Security: peerSec()}, reg)
 	// A real proof of hub B's, for a dial of hub-A's that is not this one.
 	realB := meshtest.StartCluster(t, hub.Config{ID: "hub-B", Security: peerSec()}, memory.New())
-	old := token(t, auth.Claims{Subject: "hub.hub-A", Roles: []string{auth.RolePeer}, Audience: "hub-B", Addr: realB.Addr}, 30*time.Second)
+	old := testkit.Token(t, auth.Claims{Subject: "hub.hub-A", Roles: []string{auth.RolePeer}, Audience: "hub-B", Addr: realB.Addr}, 30*time.Second)
 	st, body, hdr := upgrade(t, realB.WS, old)
 	captured := hdr.Get("Agentmesh-Peer-Proof")
 	if st != http.StatusSwitchingProtocols || captured == "" {
 		t.Fatalf("a real dial of hub B: HTTP %d %s, proof %q", st, body, captured)
 	}
-	v, _ := auth.NewVerifier(testKey)
+	v, _ := auth.NewVerifier(testkit.TestKey)
 	jti := func(tok string) string {
 		c, err := v.Verify(tok)
 		if err != nil {
@@ -545,7 +546,7 @@ func TestPeerMustProveItsIdentity(t *testing.T) {
 		return p
 	}
 	otherKey := []byte("not the mesh key, but long enough for HS256!!")
-	cl := mustClient(t, a.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	cl := testkit.MustClient(t, a.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	for i, tc := range []struct {
 		name  string
 		proof func(tok string) string
@@ -556,16 +557,16 @@ func TestPeerMustProveItsIdentity(t *testing.T) {
 		}, false},
 		{"captured from another dial", func(string) string { return captured }, false},
 		{"from another hub", func(tok string) string {
-			return sign(testKey, auth.Claims{Subject: "hub.hub-C", Audience: "hub-A", Nonce: jti(tok)})
+			return sign(testkit.TestKey, auth.Claims{Subject: "hub.hub-C", Audience: "hub-A", Nonce: jti(tok)})
 		}, false},
 		{"for another hub", func(tok string) string {
-			return sign(testKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-C", Nonce: jti(tok)})
+			return sign(testkit.TestKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-C", Nonce: jti(tok)})
 		}, false},
 		{"a token, not a proof", func(tok string) string {
-			return token(t, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)}, 30*time.Second)
+			return testkit.Token(t, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)}, 30*time.Second)
 		}, false},
 		{"right (control)", func(tok string) string {
-			return sign(testKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)})
+			return sign(testkit.TestKey, auth.Claims{Subject: "hub.hub-B", Audience: "hub-A", Nonce: jti(tok)})
 		}, true},
 	} {
 		fake := startFakeHub(t, tc.proof)
@@ -618,11 +619,11 @@ func TestPeerHandshakeOverMutualTLS(t *testing.T) {
 	a, b := hb("A"), hb("B")
 	wss := func(m *meshtest.Mesh) string { return strings.Replace(m.WS, "ws://", "wss://", 1) }
 	var ran atomic.Int64
-	ag := countingAgent("echo", &ran, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
+	ag := testkit.CountingAgent("echo", &ran, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*")
 	agents.WithConnConfig(link.Config{TLS: clientTLS})(ag)
 	runAgentUntilEnd(t, ag, wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance(ag.ID()) != nil })
-	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS), mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
+	c := testkit.MustClient(t, wss(b), mesh.WithTLS(clientTLS), mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)), mesh.WithoutReliability())
 	for i := range 20 {
 		if err := c.Call(t.Context(), "echo.echo", []int{i}, nil); err != nil {
 			t.Fatalf("call %d through B to A over wss: %v", i, err)

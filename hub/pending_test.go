@@ -16,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -132,10 +133,10 @@ func TestPendingCallsBoundPerConnection(t *testing.T) {
 				}
 			}
 			for _, err := range refused {
-				wantCode(t, fmt.Sprintf("round %d: a call past the bound", round), err, envelope.CodeOverloaded)
+				testkit.WantCode(t, fmt.Sprintf("round %d: a call past the bound", round), err, envelope.CodeOverloaded)
 			}
 			waitStarted(t, base+int64((round+1)*bound))
-			wantCode(t, "one more call on the full link", call("gate.echo"), envelope.CodeOverloaded)
+			testkit.WantCode(t, "one more call on the full link", call("gate.echo"), envelope.CodeOverloaded)
 			othersUnaffected(t, fmt.Sprintf("round %d", round))
 			g.release()
 			wg.Wait()

@@ -27,6 +27,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -570,13 +571,13 @@ func slowest(by map[string][]time.Duration, n int) []string {
 	}
 	var rows []row
 	for k, ds := range by {
-		rows = append(rows, row{k, pctl(ds, 99)})
+		rows = append(rows, row{k, testkit.Pctl(ds, 99)})
 	}
 	slices.SortFunc(rows, func(a, b row) int { return int(b.p99 - a.p99) })
 	var out []string
 	for _, r := range rows[:min(n, len(rows))] {
 		ds := by[r.name]
-		out = append(out, fmt.Sprintf("%s: n=%d p50=%.1f p99=%.1f max=%.1f", r.name, len(ds), ms(pctl(ds, 50)), ms(r.p99), ms(pctl(ds, 100))))
+		out = append(out, fmt.Sprintf("%s: n=%d p50=%.1f p99=%.1f max=%.1f", r.name, len(ds), ms(testkit.Pctl(ds, 50)), ms(r.p99), ms(testkit.Pctl(ds, 100))))
 	}
 	return out
 }
@@ -758,7 +759,7 @@ func TestS26HostileJSON(t *testing.T) {
 	runtime.GC()
 	afterHeap := heapInuse()
 
-	hp99, ap99, bp99 := pctl(hLat, 99), pctl(aLat, 99), pctl(bLat, 99)
+	hp99, ap99, bp99 := testkit.Pctl(hLat, 99), testkit.Pctl(aLat, 99), testkit.Pctl(bLat, 99)
 	bound := uint64(2 * s26ReadLimit * 10)
 	summary := map[string]any{
 		"scenario":                "S26",
@@ -766,9 +767,9 @@ func TestS26HostileJSON(t *testing.T) {
 		"hostile_sent":            st.Sent,
 		"hostile_rate":            float64(st.Sent) / attack.Seconds(),
 		"hostile_unexpected":      st.NBad,
-		"hostile_p50_ms":          ms(pctl(st.Lat, 50)),
-		"hostile_p99_ms":          ms(pctl(st.Lat, 99)),
-		"hostile_max_ms":          ms(pctl(st.Lat, 100)),
+		"hostile_p50_ms":          ms(testkit.Pctl(st.Lat, 50)),
+		"hostile_p99_ms":          ms(testkit.Pctl(st.Lat, 99)),
+		"hostile_max_ms":          ms(testkit.Pctl(st.Lat, 100)),
 		"slowest_inputs":          slowest(st.ByItem, 6),
 		"outcomes":                st.ByOutcome,
 		"ws_over_limit":           st.Closes,
@@ -776,8 +777,8 @@ func TestS26HostileJSON(t *testing.T) {
 		"legit_healthy_p99":       ms(hp99),
 		"legit_attack":            len(aLat),
 		"legit_fail":              aFails,
-		"legit_healthy_p50":       ms(pctl(hLat, 50)),
-		"legit_attack_p50":        ms(pctl(aLat, 50)),
+		"legit_healthy_p50":       ms(testkit.Pctl(hLat, 50)),
+		"legit_attack_p50":        ms(testkit.Pctl(aLat, 50)),
 		"legit_attack_p99":        ms(ap99),
 		"p99_ratio":               float64(ap99) / float64(max(hp99, 1)),
 		"benign_sent":             rep.Benign.Sent,
@@ -785,7 +786,7 @@ func TestS26HostileJSON(t *testing.T) {
 		"benign_cpu_ms_per_s":     ms(rep.BenignCPU) / float64(windows),
 		"benign_unexpected":       rep.Benign.NBad,
 		"legit_benign":            len(bLat),
-		"legit_benign_p50":        ms(pctl(bLat, 50)),
+		"legit_benign_p50":        ms(testkit.Pctl(bLat, 50)),
 		"legit_benign_p99":        ms(bp99),
 		"p99_ratio_benign":        float64(bp99) / float64(max(hp99, 1)),
 		"p99_ratio_attack_benign": float64(ap99) / float64(max(bp99, 1)),
@@ -802,7 +803,7 @@ func TestS26HostileJSON(t *testing.T) {
 		"count_hit":               hits.Load(),
 		"count_other":             others.Load(),
 	}
-	printSummary(t, summary)
+	testkit.PrintSummary(t, summary)
 	for _, env := range []string{s26OnlyEnv, s26NoiseEnv, s26BurnEnv} {
 		if v := os.Getenv(env); v != "" {
 			t.Errorf("%s=%s: a diagnostic run, not the scenario", env, v)
@@ -838,7 +839,7 @@ func TestS26HostileJSON(t *testing.T) {
 	// 50 ms is the scenario's figure for an answer to each hostile input,
 	// measured from the first byte sent to the answer, transfer of the
 	// 2-4 MB inputs included.
-	if p := pctl(st.Lat, 99); p > 50*time.Millisecond {
+	if p := testkit.Pctl(st.Lat, 99); p > 50*time.Millisecond {
 		t.Errorf("hostile inputs answered in p99 %v; want ≤ 50 ms", p)
 	}
 	// Legitimate p99 ≤ 1.5× healthy is the scenario's figure, healthy

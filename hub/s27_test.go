@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -137,11 +138,11 @@ func TestS27SlowHeaders(t *testing.T) {
 	aLat, aFails, aErrs := under()
 	fds.stop()
 
-	hp99, ap99 := pctl(hLat, 99), pctl(aLat, 99)
-	printSummary(t, map[string]any{
+	hp99, ap99 := testkit.Pctl(hLat, 99), testkit.Pctl(aLat, 99)
+	testkit.PrintSummary(t, map[string]any{
 		"scenario": "S27", "part": "slow headers", "connections": n, "max_conns": maxConns,
 		"cut": len(cut), "never_cut": neverCut, "dial_failed": dialFail, "answered_before_close": answered,
-		"cut_min_s": pctl(cut, 0).Seconds(), "cut_p50_s": pctl(cut, 50).Seconds(), "cut_max_s": pctl(cut, 100).Seconds(),
+		"cut_min_s": testkit.Pctl(cut, 0).Seconds(), "cut_p50_s": testkit.Pctl(cut, 50).Seconds(), "cut_max_s": testkit.Pctl(cut, 100).Seconds(),
 		"legit_healthy_p99_ms": ms(hp99), "legit_ok": len(aLat), "legit_failed": aFails, "legit_p99_ms": ms(ap99),
 		"hub_fd_peak": fds.peak.Load(), "fd_bound": maxConns + 64,
 	})
@@ -151,7 +152,7 @@ func TestS27SlowHeaders(t *testing.T) {
 	// ReadHeaderTimeout is 5 s, counted from the accept; 500 ms of slack
 	// for a loaded 2-core machine (the connection is cut by a timer, its
 	// close then has to be scheduled and seen).
-	if mx := pctl(cut, 100); mx > 5500*time.Millisecond {
+	if mx := testkit.Pctl(cut, 100); mx > 5500*time.Millisecond {
 		t.Errorf("slowest half-header connection cut after %v; want ≤ 5 s (+0.5 s slack)", mx)
 	}
 	if hFails != 0 || aFails != 0 {
@@ -287,12 +288,12 @@ func TestS27ConnectionFlood(t *testing.T) {
 	for _, v := range outcomes {
 		attempts += v
 	}
-	hp99, ap99, rp99 := pctl(hLat, 99), pctl(aLat, 99), pctl(lat, 99)
-	printSummary(t, map[string]any{
+	hp99, ap99, rp99 := testkit.Pctl(hLat, 99), testkit.Pctl(aLat, 99), testkit.Pctl(lat, 99)
+	testkit.PrintSummary(t, map[string]any{
 		"scenario": "S27", "part": "connection flood", "max_conns": maxConns, "held_open": len(fill),
 		"flood_s": flood.Seconds(), "attempts": attempts, "attempt_rate": float64(attempts) / flood.Seconds(),
 		"outcomes": outcomes, "refused_metric": refused,
-		"refusal_p50_ms": ms(pctl(lat, 50)), "refusal_p99_ms": ms(rp99), "refusal_max_ms": ms(pctl(lat, 100)),
+		"refusal_p50_ms": ms(testkit.Pctl(lat, 50)), "refusal_p99_ms": ms(rp99), "refusal_max_ms": ms(testkit.Pctl(lat, 100)),
 		"legit_healthy_p99_ms": ms(hp99), "legit_ok": len(aLat), "legit_failed": aFails, "legit_p99_ms": ms(ap99),
 		"hub_fd_peak": fds.peak.Load(), "fd_bound": maxConns + 64,
 	})
@@ -327,7 +328,7 @@ func TestS27UnauthenticatedUpgrades(t *testing.T) {
 	met := telemetry.NewMetrics(nil)
 	// No budget for failed authentications: this test counts each
 	// refusal as UNAUTHENTICATED; TestBadTokenFlood tests the budget.
-	m := meshtest.Start(t, hub.Config{Security: &hub.Security{Key: testKey, FailedAuthRate: -1}}, hub.WithTelemetry(telemetry.New(nil, met)))
+	m := meshtest.Start(t, hub.Config{Security: &hub.Security{Key: testkit.TestKey, FailedAuthRate: -1}}, hub.WithTelemetry(telemetry.New(nil, met)))
 	var lat []time.Duration
 	codes := map[int]int{}
 	for range 500 {
@@ -345,9 +346,9 @@ func TestS27UnauthenticatedUpgrades(t *testing.T) {
 		codes[res.StatusCode]++
 	}
 	refused := refusedTotal(t, met, "unauthenticated")
-	p99 := pctl(lat, 99)
-	printSummary(t, map[string]any{"scenario": "S27", "part": "unauthenticated upgrades", "upgrades": 500,
-		"codes": codes, "refused_metric": refused, "p50_ms": ms(pctl(lat, 50)), "p99_ms": ms(p99), "max_ms": ms(pctl(lat, 100))})
+	p99 := testkit.Pctl(lat, 99)
+	testkit.PrintSummary(t, map[string]any{"scenario": "S27", "part": "unauthenticated upgrades", "upgrades": 500,
+		"codes": codes, "refused_metric": refused, "p50_ms": ms(testkit.Pctl(lat, 50)), "p99_ms": ms(p99), "max_ms": ms(testkit.Pctl(lat, 100))})
 	if codes[http.StatusUnauthorized] != 500 || refused != 500 {
 		t.Errorf("upgrades without a credential: %v, %v counted; want 500 × 401, 500 counted", codes, refused)
 	}

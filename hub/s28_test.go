@@ -16,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -101,21 +102,21 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 	}()
 	echo := func(m *meshtest.Mesh) {
 		var n atomic.Int64
-		m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+		m.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	}
 
 	t.Run("a per-identity", func(t *testing.T) {
 		m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, GlobalRate: 2000,
-			Security: &hub.Security{Key: testKey, RatePerToken: 100, BurstPerToken: 200}},
+			Security: &hub.Security{Key: testkit.TestKey, RatePerToken: 100, BurstPerToken: 200}},
 			hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 		echo(m)
 		flood := []*mesh.Client{
-			mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability()),
-			mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability()),
+			testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability()),
+			testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability()),
 		}
 		var others []*mesh.Client
 		for _, s := range []string{"o1", "o2", "o3", "o4", "o5"} {
-			others = append(others, mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: s}, time.Hour)), mesh.WithoutReliability()))
+			others = append(others, testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: s}, time.Hour)), mesh.WithoutReliability()))
 		}
 		// Healthy: the 5 others alone.
 		var healthy, under, fl s28Load
@@ -138,7 +139,7 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 		phase(3*time.Second, false, &healthy)
 		elapsed := phase(4*time.Second, true, &under)
 		rate := float64(fl.ok.Load()-200) / elapsed.Seconds()
-		hp99, up99 := pctl(healthy.lat, 99), pctl(under.lat, 99)
+		hp99, up99 := testkit.Pctl(healthy.lat, 99), testkit.Pctl(under.lat, 99)
 		fig["a"] = map[string]any{"floodOK": fl.ok.Load(), "floodAcceptedPerSec": rate, "floodOverloaded": fl.limited.Load(),
 			"floodHinted": fl.hinted.Load(), "floodOther": fl.other.Load(), "refusals": fl.msgs,
 			"othersOK": under.ok.Load(), "othersFailed": under.limited.Load() + under.other.Load(),
@@ -163,7 +164,7 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 
 	t.Run("global", func(t *testing.T) {
 		m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, GlobalRate: 200, GlobalBurst: 50,
-			Security: &hub.Security{Key: testKey, RatePerToken: 1000, BurstPerToken: 1000}})
+			Security: &hub.Security{Key: testkit.TestKey, RatePerToken: 1000, BurstPerToken: 1000}})
 		echo(m)
 		var l s28Load
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
@@ -171,7 +172,7 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 		var wg sync.WaitGroup
 		start := time.Now()
 		for _, s := range []string{"g1", "g2", "g3"} {
-			l.run(ctx, &wg, mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: s}, time.Hour)), mesh.WithoutReliability()), 150, 4, false)
+			l.run(ctx, &wg, testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: s}, time.Hour)), mesh.WithoutReliability()), 150, 4, false)
 		}
 		wg.Wait()
 		rate := float64(l.ok.Load()-50) / time.Since(start).Seconds()
@@ -187,10 +188,10 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 	})
 
 	t.Run("b expired token replayed", func(t *testing.T) {
-		m := securedHub(t, hub.Security{})
+		m := testkit.SecuredHub(t, hub.Security{})
 		echo(m)
-		tok := token(t, auth.Claims{Subject: "short"}, time.Second)
-		c := mustClient(t, m.WS, mesh.WithToken(tok), mesh.WithoutReliability())
+		tok := testkit.Token(t, auth.Claims{Subject: "short"}, time.Second)
+		c := testkit.MustClient(t, m.WS, mesh.WithToken(tok), mesh.WithoutReliability())
 		if err := c.Call(t.Context(), "echo.echo", 1, nil); err != nil {
 			t.Fatalf("with the fresh token: %v", err)
 		}
@@ -202,14 +203,14 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 		}
 		defer replay.Close()
 		errWS := replay.Call(t.Context(), "echo.echo", map[string]int{"i": 1}, nil)
-		wantCode(t, "expired token on a new connection", errWS, envelope.CodeUnauthenticated)
+		testkit.WantCode(t, "expired token on a new connection", errWS, envelope.CodeUnauthenticated)
 		h, err := mesh.NewClient([]string{m.HTTP + "/rpc"}, mesh.WithToken(tok), mesh.WithoutReliability())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer h.Close()
 		errHTTP := h.Call(t.Context(), "echo.echo", map[string]int{"i": 1}, nil)
-		wantCode(t, "expired token over HTTP", errHTTP, envelope.CodeUnauthenticated)
+		testkit.WantCode(t, "expired token over HTTP", errHTTP, envelope.CodeUnauthenticated)
 		fig["b"] = map[string]any{"newConnection": envelope.CodeOf(errWS).String(), "http": envelope.CodeOf(errHTTP).String()}
 	})
 
@@ -218,15 +219,15 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 		now := time.Now()
 		clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 		advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-		m := meshtest.Start(t, hub.Config{Security: &hub.Security{Key: testKey}, IdempotencyWindow: 10 * time.Minute},
+		m := meshtest.Start(t, hub.Config{Security: &hub.Security{Key: testkit.TestKey}, IdempotencyWindow: 10 * time.Minute},
 			hub.WithIdempotencyClock(clock))
 		var runs atomic.Int64
-		a := agents.New("ledger", agents.WithToken(token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)))
+		a := agents.New("ledger", agents.WithToken(testkit.Token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)))
 		a.Handle("ledger.append", func(ctx context.Context, p json.RawMessage) (any, error) {
 			return map[string]int64{"entry": runs.Add(1)}, nil
 		})
 		m.RunAgent(t, a)
-		c := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "alice"}, time.Hour)), mesh.WithoutReliability())
+		c := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)), mesh.WithoutReliability())
 		key := mesh.WithHeaders(func(h *envelope.Headers) { h.IdempotencyKey = "pay-7" })
 		var first struct{ Entry int64 }
 		if err := c.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &first, key); err != nil {
@@ -247,7 +248,7 @@ func TestS28RateLimitsAndReplay(t *testing.T) {
 			t.Errorf("the agent ran the call %d times over the replays; want 1", runs.Load())
 		}
 		err := c.Call(t.Context(), "ledger.append", map[string]int{"amount": 500}, nil, key)
-		wantCode(t, "(d) same key, another body", err, envelope.CodeInvalidParams)
+		testkit.WantCode(t, "(d) same key, another body", err, envelope.CodeInvalidParams)
 		if runs.Load() != 1 {
 			t.Errorf("the agent ran %d times after the reuse with another body; want 1", runs.Load())
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -32,7 +32,7 @@ func readAll(rc *rawConn, quiet time.Duration) (statuses []int, bodies []string,
 		_ = rc.c.SetReadDeadline(time.Now().Add(quiet))
 		res, err := http.ReadResponse(rc.br, nil)
 		if err != nil {
-			return statuses, bodies, !isTimeout(err)
+			return statuses, bodies, !testkit.IsTimeout(err)
 		}
 		b, _ := io.ReadAll(res.Body)
 		res.Body.Close()
@@ -42,11 +42,6 @@ func readAll(rc *rawConn, quiet time.Duration) (statuses []int, bodies []string,
 			return statuses, bodies, true
 		}
 	}
-}
-
-func isTimeout(err error) bool {
-	var te interface{ Timeout() bool }
-	return errors.As(err, &te) && te.Timeout()
 }
 
 // TestS29FramingProbes is S29: raw requests to /rpc that different HTTP/1.1
@@ -171,5 +166,5 @@ func TestS29FramingProbes(t *testing.T) {
 			t.Errorf("%s: no answer at all", c.name)
 		}
 	}
-	printSummary(t, summary)
+	testkit.PrintSummary(t, summary)
 }

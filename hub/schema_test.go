@@ -16,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -187,7 +188,7 @@ func TestSchemaDiscovery(t *testing.T) {
 	if err := c.Call(t.Context(), "calc.add", addParams{A: 2, B: 40}, &sum); err != nil || sum.Sum != 42 {
 		t.Errorf("calc.add {2, 40} = %+v, %v; want 42", sum, err)
 	}
-	wantCode(t, "calc.add with a string", c.Call(t.Context(), "calc.add", map[string]any{"a": "x"}, nil), envelope.CodeInvalidParams)
+	testkit.WantCode(t, "calc.add with a string", c.Call(t.Context(), "calc.add", map[string]any{"a": "x"}, nil), envelope.CodeInvalidParams)
 }
 
 // TestSchemaRPCLiteral: rpc.discover and schema as a plain JSON-RPC
@@ -252,7 +253,7 @@ func TestRegisterSchemasChecked(t *testing.T) {
 		"params not schema":  {"y.y": {Params: json.RawMessage(`"string"`)}},
 		"unknown error code": {"y.y": {Errors: []string{"NOT_A_CODE"}}},
 	} {
-		wantCode(t, "register with schemas "+what, register(s), envelope.CodeInvalidParams)
+		testkit.WantCode(t, "register with schemas "+what, register(s), envelope.CodeInvalidParams)
 	}
 	if err := register(map[string]control.MethodSchema{"x.a": {Description: "a method under x.*", Params: json.RawMessage(`{"type":"object"}`)}}); err != nil {
 		t.Fatalf("register with a valid schema: %v", err)

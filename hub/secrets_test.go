@@ -19,6 +19,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -58,25 +59,25 @@ func TestSecretsNeverRecorded(t *testing.T) {
 	metrics := telemetry.NewMetrics(nil)
 	logs := &lockedBuf{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, Security: &hub.Security{Key: testKey}},
+	m := meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, Security: &hub.Security{Key: testkit.TestKey}},
 		hub.WithTelemetry(telemetry.New(tp, metrics)), hub.WithLogger(log))
 	var n atomic.Int64
-	agentTok := token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour)
-	m.RunAgent(t, countingAgent("echo", &n, agentTok, "echo.echo"))
+	agentTok := testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour)
+	m.RunAgent(t, testkit.CountingAgent("echo", &n, agentTok, "echo.echo"))
 
-	linkTok := token(t, auth.Claims{Subject: "link-caller"}, time.Hour)
-	httpTok := token(t, auth.Claims{Subject: "http-caller"}, time.Hour)
-	frameTok := token(t, auth.Claims{Subject: "frame-caller"}, time.Hour)
-	adminTok := token(t, auth.Claims{Subject: "ops", Roles: []string{auth.RoleAdmin}}, time.Hour)
+	linkTok := testkit.Token(t, auth.Claims{Subject: "link-caller"}, time.Hour)
+	httpTok := testkit.Token(t, auth.Claims{Subject: "http-caller"}, time.Hour)
+	frameTok := testkit.Token(t, auth.Claims{Subject: "frame-caller"}, time.Hour)
+	adminTok := testkit.Token(t, auth.Claims{Subject: "ops", Roles: []string{auth.RoleAdmin}}, time.Hour)
 	secrets := map[string]string{"agent": agentTok, "link": linkTok, "http": httpTok, "frame": frameTok}
 
 	// A native link authenticated at its upgrade: a call, a failing call.
-	c := mustClient(t, m.WS, mesh.WithToken(linkTok), mesh.WithoutReliability())
+	c := testkit.MustClient(t, m.WS, mesh.WithToken(linkTok), mesh.WithoutReliability())
 	var got map[string]string
 	if err := c.Call(t.Context(), "echo.echo", nil, &got); err != nil || got["authToken"] != "" {
 		t.Fatalf("call over the link: %v, the agent saw authToken %q", err, got["authToken"])
 	}
-	wantCode(t, "unknown method over the link", c.Call(t.Context(), "no.such.method", nil, nil), envelope.CodeMethodNotFound)
+	testkit.WantCode(t, "unknown method over the link", c.Call(t.Context(), "no.such.method", nil, nil), envelope.CodeMethodNotFound)
 
 	// HTTP with Authorization: a call and a failing one.
 	post := func(tok, body string) string {

@@ -20,59 +20,22 @@ import (
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
-	"github.com/agentmesh/agentmesh/telemetry"
 )
-
-var testKey = []byte("0123456789abcdef0123456789abcdef-test-key")
-
-func token(t *testing.T, c auth.Claims, ttl time.Duration) string {
-	t.Helper()
-	tok, err := auth.Issue(testKey, c, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
-}
-
-func securedHub(t *testing.T, sec hub.Security) *meshtest.Mesh {
-	t.Helper()
-	sec.Key = testKey
-	return meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, Security: &sec},
-		hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
-}
-
-// countingAgent serves methods and counts the calls it executed.
-func countingAgent(name string, n *atomic.Int64, tok string, methods ...string) *agents.Agent {
-	a := agents.New(name, agents.WithToken(tok))
-	for _, m := range methods {
-		a.Handle(m, func(ctx context.Context, p json.RawMessage) (any, error) {
-			n.Add(1)
-			return map[string]string{"authToken": agents.RequestFrom(ctx).Headers.AuthToken}, nil
-		})
-	}
-	return a
-}
-
-func wantCode(t *testing.T, what string, err error, code envelope.Code) {
-	t.Helper()
-	if got := envelope.CodeOf(err); got != code {
-		t.Errorf("%s: got %v (%v), want %v", what, got, err, code)
-	}
-}
 
 // TestAuthRefusesBadTokens: no token, a wrongly signed one, an expired one
 // and garbage are each refused with UNAUTHENTICATED on /rpc, on a native
 // link and on a plain JSON-RPC WebSocket; a valid token passes.
 func TestAuthRefusesBadTokens(t *testing.T) {
-	m := securedHub(t, hub.Security{})
+	m := testkit.SecuredHub(t, hub.Security{})
 	otherKey := []byte("another-key-another-key-another-key!!")
 	wrong, _ := auth.Issue(otherKey, auth.Claims{Subject: "mallory"}, time.Hour)
-	expired := token(t, auth.Claims{Subject: "late"}, time.Second)
+	expired := testkit.Token(t, auth.Claims{Subject: "late"}, time.Second)
 	time.Sleep(time.Second + auth.DefaultLeeway + 100*time.Millisecond)
 	cases := map[string]string{"none": "", "wrongly signed": wrong, "expired": expired, "garbage": "abc.def.ghi"}
 	for name, tok := range cases {
@@ -82,7 +45,7 @@ func TestAuthRefusesBadTokens(t *testing.T) {
 				t.Fatal(err)
 			}
 			err = c.Call(t.Context(), "mesh.ping", nil, nil)
-			wantCode(t, name+" over "+url[:4], err, envelope.CodeUnauthenticated)
+			testkit.WantCode(t, name+" over "+url[:4], err, envelope.CodeUnauthenticated)
 			_ = c.Close()
 		}
 		// Plain JSON-RPC WebSocket: refused before the upgrade, with 401.
@@ -95,9 +58,9 @@ func TestAuthRefusesBadTokens(t *testing.T) {
 			t.Errorf("%s: plain WebSocket upgrade: %v %v; want 401", name, err, res)
 		}
 	}
-	good := token(t, auth.Claims{Subject: "alice"}, time.Hour)
+	good := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
 	for _, url := range []string{m.HTTP, m.WS} {
-		c := mustClient(t, url, mesh.WithToken(good))
+		c := testkit.MustClient(t, url, mesh.WithToken(good))
 		if err := c.Call(t.Context(), "mesh.ping", nil, nil); err != nil {
 			t.Errorf("valid token over %s: %v", url, err)
 		}
@@ -116,29 +79,19 @@ func TestAuthRefusesBadTokens(t *testing.T) {
 	}
 }
 
-func mustClient(t *testing.T, url string, opts ...mesh.ClientOption) *mesh.Client {
-	t.Helper()
-	c, err := mesh.NewClient([]string{url}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // TestRegistrationGuard is S24 (b)(c): a token for media_gen.* cannot
 // register memory.* or any alias of it, nor the hub's namespaces; the
 // registry stays unchanged and no memory.* call ever reaches it. The
 // token for memory.* can, and takes an agent id no other holder can take
 // over.
 func TestRegistrationGuard(t *testing.T) {
-	m := securedHub(t, hub.Security{})
-	x := token(t, auth.Claims{Subject: "agent-x", Serve: []string{"memory.*"}}, time.Hour)
-	y := token(t, auth.Claims{Subject: "agent-y", Serve: []string{"media_gen.*"}}, time.Hour)
-	admin := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour)))
+	m := testkit.SecuredHub(t, hub.Security{})
+	x := testkit.Token(t, auth.Claims{Subject: "agent-x", Serve: []string{"memory.*"}}, time.Hour)
+	y := testkit.Token(t, auth.Claims{Subject: "agent-y", Serve: []string{"media_gen.*"}}, time.Hour)
+	admin := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour)))
 
 	var xCalls, yCalls atomic.Int64
-	m.RunAgent(t, countingAgent("memory", &xCalls, x, "memory.*"))
+	m.RunAgent(t, testkit.CountingAgent("memory", &xCalls, x, "memory.*"))
 
 	for _, claim := range []string{"memory.get", "memory.*", "Memory.Get", "memory.get.", "memory..get", "mеmory.get", "memory.get ", "*", "admin.*", "mesh.agents", "agent.register"} {
 		l, err := link.DialToken(t.Context(), m.WS, y, link.Config{})
@@ -152,11 +105,11 @@ func TestRegistrationGuard(t *testing.T) {
 		if err == nil {
 			_ = json.Unmarshal(r.Result, &res)
 		}
-		wantCode(t, "Y registers "+claim, err, envelope.CodePermissionDenied)
+		testkit.WantCode(t, "Y registers "+claim, err, envelope.CodePermissionDenied)
 		l.Close()
 	}
 	// Y may register what its token allows.
-	m.RunAgent(t, countingAgent("media", &yCalls, y, "media_gen.*"))
+	m.RunAgent(t, testkit.CountingAgent("media", &yCalls, y, "media_gen.*"))
 
 	var list []control.AgentInfo
 	if err := admin.Call(t.Context(), "mesh.agents", nil, &list); err != nil {
@@ -165,7 +118,7 @@ func TestRegistrationGuard(t *testing.T) {
 	if len(list) != 2 {
 		t.Errorf("registry holds %d agents, want 2 (X and Y's own): %+v", len(list), list)
 	}
-	caller := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)))
+	caller := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)))
 	for range 50 {
 		if err := caller.Call(t.Context(), "memory.get", map[string]string{"key": "k"}, nil); err != nil {
 			t.Fatalf("memory.get: %v", err)
@@ -176,7 +129,7 @@ func TestRegistrationGuard(t *testing.T) {
 	}
 
 	// Another holder cannot take X's agent id over.
-	l, err := link.DialToken(t.Context(), m.WS, token(t, auth.Claims{Subject: "agent-z", Serve: []string{"memory.*"}}, time.Hour), link.Config{})
+	l, err := link.DialToken(t.Context(), m.WS, testkit.Token(t, auth.Claims{Subject: "agent-z", Serve: []string{"memory.*"}}, time.Hour), link.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +145,7 @@ func TestRegistrationGuard(t *testing.T) {
 	req := &envelope.Request{ID: envelope.NewID(), Method: "agent.register"}
 	req.Params, _ = json.Marshal(control.RegisterParams{AgentID: xid, Capabilities: []string{"memory.*"}})
 	_, err = l.Call(t.Context(), req)
-	wantCode(t, "Z takes over X's agent id", err, envelope.CodePermissionDenied)
+	testkit.WantCode(t, "Z takes over X's agent id", err, envelope.CodePermissionDenied)
 	if err := caller.Call(t.Context(), "memory.get", map[string]string{"key": "k"}, nil); err != nil || xCalls.Load() != 51 {
 		t.Errorf("X no longer served after the takeover attempt: %v, %d calls", err, xCalls.Load())
 	}
@@ -203,14 +156,14 @@ func TestRegistrationGuard(t *testing.T) {
 // move), the right one passes, admin built-ins need admin, and the
 // credential never reaches the agent.
 func TestRolesGuardMethods(t *testing.T) {
-	m := securedHub(t, hub.Security{Roles: map[string][]string{
+	m := testkit.SecuredHub(t, hub.Security{Roles: map[string][]string{
 		"memory.get": {"reader", "writer"},
 		"memory.*":   {"writer"},
 	}})
 	var n atomic.Int64
-	m.RunAgent(t, countingAgent("memory", &n, token(t, auth.Claims{Subject: "mem", Serve: []string{"memory.*"}}, time.Hour), "memory.*"))
-	reader := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)))
-	writer := mustClient(t, m.HTTP, mesh.WithToken(token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)))
+	m.RunAgent(t, testkit.CountingAgent("memory", &n, testkit.Token(t, auth.Claims{Subject: "mem", Serve: []string{"memory.*"}}, time.Hour), "memory.*"))
+	reader := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)))
+	writer := testkit.MustClient(t, m.HTTP, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour)))
 
 	var got map[string]string
 	if err := reader.Call(t.Context(), "memory.get", nil, &got); err != nil {
@@ -219,22 +172,22 @@ func TestRolesGuardMethods(t *testing.T) {
 	if got["authToken"] != "" {
 		t.Errorf("the agent saw the caller's credential: %q", got["authToken"])
 	}
-	wantCode(t, "reader memory.set", reader.Call(t.Context(), "memory.set", nil, nil), envelope.CodePermissionDenied)
-	wantCode(t, "reader memory.delete", reader.Call(t.Context(), "memory.delete", nil, nil), envelope.CodePermissionDenied)
+	testkit.WantCode(t, "reader memory.set", reader.Call(t.Context(), "memory.set", nil, nil), envelope.CodePermissionDenied)
+	testkit.WantCode(t, "reader memory.delete", reader.Call(t.Context(), "memory.delete", nil, nil), envelope.CodePermissionDenied)
 	if err := writer.Call(t.Context(), "memory.set", nil, nil); err != nil {
 		t.Errorf("writer memory.set: %v", err)
 	}
 	if n.Load() != 2 {
 		t.Errorf("agent executed %d calls, want 2 (refused calls must not reach it)", n.Load())
 	}
-	wantCode(t, "reader mesh.agents", reader.Call(t.Context(), "mesh.agents", nil, nil), envelope.CodePermissionDenied)
-	wantCode(t, "reader mesh.breakers", reader.Call(t.Context(), "mesh.breakers", nil, nil), envelope.CodePermissionDenied)
+	testkit.WantCode(t, "reader mesh.agents", reader.Call(t.Context(), "mesh.agents", nil, nil), envelope.CodePermissionDenied)
+	testkit.WantCode(t, "reader mesh.breakers", reader.Call(t.Context(), "mesh.breakers", nil, nil), envelope.CodePermissionDenied)
 	if err := reader.Call(t.Context(), "mesh.methods", nil, nil); err != nil {
 		t.Errorf("mesh.methods is open to any authenticated caller: %v", err)
 	}
 	// /metrics on the gateway port needs admin.
 	req, _ := http.NewRequest(http.MethodGet, m.HTTP+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
+	req.Header.Set("Authorization", "Bearer "+testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +196,7 @@ func TestRolesGuardMethods(t *testing.T) {
 	if res.StatusCode != http.StatusForbidden {
 		t.Errorf("/metrics with a reader token: HTTP %d, want 403", res.StatusCode)
 	}
-	req.Header.Set("Authorization", "Bearer "+token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour))
+	req.Header.Set("Authorization", "Bearer "+testkit.Token(t, auth.Claims{Subject: "ops", Roles: []string{"admin"}}, time.Hour))
 	res, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -266,8 +219,8 @@ func TestRolesGuardMethods(t *testing.T) {
 func TestCrossSiteWebSocket(t *testing.T) {
 	// No budget for failed authentications here: S23 counts each refusal's
 	// kind; S24 (f) tests the budget.
-	m := securedHub(t, hub.Security{Origins: []string{"https://console.example"}, FailedAuthRate: -1})
-	good := token(t, auth.Claims{Subject: "agent", Serve: []string{"echo.*"}}, time.Hour)
+	m := testkit.SecuredHub(t, hub.Security{Origins: []string{"https://console.example"}, FailedAuthRate: -1})
+	good := testkit.Token(t, auth.Claims{Subject: "agent", Serve: []string{"echo.*"}}, time.Hour)
 	try := func(origin, tok string, cookie bool) int {
 		hdr := http.Header{}
 		if origin != "" {
@@ -329,10 +282,10 @@ func TestCrossSiteWebSocket(t *testing.T) {
 // agent, whose token cannot be renewed, stops with UNAUTHENTICATED
 // instead of reconnecting in a loop.
 func TestTokenExpiresMidLink(t *testing.T) {
-	m := securedHub(t, hub.Security{})
+	m := testkit.SecuredHub(t, hub.Security{})
 	release := make(chan struct{})
-	tok := token(t, auth.Claims{Subject: "slow", Serve: []string{"slow.*"}}, 4*time.Second)
-	v, _ := auth.NewVerifier(testKey)
+	tok := testkit.Token(t, auth.Claims{Subject: "slow", Serve: []string{"slow.*"}}, 4*time.Second)
+	v, _ := auth.NewVerifier(testkit.TestKey)
 	claims, err := v.Verify(tok)
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +304,7 @@ func TestTokenExpiresMidLink(t *testing.T) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- a.Run(ctx, m.WS) }()
 	<-a.Registered()
-	caller := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "c"}, time.Hour)), mesh.WithoutReliability())
+	caller := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "c"}, time.Hour)), mesh.WithoutReliability())
 	callErr := make(chan error, 1)
 	go func() {
 		callErr <- caller.Call(context.Background(), "slow.wait", nil, nil, mesh.CallTimeout(30*time.Second))
@@ -365,13 +318,13 @@ func TestTokenExpiresMidLink(t *testing.T) {
 	select {
 	case err := <-callErr:
 		cut = time.Now()
-		wantCode(t, "pending call when the agent's token expired", err, envelope.CodeUnavailable)
+		testkit.WantCode(t, "pending call when the agent's token expired", err, envelope.CodeUnavailable)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the link outlived its token")
 	}
 	select {
 	case err := <-runErr:
-		wantCode(t, "agent after expiry", err, envelope.CodeUnauthenticated)
+		testkit.WantCode(t, "agent after expiry", err, envelope.CodeUnauthenticated)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent kept reconnecting with an expired token")
 	}
@@ -386,11 +339,11 @@ func TestTokenExpiresMidLink(t *testing.T) {
 // accepted rate within 10 % of the limit, while another token keeps all
 // its calls.
 func TestRateLimitPerToken(t *testing.T) {
-	m := securedHub(t, hub.Security{RatePerToken: 100, BurstPerToken: 20})
+	m := testkit.SecuredHub(t, hub.Security{RatePerToken: 100, BurstPerToken: 20})
 	var n atomic.Int64
-	m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
-	flood := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability())
-	calm := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "calm"}, time.Hour)), mesh.WithoutReliability())
+	m.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	flood := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "flood"}, time.Hour)), mesh.WithoutReliability())
+	calm := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "calm"}, time.Hour)), mesh.WithoutReliability())
 	f := floodAndCalm(flood, calm, 3*time.Second)
 	rate := f.rate(20)
 	t.Logf("flood: %d ok (%.0f/s after the burst), %d OVERLOADED (%d with retry-after), %d other; calm: %d ok, %d failed",
@@ -476,20 +429,20 @@ func TestPeerLinksAuthenticate(t *testing.T) {
 		return meshtest.StartCluster(t, hub.Config{ID: "hub-" + name, Security: &hub.Security{Key: key}}, reg)
 	}
 	otherKey := []byte("a-different-key-a-different-key-!!!!")
-	a, b, c := start("A", testKey), start("B", testKey), start("C", otherKey)
+	a, b, c := start("A", testkit.TestKey), start("B", testkit.TestKey), start("C", otherKey)
 	var n atomic.Int64
-	a.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	a.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	for _, h := range []*meshtest.Mesh{b, c} {
 		meshtest.WaitFor(t, 5*time.Second, func() bool { return len(h.Hub.Registry().Snapshot().Lookup("echo.echo")) == 1 })
 	}
-	viaB := mustClient(t, b.WS, mesh.WithToken(token(t, auth.Claims{Subject: "caller"}, time.Hour)))
+	viaB := testkit.MustClient(t, b.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "caller"}, time.Hour)))
 	for range 20 {
 		if err := viaB.Call(t.Context(), "echo.echo", nil, nil); err != nil {
 			t.Fatalf("call through B to A: %v", err)
 		}
 	}
 	ctok, _ := auth.Issue(otherKey, auth.Claims{Subject: "caller"}, time.Hour)
-	viaC := mustClient(t, c.WS, mesh.WithToken(ctok), mesh.WithoutReliability())
+	viaC := testkit.MustClient(t, c.WS, mesh.WithToken(ctok), mesh.WithoutReliability())
 	err := viaC.Call(t.Context(), "echo.echo", nil, nil)
 	if err == nil {
 		t.Fatal("a hub with another key forwarded a call into the mesh")
@@ -506,16 +459,16 @@ func TestPeerLinksAuthenticate(t *testing.T) {
 // same key with another body is INVALID_PARAMS; another caller's key
 // space is its own; after the window the key is forgotten.
 func TestIdempotencyKeyReplay(t *testing.T) {
-	sec := hub.Security{Key: testKey}
+	sec := hub.Security{Key: testkit.TestKey}
 	m := meshtest.Start(t, hub.Config{Security: &sec, IdempotencyWindow: 3 * time.Second})
 	var runs atomic.Int64
-	a := agents.New("ledger", agents.WithToken(token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)))
+	a := agents.New("ledger", agents.WithToken(testkit.Token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)))
 	a.Handle("ledger.append", func(ctx context.Context, p json.RawMessage) (any, error) {
 		return map[string]int64{"entry": runs.Add(1)}, nil
 	})
 	m.RunAgent(t, a)
-	alice := token(t, auth.Claims{Subject: "alice"}, time.Hour)
-	ws := mustClient(t, m.WS, mesh.WithToken(alice), mesh.WithoutReliability())
+	alice := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
+	ws := testkit.MustClient(t, m.WS, mesh.WithToken(alice), mesh.WithoutReliability())
 	key := func(k string) mesh.CallOption {
 		return mesh.WithHeaders(func(h *envelope.Headers) { h.IdempotencyKey = k })
 	}
@@ -552,9 +505,9 @@ func TestIdempotencyKeyReplay(t *testing.T) {
 	}
 	// Same key, another body: refused, not run.
 	err = ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 500}, nil, key("pay-1"))
-	wantCode(t, "same key, other params", err, envelope.CodeInvalidParams)
+	testkit.WantCode(t, "same key, other params", err, envelope.CodeInvalidParams)
 	// Another caller's "pay-1" is another key.
-	bob := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "bob"}, time.Hour)))
+	bob := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "bob"}, time.Hour)))
 	if err := bob.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, nil, key("pay-1")); err != nil {
 		t.Fatal(err)
 	}
@@ -575,10 +528,10 @@ func TestIdempotencyKeyReplay(t *testing.T) {
 // Retry-After), while legitimate callers from a client with a valid token
 // keep 0 errors and their latency.
 func TestBadTokenFlood(t *testing.T) {
-	m := securedHub(t, hub.Security{})
+	m := testkit.SecuredHub(t, hub.Security{})
 	var n atomic.Int64
-	m.RunAgent(t, countingAgent("echo", &n, token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
-	legit := mustClient(t, m.WS, mesh.WithToken(token(t, auth.Claims{Subject: "legit"}, time.Hour)), mesh.WithoutReliability())
+	m.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
+	legit := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "legit"}, time.Hour)), mesh.WithoutReliability())
 	measure := func(d time.Duration) (p99 time.Duration, errs int) {
 		var lat []time.Duration
 		tk := time.NewTicker(10 * time.Millisecond) // 100 req/s

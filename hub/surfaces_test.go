@@ -23,6 +23,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -103,7 +104,7 @@ func TestSurfaces(t *testing.T) {
 		if err := p.ForceFlush(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		return observed{code, spanShapes(t, exp, trace, parent), diffCounts(before, after)}, nil
+		return observed{code, testkit.SpanShapes(t, exp, trace, parent), diffCounts(before, after)}, nil
 	}
 
 	native := map[string]observed{}
@@ -348,7 +349,7 @@ var surfaceRows = []struct {
 				method = "getAgentMessages"
 			}
 			rid := fmt.Sprint("surf-", n.Add(1))
-			d.write(mustJSON(t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request",
+			d.write(testkit.MustJSON(t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request",
 				"payload": map[string]any{"requestId": rid, "method": method, "params": op.params, "meta": map[string]string{"traceparent": tp}}}))
 			dl, _ := ctx.Deadline()
 			for {

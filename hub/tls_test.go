@@ -20,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -92,7 +93,7 @@ func TestMutualTLS(t *testing.T) {
 	}
 	runAgentUntilEnd(t, agents.NewEcho(agents.WithConnConfig(link.Config{TLS: good})), wss, "over mutual TLS")
 	for _, url := range []string{wss, https} {
-		c := mustClient(t, url, mesh.WithTLS(good))
+		c := testkit.MustClient(t, url, mesh.WithTLS(good))
 		var got []string
 		if err := c.Call(t.Context(), "echo.echo", []string{"over tls"}, &got); err != nil || len(got) != 1 || got[0] != "over tls" {
 			t.Errorf("%s: %q, %v", url, got, err)
@@ -109,7 +110,7 @@ func TestMutualTLS(t *testing.T) {
 		"hub's CA not trusted":          {wss, distrust},
 		"plain ws to a TLS port":        {m.WS, nil},
 	} {
-		cl := mustClient(t, c.url, mesh.WithTLS(c.tls), mesh.WithoutReliability())
+		cl := testkit.MustClient(t, c.url, mesh.WithTLS(c.tls), mesh.WithoutReliability())
 		err := cl.Call(t.Context(), "echo.echo", []string{"x"}, nil)
 		if err == nil {
 			t.Errorf("%s: the call went through", name)
@@ -164,7 +165,7 @@ func TestPeerLinksOverMutualTLS(t *testing.T) {
 	clientTLS, _ := link.ClientTLS(pki.ca, pki.clientCert, pki.clientKey)
 	runAgentUntilEnd(t, agents.NewEcho(agents.WithID("echo-on-a"), agents.WithConnConfig(link.Config{TLS: clientTLS})), wss(a), "on hub A over mutual TLS")
 	meshtest.WaitFor(t, 5*time.Second, func() bool { return b.Hub.Registry().Snapshot().Instance("echo-on-a") != nil })
-	c := mustClient(t, wss(b), mesh.WithTLS(clientTLS))
+	c := testkit.MustClient(t, wss(b), mesh.WithTLS(clientTLS))
 	for i := range 20 {
 		var got []int
 		if err := c.Call(t.Context(), "echo.echo", []int{i}, &got); err != nil || len(got) != 1 || got[0] != i {

@@ -1,0 +1,208 @@
+// Package testkit holds the helpers the hub's and the surfaces' tests
+// share: a hub with a chat agent, tokens, metric and span readers.
+package testkit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/agents/chat"
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/scenario"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/telemetry"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// histCount returns the sample count of the histogram series with labels.
+func HistCount(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) uint64 {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, s := range f.Metric {
+			for _, lp := range s.Label {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			return s.GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
+func Keys(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return SortedStrings(out)
+}
+
+func SecuredHub(t *testing.T, sec hub.Security) *meshtest.Mesh {
+	t.Helper()
+	sec.Key = TestKey
+	return meshtest.Start(t, hub.Config{HeartbeatInterval: time.Second, Security: &sec},
+		hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
+}
+
+// spanShapes lists the spans of one trace as "name/kind/status", sorted,
+// and checks that its server span is a child of the caller's span parent:
+// what the tests comparing a surface's trace with the native call's
+// compare.
+func SpanShapes(t *testing.T, exp *tracetest.InMemoryExporter, trace, parent string) []string {
+	t.Helper()
+	var out []string
+	for _, sp := range exp.GetSpans() {
+		if sp.SpanContext.TraceID().String() != trace {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code))
+		if sp.SpanKind == oteltrace.SpanKindServer && sp.Parent.SpanID().String() != parent {
+			t.Errorf("trace %s: server span's parent %s; want the caller's %s", trace, sp.Parent.SpanID(), parent)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// startNexus3 runs a hub with a chat agent (scripted provider, sessions in
+// a temporary directory).
+func StartNexus3(t *testing.T, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
+	t.Helper()
+	return StartNexus3With(t, &EssayProvider{}, hb, opts...)
+}
+
+func StartNexus3With(t *testing.T, p chat.Provider, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
+	t.Helper()
+	return StartChatHub(t, p, nil, hb, opts...)
+}
+
+// startChatHub runs a hub with a chat agent of provider p and tools.
+func StartChatHub(t *testing.T, p chat.Provider, tools *chat.Tools, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
+	t.Helper()
+	m := meshtest.Start(t, hub.Config{}, opts...)
+	if hb != nil {
+		*hb = m.Hub
+	}
+	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, p, tools)
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, chat.NewService(rt))
+	return m
+}
+
+func Token(t *testing.T, c auth.Claims, ttl time.Duration) string {
+	t.Helper()
+	tok, err := auth.Issue(TestKey, c, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func MustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func IsTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+func MustClient(t *testing.T, url string, opts ...mesh.ClientOption) *mesh.Client {
+	t.Helper()
+	c, err := mesh.NewClient([]string{url}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func WantCode(t *testing.T, what string, err error, code envelope.Code) {
+	t.Helper()
+	if got := envelope.CodeOf(err); got != code {
+		t.Errorf("%s: got %v (%v), want %v", what, got, err, code)
+	}
+}
+
+// countingAgent serves methods and counts the calls it executed.
+func CountingAgent(name string, n *atomic.Int64, tok string, methods ...string) *agents.Agent {
+	a := agents.New(name, agents.WithToken(tok))
+	for _, m := range methods {
+		a.Handle(m, func(ctx context.Context, p json.RawMessage) (any, error) {
+			n.Add(1)
+			return map[string]string{"authToken": agents.RequestFrom(ctx).Headers.AuthToken}, nil
+		})
+	}
+	return a
+}
+
+func SortedStrings(s []string) []string {
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+	return s
+}
+
+type EssayProvider struct{ chat.Scripted }
+
+func (p *EssayProvider) Stream(ctx context.Context, req *chat.Request, update func(chat.Content)) (*chat.Message, error) {
+	if n := len(req.Messages); n > 0 && chat.TextOf(req.Messages[n-1].Content) == "Write a long essay" {
+		update(chat.Content{chat.Text("Once upon a time")})
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return p.Scripted.Stream(ctx, req, update)
+}
+
+var TestKey = []byte("0123456789abcdef0123456789abcdef-test-key")
+
+// pctl returns the p-th percentile (0..100) of ds, or 0 for none.
+func Pctl(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// printSummary prints a scenario's figures as one JSON line.
+func PrintSummary(t *testing.T, v map[string]any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scenario.Emit(b)
+}

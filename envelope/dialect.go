@@ -100,3 +100,44 @@ func recoverStrings(head []byte, keys ...string) (vals []string, found []bool) {
 		i++
 	}
 }
+
+// SetCheckedMember returns the JSON object obj with its member key set to
+// val: the members of obj as sent, but for key's, then "key":val. obj
+// comes from a message already checked against its limits (the params of
+// a decoded request): valid JSON, walked once, not scanned again; empty
+// obj is {}. val must be valid JSON. A dialect that adds a member to the
+// params it forwards (NEXUS3's agentId from the path) uses it instead of
+// decoding and re-encoding them, which would silently keep one of the
+// values of a key given twice. obj not an object, or with a key given
+// twice, is INVALID_PARAMS.
+func SetCheckedMember(obj []byte, key string, val []byte) ([]byte, *Error) {
+	out := make([]byte, 0, len(obj)+len(key)+len(val)+8)
+	out = append(out, '{')
+	if len(trimValue(obj)) > 0 {
+		if kindOf(trimValue(obj)) != '{' {
+			return nil, NewError(CodeInvalidParams, "params must be an object")
+		}
+		err := eachMember(obj, func(k string, v []byte) *Error {
+			if k == key {
+				return nil
+			}
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = appendString(out, k)
+			out = append(out, ':')
+			out = append(out, v...)
+			return nil
+		})
+		if err != nil {
+			return nil, &Error{Code: CodeInvalidParams, Message: err.Message}
+		}
+	}
+	if len(out) > 1 {
+		out = append(out, ',')
+	}
+	out = appendString(out, key)
+	out = append(out, ':')
+	out = append(out, val...)
+	return append(out, '}'), nil
+}

@@ -144,7 +144,8 @@ func multicaString(name string, v []byte, required, intern bool) (string, *Error
 // Refusals are INVALID_PARAMS (not an object, requestId not a string of
 // 1..MulticaMaxID bytes, method not a non-empty string, params neither an
 // object nor an array), INVALID_REQUEST (a key given twice, a bad header
-// in meta).
+// in meta; the requestId is still returned when the payload's head gives
+// it once).
 func DecodeCheckedMulticaRequest(payload []byte) (requestID string, req Request, err *Error) {
 	if kindOf(payload) != '{' {
 		return "", req, NewError(CodeInvalidParams, "a request's payload must be an object {requestId, method, params?}")
@@ -164,7 +165,13 @@ func DecodeCheckedMulticaRequest(payload []byte) (requestID string, req Request,
 		return nil
 	})
 	if err != nil {
-		return "", req, err
+		// A key given twice: answered to the requestId when the head
+		// shows one, given once.
+		v, found := recoverStrings(payload, "requestId")
+		if found[0] && v[0] != "" && len(v[0]) <= MulticaMaxID {
+			requestID = v[0]
+		}
+		return requestID, req, err
 	}
 	requestID, ok := multicaRequestID(rid)
 	if !ok {

@@ -716,3 +716,60 @@ func refOpenAIRequest(data []byte) (envelope.OpenAIRequest, bool) {
 	}
 	return req, req.Messages[len(req.Messages)-1].Role == "user"
 }
+
+// FuzzSetCheckedMember: for params a decoder accepted (valid JSON within
+// the limits), SetCheckedMember gives an object with the members of
+// params (as encoding/json reads them) but key's, and key set to val; a
+// key given twice, or params not an object, is INVALID_PARAMS.
+func FuzzSetCheckedMember(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"content":"hi"}`, `{"agentId":"x","a":[1,{"b":2}]}`, `{"a":1,"a":2}`, `[1]`, `"s"`, `{"\u0061gentId":1}`, ` { "x" : null } `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		if len(bytes.Trim(obj, " \t\r\n")) > 0 && (!cleanInput(obj)) {
+			return // not what a decoder hands on
+		}
+		out, err := envelope.SetCheckedMember(obj, "agentId", []byte(`"p"`))
+		keys, isObj := topKeys(obj)
+		if len(bytes.Trim(obj, " \t\r\n")) == 0 {
+			isObj = true
+		}
+		if !isObj || hasDup(keys) {
+			if err == nil || err.Code != envelope.CodeInvalidParams {
+				t.Fatalf("%q: %s, %v; want INVALID_PARAMS", obj, out, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", obj, err)
+		}
+		var got, want map[string]json.RawMessage
+		if json.Unmarshal(out, &got) != nil {
+			t.Fatalf("%q gave %q: not an object", obj, out)
+		}
+		if len(bytes.Trim(obj, " \t\r\n")) > 0 {
+			_ = json.Unmarshal(obj, &want)
+		}
+		if want == nil {
+			want = map[string]json.RawMessage{}
+		}
+		want["agentId"] = json.RawMessage(`"p"`)
+		if k, _ := topKeys(out); hasDup(k) || len(got) != len(want) {
+			t.Fatalf("%q gave %q; want the members %v", obj, out, want)
+		}
+		for k, v := range want {
+			var a, b any
+			_ = json.Unmarshal(v, &a)
+			_ = json.Unmarshal(got[k], &b)
+			if got[k] == nil || !equalJSON(a, b) {
+				t.Fatalf("%q gave %q: member %q is %s; want %s", obj, out, k, got[k], v)
+			}
+		}
+	})
+}
+
+func equalJSON(a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}

@@ -80,7 +80,7 @@ const (
 	// device; past it a request is answered RPC_ERROR (meshCode OVERLOADED).
 	multicaMaxInflight = 1000
 	// multicaMaxID bounds deviceIds, message ids and requestIds.
-	multicaMaxID = 256
+	multicaMaxID = envelope.MulticaMaxID
 	// multicaStreamGrace bounds how long a turn's response waits for the
 	// follower to forward the turn's last events.
 	multicaStreamGrace = 5 * time.Second

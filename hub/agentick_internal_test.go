@@ -61,7 +61,7 @@ func FuzzAgentickFrame(f *testing.F) {
 		default:
 			t.Fatalf("type %q accepted", fr.Type)
 		}
-		if len(data) > lim.MaxBytes || jsonDepth(data) > lim.MaxDepth {
+		if len(data) > lim.MaxBytes || depthOf(data) > lim.MaxDepth {
 			t.Fatalf("frame past the limits accepted")
 		}
 		b := agentickRes(fr.ID, nil, e)
@@ -69,4 +69,27 @@ func FuzzAgentickFrame(f *testing.F) {
 			t.Fatalf("res not JSON: %s", b)
 		}
 	})
+}
+
+// depthOf is an independent count of the deepest nesting of arrays and
+// objects in data (valid JSON), the fuzz test's oracle for the limit.
+func depthOf(data []byte) int {
+	depth, deepest, inStr, esc := 0, 0, false, false
+	for _, c := range data {
+		switch {
+		case esc:
+			esc = false
+		case inStr && c == '\\':
+			esc = true
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '{' || c == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
 }

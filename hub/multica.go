@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
@@ -83,7 +82,7 @@ const (
 	// device; past it a request is answered RPC_ERROR (meshCode OVERLOADED).
 	multicaMaxInflight = 1000
 	// multicaMaxID bounds deviceIds, message ids and requestIds.
-	multicaMaxID = 256
+	multicaMaxID = envelope.MulticaMaxID
 	// multicaStreamGrace bounds how long a turn's response waits for the
 	// follower to forward the turn's last events.
 	multicaStreamGrace = 5 * time.Second
@@ -145,16 +144,8 @@ type multicaDevice struct {
 	wg     sync.WaitGroup
 }
 
-// multicaMsg is a decoded RoutedMessage. UID is raw JSON (a string or
-// null), Payload raw JSON or nil when absent.
-type multicaMsg struct {
-	ID      string
-	UID     json.RawMessage
-	From    string
-	To      string
-	Action  string
-	Payload json.RawMessage
-}
+// multicaMsg is a decoded RoutedMessage (envelope.DecodeMulticaMessage).
+type multicaMsg = envelope.MulticaMessage
 
 // multicaWire is a RoutedMessage to write (appendMultica).
 type multicaWire struct {
@@ -430,19 +421,16 @@ func (d *multicaDevice) toHub(m *multicaMsg) {
 			d.respond(m, rp.requestID, result, err)
 		})
 	case "message":
-		var in struct {
-			AgentID string          `json:"agentId"`
-			Content json.RawMessage `json:"content"`
-		}
-		if err := json.Unmarshal(m.Payload, &in); err != nil || in.AgentID == "" || len(in.Content) == 0 || in.Content[0] != '"' {
-			d.sendError(m, envelope.NewError(envelope.CodeInvalidParams, "a message to the hub needs payload {agentId, content}, content a string"))
+		agentID, content, err := envelope.DecodeCheckedMulticaChat(m.Payload)
+		if err != nil {
+			d.sendError(m, err)
 			return
 		}
-		params, _ := json.Marshal(map[string]json.RawMessage{"agentId": mustQuote(in.AgentID), "content": in.Content})
+		params, _ := json.Marshal(map[string]json.RawMessage{"agentId": mustQuote(agentID), "content": content})
 		req := &envelope.Request{ID: envelope.NewID(), Origin: d.id, Method: "chat.send", Params: params,
 			Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
 		d.spawn(m, "", func() {
-			if _, err := d.turn(req, in.AgentID); err != nil {
+			if _, err := d.turn(req, agentID); err != nil {
 				d.sendError(m, err)
 			}
 		})
@@ -557,90 +545,17 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	return res, err
 }
 
-// requestIDOf digs the requestId out of a request's payload, if any (its
-// key matched exactly, as decodeMulticaRequest does).
-func requestIDOf(payload json.RawMessage) string {
-	var p map[string]json.RawMessage
-	var id string
-	if json.Unmarshal(payload, &p) != nil || json.Unmarshal(p["requestId"], &id) != nil || len(id) > multicaMaxID {
-		return ""
-	}
-	return id
-}
+// requestIDOf digs the requestId out of a request's payload, if any (as
+// decodeMulticaRequest reads it).
+func requestIDOf(payload json.RawMessage) string { return envelope.MulticaRequestID(payload) }
 
-// decodeMultica decodes one RoutedMessage within lim. Keys are matched
-// exactly (not encoding/json's case-insensitive way); of duplicates the
-// last counts, and since messages are re-encoded from what was decoded, a
-// receiver never sees another value than the hub routed by. On an error
+// decodeMultica decodes one RoutedMessage within lim
+// (envelope.DecodeMulticaMessage: one pass, keys matched exactly, a key
+// given twice refused). Messages are re-encoded from what was decoded, so
+// a receiver never sees another value than the hub routed by. On an error
 // the message is returned as far as it was read (its id, for the answer).
 func decodeMultica(data []byte, lim envelope.Limits) (*multicaMsg, *envelope.Error) {
-	if d := envelope.DefaultLimits(); lim.MaxBytes <= 0 {
-		lim.MaxBytes = d.MaxBytes
-	}
-	if d := envelope.DefaultLimits(); lim.MaxDepth <= 0 {
-		lim.MaxDepth = d.MaxDepth
-	}
-	if len(data) > lim.MaxBytes {
-		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), lim.MaxBytes)
-	}
-	if !utf8.Valid(data) {
-		// Routed on as it is, it would make a browser drop the receiver's
-		// connection (a text frame must be UTF-8).
-		return nil, envelope.NewError(envelope.CodeParseError, "a message must be valid UTF-8")
-	}
-	if jsonDepth(data) > lim.MaxDepth {
-		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "message nests deeper than %d", lim.MaxDepth)
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return nil, envelope.NewError(envelope.CodeParseError, "a message must be a JSON object: {id, uid, from, to, action, payload}")
-	}
-	m := &multicaMsg{}
-	str := func(key string, dst *string, required bool) *envelope.Error {
-		v, ok := raw[key]
-		if !ok || string(v) == "null" {
-			if required {
-				return envelope.Errorf(envelope.CodeInvalidParams, "%s is missing", key)
-			}
-			return nil
-		}
-		if json.Unmarshal(v, dst) != nil {
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s must be a string", key)
-		}
-		if len(*dst) > multicaMaxID {
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s is longer than %d bytes", key, multicaMaxID)
-		}
-		if required && *dst == "" {
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s is empty", key)
-		}
-		return nil
-	}
-	if e := str("id", &m.ID, false); e != nil {
-		return m, e
-	}
-	if m.ID == "" {
-		m.ID = envelope.NewID()
-	}
-	if uid, ok := raw["uid"]; ok {
-		var s *string
-		if json.Unmarshal(uid, &s) != nil {
-			return m, envelope.NewError(envelope.CodeInvalidParams, "uid must be a string or null")
-		}
-		if s != nil {
-			m.UID = uid
-		}
-	}
-	for _, f := range []struct {
-		key      string
-		dst      *string
-		required bool
-	}{{"from", &m.From, false}, {"to", &m.To, true}, {"action", &m.Action, true}} {
-		if e := str(f.key, f.dst, f.required); e != nil {
-			return m, e
-		}
-	}
-	m.Payload = raw["payload"]
-	return m, nil
+	return envelope.DecodeMulticaMessage(data, lim)
 }
 
 // multicaRequest is a decoded RequestPayload.
@@ -650,45 +565,18 @@ type multicaRequest struct {
 }
 
 // decodeMulticaRequest decodes a RequestPayload {requestId, method,
-// params?, meta?} into the request it calls: the seed's method names are
-// mapped to the mesh's, and params and meta are read by the JSON-RPC
-// decoder of /rpc (limits, the headers' rules).
-func decodeMulticaRequest(payload json.RawMessage, lim envelope.Limits) (*multicaRequest, *envelope.Error) {
-	var p map[string]json.RawMessage
-	if json.Unmarshal(payload, &p) != nil || p == nil {
-		return nil, envelope.NewError(envelope.CodeInvalidParams, "a request's payload must be an object {requestId, method, params?}")
+// params?, meta?} of a message decodeMultica accepted (within its limits)
+// into the request it calls (envelope.DecodeCheckedMulticaRequest: meta is
+// read as on /rpc); the seed's method names are mapped to the mesh's.
+func decodeMulticaRequest(payload json.RawMessage, _ envelope.Limits) (*multicaRequest, *envelope.Error) {
+	rid, req, err := envelope.DecodeCheckedMulticaRequest(payload)
+	out := &multicaRequest{requestID: rid}
+	if err != nil {
+		return out, err
 	}
-	out := &multicaRequest{}
-	if v, ok := p["requestId"]; !ok || json.Unmarshal(v, &out.requestID) != nil || out.requestID == "" || len(out.requestID) > multicaMaxID {
-		out.requestID = ""
-		return out, envelope.Errorf(envelope.CodeInvalidParams, "requestId must be a string of 1..%d bytes", multicaMaxID)
+	if m, ok := multicaMethods[req.Method]; ok {
+		req.Method = m
 	}
-	var method string
-	if v, ok := p["method"]; !ok || json.Unmarshal(v, &method) != nil || method == "" {
-		return out, envelope.NewError(envelope.CodeInvalidParams, "method must be a non-empty string")
-	}
-	if m, ok := multicaMethods[method]; ok {
-		method = m
-	}
-	b := append([]byte(`{"jsonrpc":"2.0","id":0,"method":`), mustQuote(method)...)
-	if v, ok := p["params"]; ok && string(v) != "null" {
-		if v[0] != '{' && v[0] != '[' {
-			return out, envelope.NewError(envelope.CodeInvalidParams, "params must be an object or an array")
-		}
-		b = append(append(b, `,"params":`...), v...)
-	}
-	if v, ok := p["meta"]; ok && string(v) != "null" {
-		b = append(append(b, `,"meta":`...), v...)
-	}
-	b = append(b, '}')
-	calls, _, derr := envelope.DecodeJSONRPC(b, lim)
-	if derr != nil {
-		return out, derr
-	}
-	if calls[0].Err != nil {
-		return out, calls[0].Err
-	}
-	req := calls[0].Request
 	req.Headers.Hops = 0 // a device is not a peer hub
 	if req.ID == "" {
 		req.ID = envelope.NewID()

@@ -167,16 +167,12 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 	}
 	if agent != "" {
 		// The agent is the path's: it goes in the params as agentId.
-		p := map[string]json.RawMessage{}
-		if len(params) > 0 {
-			if err := json.Unmarshal(params, &p); err != nil {
-				h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Invalid params: "+err.Error()))
-				return
-			}
-		}
 		id, _ := json.Marshal(agent)
-		p["agentId"] = id
-		params, _ = json.Marshal(p)
+		var perr *envelope.Error
+		if params, perr = envelope.SetCheckedMember(params, "agentId", id); perr != nil {
+			h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Invalid params: "+perr.Message))
+			return
+		}
 	}
 	// Headers come as on /rpc, from the body's optional "meta"; the W3C
 	// trace context may also come in HTTP headers, as NEXUS3 clients

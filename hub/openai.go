@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -86,101 +85,18 @@ func (h *Hub) openAIRoutes(mux *http.ServeMux) {
 }
 
 // OpenAIRequest is the part of a chat-completions request the surface
-// reads. Fields it does not know (temperature, max_tokens, user…) are
-// ignored: the chat agent's provider settings apply.
-type OpenAIRequest struct {
-	Model         string          `json:"model"`
-	Messages      []OpenAIMessage `json:"messages"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	N     *int            `json:"n"`
-	Tools json.RawMessage `json:"tools"`
-}
+// reads (envelope.OpenAIRequest).
+type OpenAIRequest = envelope.OpenAIRequest
 
-// OpenAIMessage is one message of a request; Text is its content's text
-// (a string, or the text parts of an array), filled by DecodeOpenAIRequest.
-type OpenAIMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Text    string          `json:"-"`
-}
+// OpenAIMessage is one message of a request (envelope.OpenAIMessage).
+type OpenAIMessage = envelope.OpenAIMessage
 
-// DecodeOpenAIRequest decodes and checks a chat-completions request body:
-// a model, at least one message, the last one the user's, only text
-// content, n 1 at most, no tools (the chat agent runs its own). Errors are
-// INVALID_REQUEST (not a JSON object) or INVALID_PARAMS.
+// DecodeOpenAIRequest decodes and checks a chat-completions request body
+// within the default limits (envelope.DecodeOpenAIRequest; the surface
+// applies the hub's own). Errors are INVALID_REQUEST (not a JSON object,
+// a key given twice) or INVALID_PARAMS.
 func DecodeOpenAIRequest(data []byte) (*OpenAIRequest, *envelope.Error) {
-	var req OpenAIRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) {
-			return nil, envelope.Errorf(envelope.CodeInvalidParams, "field %s: a JSON %s is not valid there", ute.Field, ute.Value)
-		}
-		return nil, envelope.Errorf(envelope.CodeInvalidRequest, "the body is not a JSON object: %v", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	switch {
-	case req.Model == "":
-		return nil, envelope.NewError(envelope.CodeInvalidParams, "you must provide a model parameter")
-	case len(req.Messages) == 0:
-		return nil, envelope.NewError(envelope.CodeInvalidParams, "messages must hold at least one message")
-	case req.N != nil && *req.N != 1:
-		return nil, envelope.NewError(envelope.CodeInvalidParams, "n must be 1: a chat agent gives one answer")
-	}
-	if t := strings.TrimSpace(string(req.Tools)); t != "" && t != "null" && t != "[]" {
-		return nil, envelope.NewError(envelope.CodeInvalidParams, "tools are not supported: the chat agent runs its own tools")
-	}
-	for i := range req.Messages {
-		m := &req.Messages[i]
-		switch m.Role {
-		case "system", "developer", "user", "assistant", "tool":
-		default:
-			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].role: %q is not one of system, developer, user, assistant, tool", i, m.Role)
-		}
-		text, err := openAIText(m.Content)
-		if err != nil {
-			return nil, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d].content: %s", i, err.Message)
-		}
-		m.Text = text
-	}
-	if last := req.Messages[len(req.Messages)-1]; last.Role != "user" {
-		return nil, envelope.Errorf(envelope.CodeInvalidParams, "the last message must be the user's, not %q", last.Role)
-	}
-	return &req, nil
-}
-
-// openAIText is the text of a message's content: a string, null, or an
-// array of {type:"text", text} parts.
-func openAIText(raw json.RawMessage) (string, *envelope.Error) {
-	c := strings.TrimSpace(string(raw))
-	switch {
-	case c == "" || c == "null":
-		return "", nil
-	case c[0] == '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", envelope.NewError(envelope.CodeInvalidParams, "not a string")
-		}
-		return s, nil
-	case c[0] == '[':
-		var parts []struct {
-			Type string  `json:"type"`
-			Text *string `json:"text"`
-		}
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", envelope.NewError(envelope.CodeInvalidParams, "not an array of content parts")
-		}
-		var b strings.Builder
-		for _, p := range parts {
-			if p.Type != "text" || p.Text == nil {
-				return "", envelope.Errorf(envelope.CodeInvalidParams, "content part of type %q: only text is supported", p.Type)
-			}
-			b.WriteString(*p.Text)
-		}
-		return b.String(), nil
-	}
-	return "", envelope.NewError(envelope.CodeInvalidParams, "want a string or an array of content parts")
+	return envelope.DecodeOpenAIRequest(data, envelope.DefaultLimits())
 }
 
 // openAIError is OpenAI's error object.

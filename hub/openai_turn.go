@@ -55,7 +55,7 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 	// The body is read: a turn may outlast the server's ReadTimeout, whose
 	// deadline would otherwise cancel the request's context under it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	req, derr := DecodeOpenAIRequest(data)
+	req, derr := envelope.DecodeOpenAIRequest(data, h.cfg.Conn.Limits)
 	if derr != nil {
 		writeOpenAIError(w, derr)
 		return

@@ -1,0 +1,775 @@
+package envelope_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// The dialect decoders' contract: one pass with the scanner of the native
+// frames, a key given twice refused as INVALID_REQUEST, the Limits as on
+// every other ingress, precise codes. Seeds: agentick-gateway-protocol,
+// multica-hub-rpc, multica-client-streaming (field names).
+
+var dialectLimits = envelope.Limits{MaxBytes: 1024, MaxDepth: 8}
+
+func nest(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+
+func TestAgentickFrameStrict(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		data     string
+		invoke   bool
+		code     envelope.Code // CodeOK: accepted
+		missing  bool
+		typ, id  string // the frame returned (also on a refusal)
+		method   string
+		clientID string
+	}{
+		{"req", `{"type":"req","id":"a","method":"m","params":{}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
+		{"keys are exact", `{"type":"req","id":"a","method":"m","Method":"n","METHOD":"o"}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
+		{"duplicate method", `{"type":"req","id":"a","method":"m","method":"n"}`, false, envelope.CodeInvalidRequest, false, "req", "a", "", ""},
+		{"duplicate params", `{"type":"req","id":"a","method":"m","params":{},"params":{"x":1}}`, false, envelope.CodeInvalidRequest, false, "req", "a", "", ""},
+		{"duplicate id: no id to answer", `{"type":"req","id":"a","id":"b","method":"m"}`, false, envelope.CodeInvalidRequest, false, "req", "", "", ""},
+		{"duplicate type", `{"type":"ping","type":"req","id":"a","method":"m"}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
+		{"duplicate by escape", `{"type":"req","id":"a","method":"m","\u006dethod":"n"}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
+		{"duplicate clientId", `{"type":"connect","clientId":"a","clientId":"b"}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
+		{"duplicate in invoke body", `{"method":"apps","method":"send"}`, true, envelope.CodeInvalidRequest, false, "req", "", "", ""},
+		{"duplicate inside params: theirs", `{"type":"req","id":"a","method":"m","params":{"x":1,"x":2}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
+		{"depth at the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + nest(6) + `}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
+		{"depth past the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + nest(7) + `}}`, false, envelope.CodeInvalidRequest, false, "req", "a", "", ""},
+		{"broken JSON", `{"type":"req","id":"a","method":`, false, envelope.CodeParseError, false, "req", "a", "", ""},
+		{"invalid UTF-8", "{\"type\":\"req\",\"id\":\"a\",\"method\":\"m\",\"params\":{\"x\":\"\xff\"}}", false, envelope.CodeParseError, false, "req", "a", "", ""},
+		{"over the size limit", `{"type":"req","id":"a","method":"m","params":{"x":"` + strings.Repeat("x", 1024) + `"}}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
+		{"not an object", `["req"]`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
+		{"no method", `{"type":"req","id":"a"}`, false, envelope.CodeInvalidRequest, true, "req", "a", "", ""},
+		{"null method", `{"type":"req","id":"a","method":null}`, false, envelope.CodeInvalidRequest, true, "req", "a", "", ""},
+		{"no type", `{"id":"a","method":"m"}`, false, envelope.CodeInvalidRequest, true, "", "", "", ""},
+		{"id a number", `{"type":"req","id":5,"method":"m"}`, false, envelope.CodeInvalidRequest, false, "req", "", "", ""},
+		{"params an array", `{"type":"req","id":"a","method":"m","params":[1]}`, false, envelope.CodeInvalidRequest, false, "req", "a", "m", ""},
+		{"control character", `{"type":"connect","clientId":"a\u0001"}`, false, envelope.CodeInvalidRequest, false, "connect", "", "", ""},
+		{"connect", `{"type":"connect","clientId":"c"}`, false, envelope.CodeOK, false, "connect", "", "", "c"},
+		{"invoke", `{"method":"apps","clientId":"c"}`, true, envelope.CodeOK, false, "req", "", "apps", "c"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := envelope.DecodeAgentickFrame([]byte(tc.data), dialectLimits, tc.invoke)
+			switch {
+			case tc.code == envelope.CodeOK && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.code != envelope.CodeOK && (err == nil || err.Code != tc.code || err.Message == ""):
+				t.Fatalf("err = %v; want %s", err, tc.code)
+			case err != nil && errors.Is(err, envelope.ErrMissing) != tc.missing:
+				t.Fatalf("err = %v: missing %v; want %v", err, !tc.missing, tc.missing)
+			}
+			if f.Type != tc.typ || f.ID != tc.id || f.Method != tc.method || f.ClientID != tc.clientID {
+				t.Errorf("frame %+v; want type %q id %q method %q clientId %q", f, tc.typ, tc.id, tc.method, tc.clientID)
+			}
+			if err != nil && strings.HasPrefix(tc.name, "duplicate") && !strings.Contains(err.Message, "duplicate key") {
+				t.Errorf("err = %v; want it to name the duplicate key", err)
+			}
+		})
+	}
+}
+
+func TestMulticaMessageStrict(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		data    string
+		code    envelope.Code
+		id, uid string // the message returned (also on a refusal)
+		to      string
+	}{
+		{"routed", `{"id":"m","uid":"u","from":"a","to":"b","action":"chat","payload":{"x":1}}`, envelope.CodeOK, "m", `"u"`, "b"},
+		{"keys are exact", `{"id":"m","to":"b","To":"c","TO":"d","action":"a"}`, envelope.CodeOK, "m", "", "b"},
+		{"duplicate to", `{"id":"m","uid":"u","to":"b","to":"hub","action":"a"}`, envelope.CodeInvalidRequest, "m", `"u"`, ""},
+		{"duplicate action", `{"id":"m","to":"b","action":"a","action":"request"}`, envelope.CodeInvalidRequest, "m", "", ""},
+		{"duplicate id: no id to answer", `{"id":"m","id":"n","to":"b","action":"a"}`, envelope.CodeInvalidRequest, "", "", ""},
+		{"duplicate payload", `{"id":"m","to":"b","action":"a","payload":1,"payload":2}`, envelope.CodeInvalidRequest, "m", "", ""},
+		{"duplicate inside payload: routed as sent", `{"id":"m","to":"b","action":"a","payload":{"x":1,"x":2}}`, envelope.CodeOK, "m", "", "b"},
+		{"depth at the limit", `{"id":"m","to":"b","action":"a","payload":` + nest(7) + `}`, envelope.CodeOK, "m", "", "b"},
+		{"depth past the limit", `{"id":"m","to":"b","action":"a","payload":` + nest(8) + `}`, envelope.CodeInvalidRequest, "", "", ""},
+		{"invalid UTF-8", "{\"id\":\"m\",\"to\":\"b\",\"action\":\"a\",\"payload\":\"\xff\"}", envelope.CodeParseError, "", "", ""},
+		{"not JSON", `{"id":`, envelope.CodeParseError, "", "", ""},
+		{"not an object", `[1]`, envelope.CodeInvalidRequest, "", "", ""},
+		{"to missing", `{"id":"m","action":"a"}`, envelope.CodeInvalidParams, "m", "", ""},
+		{"to a number", `{"id":"m","to":5,"action":"a"}`, envelope.CodeInvalidParams, "m", "", ""},
+		{"uid a number", `{"id":"m","uid":5,"to":"b","action":"a"}`, envelope.CodeInvalidParams, "m", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := envelope.DecodeMulticaMessage([]byte(tc.data), dialectLimits)
+			if tc.code == envelope.CodeOK {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+			} else if err == nil || err.Code != tc.code || err.Message == "" {
+				t.Fatalf("err = %v; want %s", err, tc.code)
+			}
+			if m == nil {
+				if tc.id != "" || tc.to != "" {
+					t.Fatalf("no message; want id %q to %q", tc.id, tc.to)
+				}
+				return
+			}
+			if (tc.id != "" && m.ID != tc.id) || (tc.id == "" && err != nil && m.ID != "") || string(m.UID) != tc.uid || m.To != tc.to {
+				t.Errorf("message %+v; want id %q uid %s to %q", m, tc.id, tc.uid, tc.to)
+			}
+		})
+	}
+}
+
+func TestMulticaPayloadsStrict(t *testing.T) {
+	for _, tc := range []struct {
+		name, payload string
+		code          envelope.Code
+		requestID     string
+	}{
+		{"request", `{"requestId":"r","method":"m","params":{"a":1},"meta":{"ttl":5000,"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}`, envelope.CodeOK, "r"},
+		{"duplicate method", `{"requestId":"r","method":"m","method":"n"}`, envelope.CodeInvalidRequest, "r"},
+		{"duplicate requestId", `{"requestId":"r","requestId":"s","method":"m"}`, envelope.CodeInvalidRequest, ""},
+		{"duplicate in meta", `{"requestId":"r","method":"m","meta":{"ttl":5000,"ttl":1}}`, envelope.CodeInvalidRequest, "r"},
+		{"duplicate inside params: theirs", `{"requestId":"r","method":"m","params":{"a":1,"a":2}}`, envelope.CodeOK, "r"},
+		{"no method", `{"requestId":"r"}`, envelope.CodeInvalidParams, "r"},
+		{"params a string", `{"requestId":"r","method":"m","params":"x"}`, envelope.CodeInvalidParams, "r"},
+		{"requestId a number", `{"requestId":5,"method":"m"}`, envelope.CodeInvalidParams, ""},
+		{"not an object", `[]`, envelope.CodeInvalidParams, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rid, req, err := envelope.DecodeCheckedMulticaRequest([]byte(tc.payload))
+			if tc.code == envelope.CodeOK {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if req.Method != "m" || len(req.Params) == 0 {
+					t.Errorf("request %+v", req)
+				}
+			} else if err == nil || err.Code != tc.code {
+				t.Fatalf("err = %v; want %s", err, tc.code)
+			}
+			if rid != tc.requestID {
+				t.Errorf("requestId %q; want %q", rid, tc.requestID)
+			}
+			if got := envelope.MulticaRequestID([]byte(tc.payload)); (tc.code == envelope.CodeOK || tc.code == envelope.CodeInvalidParams) && got != tc.requestID {
+				t.Errorf("MulticaRequestID = %q; want %q", got, tc.requestID)
+			}
+		})
+	}
+	if _, _, err := envelope.DecodeCheckedMulticaChat([]byte(`{"agentId":"a","content":"x","content":"y"}`)); err == nil || err.Code != envelope.CodeInvalidRequest {
+		t.Errorf("chat payload with content twice: %v; want INVALID_REQUEST", err)
+	}
+	if a, c, err := envelope.DecodeCheckedMulticaChat([]byte(`{"agentId":"a","content":"x"}`)); err != nil || a != "a" || string(c) != `"x"` {
+		t.Errorf("chat payload: %q %s %v", a, c, err)
+	}
+	if _, _, err := envelope.DecodeCheckedMulticaChat([]byte(`{"agentId":"a","content":5}`)); err == nil || err.Code != envelope.CodeInvalidParams {
+		t.Errorf("chat payload with a number: %v; want INVALID_PARAMS", err)
+	}
+}
+
+func TestOpenAIRequestStrict(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		name, data string
+		code       envelope.Code
+	}{
+		{"request", `{"model":"m",` + msgs + `}`, envelope.CodeOK},
+		{"duplicate model", `{"model":"m","model":"n",` + msgs + `}`, envelope.CodeInvalidRequest},
+		{"duplicate messages", `{"model":"m",` + msgs + `,` + msgs + `}`, envelope.CodeInvalidRequest},
+		{"duplicate role", `{"model":"m","messages":[{"role":"user","role":"assistant","content":"hi"}]}`, envelope.CodeInvalidRequest},
+		{"duplicate content", `{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}`, envelope.CodeInvalidRequest},
+		{"duplicate text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}`, envelope.CodeInvalidRequest},
+		{"duplicate include_usage", `{"model":"m","stream_options":{"include_usage":true,"include_usage":false},` + msgs + `}`, envelope.CodeInvalidRequest},
+		{"duplicate in an unread member: not read", `{"model":"m","metadata":{"a":1,"a":2},` + msgs + `}`, envelope.CodeOK},
+		{"keys are exact", `{"Model":"m",` + msgs + `}`, envelope.CodeInvalidParams},
+		{"depth at the limit", `{"model":"m","metadata":` + nest(7) + `,` + msgs + `}`, envelope.CodeOK},
+		{"depth past the limit", `{"model":"m","metadata":` + nest(8) + `,` + msgs + `}`, envelope.CodeInvalidRequest},
+		{"not JSON", `{"model":`, envelope.CodeInvalidRequest},
+		{"invalid UTF-8", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", envelope.CodeInvalidRequest},
+		{"not an object", `[]`, envelope.CodeInvalidRequest},
+		{"model a number", `{"model":1,` + msgs + `}`, envelope.CodeInvalidParams},
+		{"n 2", `{"model":"m","n":2,` + msgs + `}`, envelope.CodeInvalidParams},
+		{"n 1.0", `{"model":"m","n":1.0,` + msgs + `}`, envelope.CodeInvalidParams},
+		{"tools", `{"model":"m","tools":[{}],` + msgs + `}`, envelope.CodeInvalidParams},
+		{"no tools", `{"model":"m","tools":[ ],"n":1,"stream":null,` + msgs + `}`, envelope.CodeOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := envelope.DecodeOpenAIRequest([]byte(tc.data), dialectLimits)
+			if tc.code == envelope.CodeOK {
+				if err != nil || req.Model != "m" || len(req.Messages) != 1 || req.Messages[0].Text != "hi" {
+					t.Fatalf("%+v, %v; want accepted", req, err)
+				}
+				return
+			}
+			if err == nil || err.Code != tc.code || err.Message == "" || req != nil {
+				t.Fatalf("%+v, %v; want %s", req, err, tc.code)
+			}
+		})
+	}
+}
+
+func TestSetCheckedMember(t *testing.T) {
+	for _, tc := range []struct{ obj, want string }{
+		{``, `{"agentId":"p"}`},
+		{`{}`, `{"agentId":"p"}`},
+		{` { "content" : "hi" , "n":[1, 2] } `, `{"content":"hi","n":[1, 2],"agentId":"p"}`},
+		{`{"agentId":"other","x":1}`, `{"x":1,"agentId":"p"}`},
+		{`{"a\u0062":1}`, `{"ab":1,"agentId":"p"}`},
+	} {
+		got, err := envelope.SetCheckedMember([]byte(tc.obj), "agentId", []byte(`"p"`))
+		if err != nil || string(got) != tc.want {
+			t.Errorf("SetCheckedMember(%s) = %s, %v; want %s", tc.obj, got, err, tc.want)
+		}
+	}
+	for _, obj := range []string{`{"x":1,"x":2}`, `{"agentId":"a","agentId":"b"}`, `[1]`, `"x"`} {
+		if got, err := envelope.SetCheckedMember([]byte(obj), "agentId", []byte(`"p"`)); err == nil || err.Code != envelope.CodeInvalidParams {
+			t.Errorf("SetCheckedMember(%s) = %s, %v; want INVALID_PARAMS", obj, got, err)
+		}
+	}
+}
+
+// ---- fuzz targets: each decoder against an independent reference ----
+
+// topKeys returns the keys of the top-level object of data (valid JSON)
+// in order, decoded by encoding/json, or ok false if it is not an object.
+func topKeys(data []byte) (keys []string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		keys = append(keys, tok.(string))
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return nil, false
+		}
+	}
+	return keys, true
+}
+
+// anyDup reports whether any object anywhere in data (valid JSON) has a
+// key twice, or a key that equals one of fold but for case.
+func anyDup(data []byte, fold ...string) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var stack []map[string]bool // one per open container; nil for arrays
+	expectKey := func() bool {
+		return len(stack) > 0 && stack[len(stack)-1] != nil
+	}
+	keyNext := true
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{':
+				stack = append(stack, map[string]bool{})
+				keyNext = true
+				continue
+			case '[':
+				stack = append(stack, nil)
+			case '}', ']':
+				stack = stack[:len(stack)-1]
+			}
+		case string:
+			if expectKey() && keyNext {
+				m := stack[len(stack)-1]
+				if m[v] {
+					return true
+				}
+				m[v] = true
+				for _, f := range fold {
+					if v != f && strings.EqualFold(v, f) {
+						return true
+					}
+				}
+				keyNext = false
+				continue
+			}
+		}
+		keyNext = true
+	}
+}
+
+func hasDup(keys []string) bool {
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
+}
+
+// cleanInput: valid JSON, valid UTF-8, within fuzzLimits.
+func cleanInput(data []byte) bool {
+	return json.Valid(data) && bytes.Equal(bytes.ToValidUTF8(data, nil), data) &&
+		len(data) <= fuzzLimits.MaxBytes && !deeper(data, fuzzLimits.MaxDepth)
+}
+
+// FuzzDecodeAgentickFrame: DecodeAgentickFrame never panics, refuses
+// with INVALID_REQUEST or PARSE_ERROR (the limits' codes as every
+// decoder), refuses a top-level key given twice, and on every other
+// clean input decides as the encoding/json decoder it replaced
+// (refAgentickFrame) and reads the same frame.
+func FuzzDecodeAgentickFrame(f *testing.F) {
+	for _, s := range []string{
+		`{ "type": "connect", "clientId": "my-client" }`,
+		`{ "type": "req", "id": "req-1", "method": "schema", "params": {} }`,
+		`{"type":"req","id":"x","method":"send","params":{"sessionId":"main","message":"hi"}}`,
+		`{"type":"ping","timestamp":1}`, `{"type":"ping","timestamp":null}`,
+		`{"method":"apps","clientId":"c"}`, `{"type":"req","id":"","method":"m"}`,
+		`{"type":"req","id":"1","method":"m","params":[1]}`,
+		`{"type":"req","id":"a","method":"m","method":"n"}`, `{"type":"req","id":"a","\u0069d":"b","method":"m"}`,
+		`[[[[[]]]]]`, `"x"`, `null`, `{"type":7}`, `{"type":"connect","clientId":"a\u0000b"}`,
+		`{"type":"req","id":"deep","method":"m","params":{"a":` + nest(20) + `}}`,
+		`{"type":"connect","clientId":"` + strings.Repeat("c", 128) + `"}`, `{"type":"connect","clientId":"` + strings.Repeat("c", 129) + `"}`,
+		`{"type":"req","id":"` + strings.Repeat("i", 256) + `","method":"m"}`, `{"type":"req","id":"` + strings.Repeat("i", 257) + `","method":"m"}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, invoke bool) {
+		fr, err := envelope.DecodeAgentickFrame(data, fuzzLimits, invoke)
+		if err != nil {
+			if (err.Code != envelope.CodeInvalidRequest && err.Code != envelope.CodeParseError) || err.Message == "" {
+				t.Fatalf("refusal %v: want INVALID_REQUEST or PARSE_ERROR with a message", err)
+			}
+			checkLimits(t, data, err)
+			if fr.ID != "" && fr.Type != "req" {
+				t.Fatalf("refused frame %+v answers an id but is no req", fr)
+			}
+		}
+		if !cleanInput(data) {
+			return
+		}
+		keys, isObj := topKeys(data)
+		if isObj && hasDup(keys) {
+			if err == nil || err.Code != envelope.CodeInvalidRequest {
+				t.Fatalf("%q: a key given twice: err = %v; want INVALID_REQUEST", data, err)
+			}
+			return
+		}
+		want, missing, ok := refAgentickFrame(data, invoke)
+		if ok != (err == nil) || (err != nil && errors.Is(err, envelope.ErrMissing) != missing) {
+			t.Fatalf("%q (invoke %v): err = %v; the reference: ok %v, missing %v", data, invoke, err, ok, missing)
+		}
+		if ok && (fr.Type != want.Type || fr.ID != want.ID || fr.Method != want.Method || fr.ClientID != want.ClientID ||
+			!bytes.Equal(fr.Params, want.Params) || !bytes.Equal(fr.Stamp, want.Stamp)) {
+			t.Fatalf("%q: %+v; the reference read %+v", data, fr, want)
+		}
+	})
+}
+
+// refAgentickFrame is the encoding/json decoder of agentick frames that
+// DecodeAgentickFrame replaced (mesh's decodeAgentickFrame before [M10]),
+// for clean input (valid, within the limits): the frame, and whether it
+// was accepted or else refused for a required member.
+func refAgentickFrame(data []byte, invoke bool) (f envelope.AgentickFrame, missing, ok bool) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil || m == nil {
+		return f, false, false
+	}
+	type refusal struct{ missing bool }
+	str := func(k string, required bool, maxLen int) (string, *refusal) {
+		raw, ok := m[k]
+		if !ok || string(raw) == "null" {
+			if required {
+				return "", &refusal{true}
+			}
+			return "", nil
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return "", &refusal{false}
+		}
+		if required && s == "" {
+			return "", &refusal{true}
+		}
+		if len(s) > maxLen || !bytes.Equal(bytes.ToValidUTF8([]byte(s), nil), []byte(s)) || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return "", &refusal{false}
+		}
+		return s, nil
+	}
+	var e *refusal
+	fail := func() (envelope.AgentickFrame, bool, bool) { return f, e.missing, false }
+	if f.Type, e = str("type", !invoke, 32); e != nil {
+		return fail()
+	}
+	if invoke && f.Type == "" {
+		f.Type = "req"
+	}
+	switch f.Type {
+	case "connect":
+		if f.ClientID, e = str("clientId", true, 128); e != nil {
+			return fail()
+		}
+		return f, false, true
+	case "ping":
+		f.Stamp = m["timestamp"]
+		return f, false, true
+	case "req":
+	default:
+		return f, false, false
+	}
+	if f.ID, e = str("id", !invoke, 256); e != nil {
+		return fail()
+	}
+	if invoke {
+		if f.ClientID, e = str("clientId", false, 128); e != nil {
+			return fail()
+		}
+	}
+	if f.Method, e = str("method", true, 256); e != nil {
+		return fail()
+	}
+	if p, ok := m["params"]; ok && string(p) != "null" {
+		if p = bytes.TrimSpace(p); len(p) == 0 || p[0] != '{' {
+			return f, false, false
+		}
+		f.Params = p
+	}
+	return f, false, true
+}
+
+// FuzzDecodeMulticaMessage: DecodeMulticaMessage never panics, refuses
+// with a coded error (the limits' codes as every decoder), refuses a
+// top-level key given twice, and on every other clean input decides as
+// the encoding/json decoder it replaced and reads the same message; a
+// request's payload is read by DecodeCheckedMulticaRequest as the old
+// rebuild-and-decode-as-JSON-RPC path read it, when its own keys are
+// each given once.
+func FuzzDecodeMulticaMessage(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"019abc12-0000-7000-8000-0000000000aa","uid":null,"from":"my-client","to":"hub","action":"request","payload":{"requestId":"r1","method":"getAgentMessages","params":{"agentId":"019abc12-3def-7000-8000-000000000001","offset":0,"limit":10}}}`,
+		`{"id":"m","uid":"u","from":"a","to":"b","action":"chat","payload":{"text":"hi"}}`,
+		`{"id":"m","to":"hub","action":"request","payload":{"requestId":"r","method":"chat.send","params":{"agentId":"x","content":"hi"},"meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","ttl":5000}}}`,
+		`{"id":"m","to":"hub","action":"request","payload":{"requestId":"r","method":"x","params":"abc"}}`,
+		`{"id":"m","to":"hub","action":"request","payload":{"requestId":"r","method":"x","method":"y"}}`,
+		`{"id":"m","to":"hub","action":"message","payload":{"agentId":"a","content":"hello"}}`,
+		`{"ID":"x","To":"y","TO":"z","to":"b","action":"a","to":"c"}`,
+		`{"id":5,"to":"b","action":"a"}`, `{"id":"m","uid":7,"to":"b","action":"a"}`,
+		`{"id":"` + strings.Repeat("i", 256) + `","to":"b","action":"a"}`, `{"id":"m","to":"` + strings.Repeat("t", 257) + `","action":"a"}`,
+		`[1,2,3]`, `"str"`, `null`, `{`, `{"to":"\u0000","action":"\ud800"}`,
+		`{"to":"b","action":"a","payload":` + nest(20) + `}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := envelope.DecodeMulticaMessage(data, fuzzLimits)
+		if err != nil {
+			switch err.Code {
+			case envelope.CodeParseError, envelope.CodeInvalidRequest, envelope.CodeInvalidParams:
+			default:
+				t.Fatalf("refusal %v: not a decoding code", err)
+			}
+			checkLimits(t, data, err)
+		} else if m.ID == "" || m.To == "" || m.Action == "" {
+			t.Fatalf("%q accepted as %+v: without id, to or action", data, m)
+		}
+		if !cleanInput(data) {
+			return
+		}
+		keys, isObj := topKeys(data)
+		if isObj && hasDup(keys) {
+			if err == nil || err.Code != envelope.CodeInvalidRequest {
+				t.Fatalf("%q: a key given twice: err = %v; want INVALID_REQUEST", data, err)
+			}
+			return
+		}
+		want, ok := refMultica(data)
+		if ok != (err == nil) {
+			t.Fatalf("%q: err = %v; the reference accepts: %v", data, err, ok)
+		}
+		if !ok {
+			return
+		}
+		if (want.ID != "" && m.ID != want.ID) || !bytes.Equal(m.UID, want.UID) || m.From != want.From || m.To != want.To ||
+			m.Action != want.Action || !bytes.Equal(m.Payload, want.Payload) {
+			t.Fatalf("%q: %+v; the reference read %+v", data, m, want)
+		}
+		if len(m.Payload) == 0 {
+			return
+		}
+		rid, req, rerr := envelope.DecodeCheckedMulticaRequest(m.Payload)
+		if rerr != nil && rerr.Code != envelope.CodeInvalidParams && rerr.Code != envelope.CodeInvalidRequest {
+			t.Fatalf("request payload %s: %v", m.Payload, rerr)
+		}
+		if rerr == nil && (rid == "" || req.Method == "") {
+			t.Fatalf("request payload %s accepted without a requestId or method", m.Payload)
+		}
+		if pk, isObj := topKeys(m.Payload); isObj && hasDup(pk) {
+			if rerr == nil || rerr.Code != envelope.CodeInvalidRequest {
+				t.Fatalf("request payload %s with a key twice: %v", m.Payload, rerr)
+			}
+			return
+		}
+		wrid, wreq, wok := refMulticaRequest(m.Payload)
+		if wok != (rerr == nil) || (rerr == nil && rid != wrid) || requestIDMismatch(m.Payload, rid, rerr) {
+			t.Fatalf("request payload %s: %q %v; the reference: %q ok %v", m.Payload, rid, rerr, wrid, wok)
+		}
+		if wok && (req.Method != wreq.Method || !bytes.Equal(req.Params, wreq.Params) || req.Headers != wreq.Headers ||
+			req.ID != wreq.ID || req.Origin != wreq.Origin || req.Destination != wreq.Destination) {
+			t.Fatalf("request payload %s: %+v; the reference read %+v", m.Payload, req, wreq)
+		}
+	})
+}
+
+// requestIDMismatch: a refusal answered to a requestId answers the
+// payload's, as MulticaRequestID reads it.
+func requestIDMismatch(payload []byte, rid string, err *envelope.Error) bool {
+	return err != nil && rid != "" && err.Code == envelope.CodeInvalidParams && envelope.MulticaRequestID(payload) != rid
+}
+
+// refMultica is the encoding/json decoder of RoutedMessages that
+// DecodeMulticaMessage replaced, for clean input.
+func refMultica(data []byte) (m envelope.MulticaMessage, ok bool) {
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(data, &raw) != nil {
+		return m, false
+	}
+	str := func(key string, dst *string, required bool) bool {
+		v, ok := raw[key]
+		if !ok || string(v) == "null" {
+			return !required
+		}
+		if json.Unmarshal(v, dst) != nil || len(*dst) > envelope.MulticaMaxID {
+			return false
+		}
+		return !required || *dst != ""
+	}
+	if !str("id", &m.ID, false) {
+		return m, false
+	}
+	if uid, ok := raw["uid"]; ok {
+		var s *string
+		if json.Unmarshal(uid, &s) != nil {
+			return m, false
+		}
+		if s != nil {
+			m.UID = uid
+		}
+	}
+	if !str("from", &m.From, false) || !str("to", &m.To, true) || !str("action", &m.Action, true) {
+		return m, false
+	}
+	m.Payload = raw["payload"]
+	return m, true
+}
+
+// refMulticaRequest is the old path of a request's payload: rebuilt as a
+// JSON-RPC request and decoded by DecodeJSONRPC.
+func refMulticaRequest(payload []byte) (string, envelope.Request, bool) {
+	var p map[string]json.RawMessage
+	var none envelope.Request
+	if json.Unmarshal(payload, &p) != nil || p == nil {
+		return "", none, false
+	}
+	var rid, method string
+	if v, ok := p["requestId"]; !ok || json.Unmarshal(v, &rid) != nil || rid == "" || len(rid) > envelope.MulticaMaxID {
+		return "", none, false
+	}
+	if v, ok := p["method"]; !ok || json.Unmarshal(v, &method) != nil || method == "" {
+		return rid, none, false
+	}
+	q, _ := json.Marshal(method)
+	b := append([]byte(`{"jsonrpc":"2.0","id":0,"method":`), q...)
+	if v, ok := p["params"]; ok && string(v) != "null" {
+		if v[0] != '{' && v[0] != '[' {
+			return rid, none, false
+		}
+		b = append(append(b, `,"params":`...), v...)
+	}
+	if v, ok := p["meta"]; ok && string(v) != "null" {
+		b = append(append(b, `,"meta":`...), v...)
+	}
+	b = append(b, '}')
+	calls, _, err := envelope.DecodeJSONRPC(b, envelope.Limits{MaxBytes: 1 << 20, MaxDepth: fuzzLimits.MaxDepth})
+	if err != nil || calls[0].Err != nil {
+		return rid, none, false
+	}
+	return rid, calls[0].Request, true
+}
+
+// FuzzDecodeOpenAIRequest: DecodeOpenAIRequest never panics, refuses with
+// INVALID_REQUEST or INVALID_PARAMS (a 400, as OpenAI answers), refuses a
+// top-level key given twice, and on every other clean input whose keys
+// are each given once (anywhere) and spelt as the fields it reads (the
+// encoding/json decoder it replaced folded case) decides as that decoder
+// and reads the same request.
+func FuzzDecodeOpenAIRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"agentmesh-chat","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"chat/a","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":null}],"n":1,"tools":[]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`,
+		`{"model":"m","model":"n","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[null,{"role":"user"}],"n":1e0}`,
+		`{"model":"m","n":2,"messages":[{"role":"user","content":null}]}`, `{"model":"m","n":0,"stream":null,"messages":[{"role":"user","content":""}]}`,
+		`{"model":1}`, `[]`, `null`, `{"messages":{}}`, "", `{"MODEL":"m","messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	fields := []string{"model", "messages", "stream", "stream_options", "include_usage", "n", "tools", "role", "content", "type", "text"}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := envelope.DecodeOpenAIRequest(data, fuzzLimits)
+		if err != nil {
+			if req != nil || (err.Code != envelope.CodeInvalidRequest && err.Code != envelope.CodeInvalidParams) || err.Code.HTTPStatus() != 400 {
+				t.Fatalf("refusal %v with request %v; want a 400 code and no request", err, req)
+			}
+			if len(data) > fuzzLimits.MaxBytes || (!json.Valid(data) && !deeper(data, fuzzLimits.MaxDepth)) {
+				if err.Code != envelope.CodeInvalidRequest {
+					t.Fatalf("%q: %v; want INVALID_REQUEST", data, err)
+				}
+			}
+		} else if req.Model == "" || len(req.Messages) == 0 || req.Messages[len(req.Messages)-1].Role != "user" {
+			t.Fatalf("accepted %q as %+v", data, req)
+		}
+		if !cleanInput(data) {
+			return
+		}
+		if keys, isObj := topKeys(data); isObj && hasDup(keys) {
+			if err == nil || err.Code != envelope.CodeInvalidRequest {
+				t.Fatalf("%q: a key given twice: err = %v; want INVALID_REQUEST", data, err)
+			}
+			return
+		}
+		if anyDup(data, fields...) {
+			return
+		}
+		want, ok := refOpenAIRequest(data)
+		if ok != (err == nil) {
+			t.Fatalf("%q: err = %v; the reference accepts: %v", data, err, ok)
+		}
+		if !ok {
+			return
+		}
+		if req.Model != want.Model || req.Stream != want.Stream || (req.StreamOptions == nil) != (want.StreamOptions == nil) ||
+			(req.StreamOptions != nil && req.StreamOptions.IncludeUsage != want.StreamOptions.IncludeUsage) ||
+			(req.N == nil) != (want.N == nil) || len(req.Messages) != len(want.Messages) {
+			t.Fatalf("%q: %+v; the reference read %+v", data, req, want)
+		}
+		for i, m := range req.Messages {
+			w := want.Messages[i]
+			if m.Role != w.Role || m.Text != w.Text || !bytes.Equal(m.Content, w.Content) {
+				t.Fatalf("%q: message %d %+v; the reference read %+v", data, i, m, w)
+			}
+		}
+	})
+}
+
+// refOpenAIRequest is the encoding/json decoder of chat-completions
+// bodies that DecodeOpenAIRequest replaced, for clean input; with one
+// deliberate change: tools is compared compacted ("[ ]" is no tools).
+func refOpenAIRequest(data []byte) (envelope.OpenAIRequest, bool) {
+	var req envelope.OpenAIRequest
+	if json.Unmarshal(data, &req) != nil {
+		return req, false
+	}
+	if req.Model == "" || len(req.Messages) == 0 || (req.N != nil && *req.N != 1) {
+		return req, false
+	}
+	var tools bytes.Buffer
+	_ = json.Compact(&tools, req.Tools)
+	if t := tools.String(); t != "" && t != "null" && t != "[]" {
+		return req, false
+	}
+	for i := range req.Messages {
+		m := &req.Messages[i]
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return req, false
+		}
+		c := strings.TrimSpace(string(m.Content))
+		switch {
+		case c == "" || c == "null":
+		case c[0] == '"':
+			if json.Unmarshal(m.Content, &m.Text) != nil {
+				return req, false
+			}
+		case c[0] == '[':
+			var parts []struct {
+				Type string  `json:"type"`
+				Text *string `json:"text"`
+			}
+			if json.Unmarshal(m.Content, &parts) != nil {
+				return req, false
+			}
+			for _, p := range parts {
+				if p.Type != "text" || p.Text == nil {
+					return req, false
+				}
+				m.Text += *p.Text
+			}
+		default:
+			return req, false
+		}
+	}
+	return req, req.Messages[len(req.Messages)-1].Role == "user"
+}
+
+// FuzzSetCheckedMember: for params a decoder accepted (valid JSON within
+// the limits), SetCheckedMember gives an object with the members of
+// params (as encoding/json reads them) but key's, and key set to val; a
+// key given twice, or params not an object, is INVALID_PARAMS.
+func FuzzSetCheckedMember(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"content":"hi"}`, `{"agentId":"x","a":[1,{"b":2}]}`, `{"a":1,"a":2}`, `[1]`, `"s"`, `{"\u0061gentId":1}`, ` { "x" : null } `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		if len(bytes.Trim(obj, " \t\r\n")) > 0 && (!cleanInput(obj)) {
+			return // not what a decoder hands on
+		}
+		out, err := envelope.SetCheckedMember(obj, "agentId", []byte(`"p"`))
+		keys, isObj := topKeys(obj)
+		if len(bytes.Trim(obj, " \t\r\n")) == 0 {
+			isObj = true
+		}
+		if !isObj || hasDup(keys) {
+			if err == nil || err.Code != envelope.CodeInvalidParams {
+				t.Fatalf("%q: %s, %v; want INVALID_PARAMS", obj, out, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", obj, err)
+		}
+		var got, want map[string]json.RawMessage
+		if json.Unmarshal(out, &got) != nil {
+			t.Fatalf("%q gave %q: not an object", obj, out)
+		}
+		if len(bytes.Trim(obj, " \t\r\n")) > 0 {
+			_ = json.Unmarshal(obj, &want)
+		}
+		if want == nil {
+			want = map[string]json.RawMessage{}
+		}
+		want["agentId"] = json.RawMessage(`"p"`)
+		if k, _ := topKeys(out); hasDup(k) || len(got) != len(want) {
+			t.Fatalf("%q gave %q; want the members %v", obj, out, want)
+		}
+		for k, v := range want {
+			var a, b any
+			_ = json.Unmarshal(v, &a)
+			_ = json.Unmarshal(got[k], &b)
+			if got[k] == nil || !equalJSON(a, b) {
+				t.Fatalf("%q gave %q: member %q is %s; want %s", obj, out, k, got[k], v)
+			}
+		}
+	})
+}
+
+func equalJSON(a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}

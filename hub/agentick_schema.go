@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // agSchemaMethod is one method of the agentick schema.
@@ -153,7 +154,7 @@ func (gw *agentickGW) toolCatalog(ctx context.Context, p *agParams) (any, *agErr
 		if s.Builtin || s.Pattern || !gw.h.guard.mayCall(who, m) {
 			continue
 		}
-		in := objectSchema(s.Params)
+		in := surface.ObjectSchema(s.Params)
 		if in == nil {
 			in = json.RawMessage(`{"type":"object"}`)
 		}
@@ -207,7 +208,7 @@ func (gw *agentickGW) toolDispatch(ctx context.Context, p *agParams) (any, *agEr
 	if _, e := gw.ensureSession(ctx, name, false); e != nil {
 		return nil, e
 	}
-	if _, builtin := gw.h.builtins[tool]; builtin || !toolName(tool) {
+	if _, builtin := gw.h.builtins[tool]; builtin || !surface.ToolName(tool) {
 		return nil, agErr(agNotFoundTool, "tool not found: %s", tool)
 	}
 	res, err := gw.call(ctx, tool, json.RawMessage(input))

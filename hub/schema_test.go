@@ -43,15 +43,9 @@ func calcAgent(opts ...agents.Option) *agents.Agent {
 	return a
 }
 
-type jsonSchema struct {
-	Type       string                     `json:"type"`
-	Properties map[string]json.RawMessage `json:"properties"`
-	Required   []string                   `json:"required"`
-}
-
-func parseSchema(t *testing.T, what string, raw json.RawMessage) jsonSchema {
+func parseSchema(t *testing.T, what string, raw json.RawMessage) testkit.JSONSchema {
 	t.Helper()
-	var s jsonSchema
+	var s testkit.JSONSchema
 	if err := json.Unmarshal(raw, &s); err != nil {
 		t.Fatalf("%s: schema %s: %v", what, raw, err)
 	}

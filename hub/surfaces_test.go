@@ -255,7 +255,7 @@ var surfaceRows = []struct {
 		}
 	}},
 	{name: "mcp", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
-		s, err := mcpConnect(t, k.m, "")
+		s, err := testkit.MCPConnect(t, k.m, "")
 		if err != nil {
 			t.Fatal(err)
 		}

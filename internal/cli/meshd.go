@@ -30,6 +30,7 @@ import (
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry/etcd"
+	"github.com/agentmesh/agentmesh/surface/all"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -249,6 +250,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				_ = ln.Close()
 				return usageErr("%v", err)
 			}
+			all.Mount(hb) // the protocol surfaces: agentick, OpenAI, Multica, NEXUS3, MCP
 			ctx := cmd.Context()
 			if adminAddr != "" {
 				stop, err := serveAdmin(adminAddr, hb, tel.M, log, srvTLS)

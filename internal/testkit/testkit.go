@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
@@ -205,4 +207,39 @@ func PrintSummary(t *testing.T, v map[string]any) {
 		t.Fatal(err)
 	}
 	scenario.Emit(b)
+}
+
+// JSONSchema is the part of a JSON Schema the tests read.
+type JSONSchema struct {
+	Type       string                     `json:"type"`
+	Properties map[string]json.RawMessage `json:"properties"`
+	Required   []string                   `json:"required"`
+}
+
+// MCPConnect connects the official MCP Go SDK's client to the hub's /mcp
+// over Streamable HTTP (with a bearer token when tok is set).
+func MCPConnect(t *testing.T, m *meshtest.Mesh, tok string) (*mcp.ClientSession, error) {
+	t.Helper()
+	hc := &http.Client{Transport: http.DefaultTransport, Timeout: 10 * time.Second}
+	if tok != "" {
+		hc.Transport = bearer{tok, http.DefaultTransport}
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: "agentmesh-test", Version: "1"}, nil)
+	s, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: m.HTTP + "/mcp", HTTPClient: hc, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+	if err == nil {
+		t.Cleanup(func() { _ = s.Close() })
+	}
+	return s, err
+}
+
+// bearer adds a token to every request of an HTTP client.
+type bearer struct {
+	tok  string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.tok)
+	return b.next.RoundTrip(r)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/surface/all"
 )
 
 // Mesh is a running hub on a loopback port.
@@ -37,6 +38,7 @@ func Start(tb testing.TB, cfg hub.Config, opts ...hub.Option) *Mesh {
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}
+	all.Mount(h)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
@@ -167,6 +169,9 @@ func StartClusterOn(tb testing.TB, cfg hub.Config, reg registry.Registry, ln net
 	tb.Helper()
 	cfg = noWarmUp(cfg)
 	h, err := hub.New(cfg, append([]hub.Option{hub.WithRegistry(reg)}, opts...)...)
+	if err == nil {
+		all.Mount(h)
+	}
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}

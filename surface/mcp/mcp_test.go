@@ -1,4 +1,4 @@
-package hub_test
+package mcp_test
 
 import (
 	"context"
@@ -19,34 +19,6 @@ import (
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
-
-// bearer adds a token to every request of an HTTP client.
-type bearer struct {
-	tok  string
-	next http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.tok)
-	return b.next.RoundTrip(r)
-}
-
-// mcpConnect connects the official MCP Go SDK's client to the hub's /mcp
-// over Streamable HTTP (with a bearer token when tok is set).
-func mcpConnect(t *testing.T, m *meshtest.Mesh, tok string) (*mcp.ClientSession, error) {
-	t.Helper()
-	hc := &http.Client{Transport: http.DefaultTransport, Timeout: 10 * time.Second}
-	if tok != "" {
-		hc.Transport = bearer{tok, http.DefaultTransport}
-	}
-	c := mcp.NewClient(&mcp.Implementation{Name: "agentmesh-test", Version: "1"}, nil)
-	s, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: m.HTTP + "/mcp", HTTPClient: hc, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
-	if err == nil {
-		t.Cleanup(func() { _ = s.Close() })
-	}
-	return s, err
-}
 
 func toolNames(r *mcp.ListToolsResult) []string {
 	var out []string
@@ -81,7 +53,7 @@ func TestMCPServer(t *testing.T) {
 	hb = m.Hub
 	m.RunAgent(t, agents.NewEcho())
 	m.RunAgent(t, agents.NewKV())
-	s, err := mcpConnect(t, m, "")
+	s, err := testkit.MCPConnect(t, m, "")
 	if err != nil {
 		t.Fatalf("MCP connect: %v", err)
 	}
@@ -98,7 +70,7 @@ func TestMCPServer(t *testing.T) {
 	}
 	for _, tool := range tools.Tools {
 		in, _ := json.Marshal(tool.InputSchema)
-		var sch jsonSchema
+		var sch testkit.JSONSchema
 		_ = json.Unmarshal(in, &sch)
 		if sch.Type != "object" || tool.Description == "" {
 			t.Errorf("tool %s: input schema %s, description %q; want an object schema and a description", tool.Name, in, tool.Description)
@@ -167,7 +139,7 @@ func TestMCPRoles(t *testing.T) {
 	m.RunAgent(t, agents.NewEcho(agents.WithToken(testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour))))
 	m.RunAgent(t, agents.NewKV(agents.WithToken(testkit.Token(t, auth.Claims{Subject: "kv", Serve: []string{"memory.*"}}, time.Hour))))
 
-	if _, err := mcpConnect(t, m, ""); err == nil {
+	if _, err := testkit.MCPConnect(t, m, ""); err == nil {
 		t.Errorf("MCP connect without a token succeeded; want 401")
 	}
 	res, err := http.Post(m.HTTP+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
@@ -179,11 +151,11 @@ func TestMCPRoles(t *testing.T) {
 		t.Errorf("POST /mcp without a token: HTTP %d; want 401", res.StatusCode)
 	}
 
-	reader, err := mcpConnect(t, m, testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
+	reader, err := testkit.MCPConnect(t, m, testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour))
 	if err != nil {
 		t.Fatalf("reader connect: %v", err)
 	}
-	writer, err := mcpConnect(t, m, testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour))
+	writer, err := testkit.MCPConnect(t, m, testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer"}}, time.Hour))
 	if err != nil {
 		t.Fatalf("writer connect: %v", err)
 	}
@@ -235,7 +207,7 @@ func TestMCPTraceLikeNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	s, err := mcpConnect(t, m, "")
+	s, err := testkit.MCPConnect(t, m, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package hub
+package mcp
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // The MCP surface (Streamable HTTP at /mcp, with the official MCP Go
@@ -25,7 +26,14 @@ import (
 type mcpPrincipalKey struct{}
 
 // mcpHandler returns the handler of /mcp.
-func (h *Hub) mcpHandler() http.Handler {
+// Mount serves the MCP surface on h at /mcp: MCP's streamable HTTP
+// transport (stateless), whose tools are the methods agents serve now
+// that the caller may call.
+func Mount(h surface.Host) {
+	h.Handle("/mcp", handler(h))
+}
+
+func handler(h surface.Host) http.Handler {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentmesh", Version: envelope.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
@@ -33,22 +41,22 @@ func (h *Hub) mcpHandler() http.Handler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			switch r := req.(type) {
 			case *mcp.ListToolsRequest:
-				return h.mcpTools(mcpPrincipal(r.Extra)), nil
+				return tools(h, mcpPrincipal(r.Extra)), nil
 			case *mcp.CallToolRequest:
-				return h.mcpCall(ctx, mcpPrincipal(r.Extra), r.Params, r.Extra), nil
+				return call(ctx, h, mcpPrincipal(r.Extra), r.Params, r.Extra), nil
 			}
 			return next(ctx, method, req)
 		}
 	})
 	var sh http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:           true,
-		MaxRequestBodyBytes: int64(h.cfg.Conn.Limits.MaxBytes),
+		MaxRequestBodyBytes: int64(h.ConnConfig().Limits.MaxBytes),
 	})
-	if h.guard.on() {
+	if h.AuthOn() {
 		// The SDK hands a request's token info to the handlers; the
 		// principal rides in it (authenticated below, before the SDK).
 		sh = mcpauth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*mcpauth.TokenInfo, error) {
-			p, _ := r.Context().Value(mcpPrincipalKey{}).(*Principal)
+			p, _ := r.Context().Value(mcpPrincipalKey{}).(*auth.Principal)
 			if p == nil || p.Claims == nil {
 				return nil, mcpauth.ErrInvalidToken
 			}
@@ -56,21 +64,22 @@ func (h *Hub) mcpHandler() http.Handler {
 		}, &mcpauth.RequireBearerTokenOptions{AllowMissingExpiration: true})(sh)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !h.guard.origins.Check(r) {
+		if !h.CheckOrigin(r) {
 			// The MCP transport's rule against DNS rebinding: a browser
 			// from an origin not allowed learns nothing.
-			h.metrics().Refused("origin")
+			if m := h.Metrics(); m != nil {
+				m.Refused("origin")
+			}
 			http.Error(w, "origin not allowed", http.StatusForbidden)
 			return
 		}
-		if h.draining.Load() {
+		if h.Draining() {
 			http.Error(w, "hub is draining", http.StatusServiceUnavailable)
 			return
 		}
-		who, aerr := h.guard.authenticate(r)
+		who, aerr := h.Authenticate(r)
 		if aerr != nil {
-			h.metrics().Refused(refusal(aerr))
-			httpRefuse(w, aerr)
+			h.Refuse(w, aerr)
 			return
 		}
 		if who != nil {
@@ -80,67 +89,22 @@ func (h *Hub) mcpHandler() http.Handler {
 	})
 }
 
-func mcpPrincipal(x *mcp.RequestExtra) *Principal {
+func mcpPrincipal(x *mcp.RequestExtra) *auth.Principal {
 	if x == nil || x.TokenInfo == nil {
 		return nil
 	}
-	p, _ := x.TokenInfo.Extra["principal"].(*Principal)
+	p, _ := x.TokenInfo.Extra["principal"].(*auth.Principal)
 	return p
 }
 
-// mayCall reports whether p's roles let it call m (the role checks of
-// guard.authorize, without its rate limit).
-func (g *guard) mayCall(p *Principal, m string) bool {
-	if !g.on() {
-		return true
-	}
-	if p == nil || p.Claims == nil {
-		return false
-	}
-	if hasRole(p.Roles, auth.RolePeer) {
-		return false // a hub token opens a peer link, nothing else
-	}
-	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
-		return false
-	}
-	need, ok := g.roles.lookup(m)
-	return !ok || auth.Allowed(p.Roles, need)
-}
-
-// toolName: the characters MCP allows in a tool name.
-func toolName(m string) bool {
-	if m == "" || len(m) > 128 {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		c := m[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-// objectSchema returns s when it is a JSON Schema of type object (what
-// MCP requires of a tool's schemas), else nil.
-func objectSchema(s json.RawMessage) json.RawMessage {
-	var v struct {
-		Type any `json:"type"`
-	}
-	if len(s) == 0 || json.Unmarshal(s, &v) != nil || v.Type != "object" {
-		return nil
-	}
-	return s
-}
-
-// mcpTools lists the methods agents serve now that p may call.
-func (h *Hub) mcpTools(p *Principal) *mcp.ListToolsResult {
+// tools lists the methods agents serve now that p may call.
+func tools(h surface.Host, p *auth.Principal) *mcp.ListToolsResult {
 	out := &mcp.ListToolsResult{Tools: []*mcp.Tool{}}
 	for name, m := range h.Schema().Methods {
-		if m.Builtin || m.Pattern || !toolName(name) || !h.guard.mayCall(p, name) {
+		if m.Builtin || m.Pattern || !surface.ToolName(name) || !h.MayCall(p, name) {
 			continue
 		}
-		in := objectSchema(m.Params)
+		in := surface.ObjectSchema(m.Params)
 		if in == nil {
 			// No object schema declared: any arguments, passed as the
 			// method's params.
@@ -148,7 +112,7 @@ func (h *Hub) mcpTools(p *Principal) *mcp.ListToolsResult {
 		}
 		t := &mcp.Tool{Name: name, Description: m.Description, InputSchema: in,
 			Annotations: &mcp.ToolAnnotations{IdempotentHint: m.Idempotent}}
-		if o := objectSchema(m.Response); o != nil {
+		if o := surface.ObjectSchema(m.Response); o != nil {
 			t.OutputSchema = o
 		}
 		out.Tools = append(out.Tools, t)
@@ -157,17 +121,17 @@ func (h *Hub) mcpTools(p *Principal) *mcp.ListToolsResult {
 	return out
 }
 
-// mcpCall runs a tool as a call through the hub's ingress. A failed call
+// call runs a tool as a call through the hub's ingress. A failed call
 // is a tool result with isError set, its text "CODE: message" and its
 // structured content {code, jsonrpcCode, message, data}.
 //
 // The W3C trace context comes from the request's _meta (traceparent,
 // tracestate: the MCP convention) or else from its HTTP headers.
-func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) *mcp.CallToolResult {
+func call(ctx context.Context, h surface.Host, p *auth.Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) *mcp.CallToolResult {
 	if params == nil {
 		return mcpError(envelope.NewError(envelope.CodeInvalidParams, "tools/call needs params"))
 	}
-	if _, ok := h.builtins[params.Name]; ok {
+	if h.IsBuiltin(params.Name) {
 		return mcpError(envelope.Errorf(envelope.CodeMethodNotFound, "%q is not a tool", params.Name))
 	}
 	args := bytes.TrimSpace(params.Arguments)
@@ -186,9 +150,9 @@ func (h *Hub) mcpCall(ctx context.Context, p *Principal, params *mcp.CallToolPar
 		}
 	}
 	if p != nil {
-		ctx = context.WithValue(ctx, principalKey{}, p)
+		ctx = h.WithCaller(ctx, p, "")
 	}
-	res, err := h.ingress(ctx, req)
+	res, err := h.Invoke(ctx, req)
 	if err != nil {
 		return mcpError(envelope.AsError(err))
 	}

@@ -1,0 +1,14 @@
+// Package all mounts every protocol surface on a hub: what meshd serves
+// and what the test kit's hubs serve. A binary that wants fewer mounts
+// the surfaces it wants itself.
+package all
+
+import (
+	"github.com/agentmesh/agentmesh/surface"
+	"github.com/agentmesh/agentmesh/surface/mcp"
+)
+
+// Mount mounts every surface on h.
+func Mount(h surface.Host) {
+	mcp.Mount(h)
+}

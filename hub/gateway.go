@@ -64,8 +64,8 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 			calls[0].Request.Headers.IdempotencyKey = k
 		}
 	}
-	if h.isNexus3Global(calls, batch) {
-		h.serveNexus3RPC(w, ctx, &calls[0], r.Header) // NEXUS3's /rpc alias of / (nexus3.go)
+	if hook := h.intercepted(calls, batch); hook != nil {
+		hook.serve(w, ctx, &calls[0], r.Header) // a surface's claim (NEXUS3's /rpc alias of /)
 		return
 	}
 	out := h.answerAll(ctx, calls, batch, nil)

@@ -98,6 +98,12 @@ func (h *Hub) Admit(w http.ResponseWriter, r *http.Request) (*auth.Principal, bo
 	return h.admit(w, r)
 }
 
+// AuthRequest authenticates an edge HTTP request; on refusal it has
+// answered w.
+func (h *Hub) AuthRequest(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	return h.authRequest(w, r)
+}
+
 // Authenticate checks r's credential only.
 func (h *Hub) Authenticate(r *http.Request) (*auth.Principal, *envelope.Error) {
 	return h.guard.authenticate(r)

@@ -437,7 +437,6 @@ func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
-	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
 	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
 	h.agentickRoutes(mux)
 	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go

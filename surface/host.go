@@ -62,6 +62,10 @@ type Host interface {
 	// passes first, in the hub's order: the Origin, then the drain, then
 	// the credential. On refusal it has answered w and returns false.
 	Admit(w http.ResponseWriter, r *http.Request) (*auth.Principal, bool)
+	// AuthRequest authenticates an edge HTTP request and returns its
+	// context naming the caller; on refusal (401/429) it has answered w
+	// and returns false.
+	AuthRequest(w http.ResponseWriter, r *http.Request) (context.Context, bool)
 	// Authenticate checks r's credential only (nil, nil when the hub
 	// authenticates nobody); AuthOn reports whether it authenticates.
 	Authenticate(r *http.Request) (*auth.Principal, *envelope.Error)

@@ -6,9 +6,11 @@ package all
 import (
 	"github.com/agentmesh/agentmesh/surface"
 	"github.com/agentmesh/agentmesh/surface/mcp"
+	"github.com/agentmesh/agentmesh/surface/nexus3"
 )
 
 // Mount mounts every surface on h.
 func Mount(h surface.Host) {
 	mcp.Mount(h)
+	nexus3.Mount(h)
 }

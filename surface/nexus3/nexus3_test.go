@@ -1,4 +1,4 @@
-package hub_test
+package nexus3_test
 
 import (
 	"context"
@@ -460,4 +460,24 @@ func TestNexus3Auth(t *testing.T) {
 		t.Errorf("reader's destroy_agent: HTTP %d %s; want error -32008 (PERMISSION_DENIED)", r.status, r.body)
 	}
 	same(t, "writer's destroy_agent", post("/", writer, destroy), 200, `{"jsonrpc":"2.0","id":4,"result":{"success":true,"agent_id":"worker-1"}}`)
+}
+
+// TestNexus3DuplicateKeys: an agent's params, which the surface adds
+// agentId to, are refused with a key given twice, where the last one used
+// to win (see the hub's TestDialectDuplicateKeys for the other dialects).
+func TestNexus3DuplicateKeys(t *testing.T) {
+	m := testkit.StartNexus3(t, nil)
+	// The agent's params, which the surface adds agentId to, are no
+	// longer decoded into a map where the last "content" won.
+	got := curl(t, m.HTTP, "/agent/nobody-there", true, `{"jsonrpc":"2.0","method":"send","params":{"content":"a","content":"b"},"id":1}`)
+	same(t, "duplicate param of an unknown agent", got, 404, `{"error":"Agent not found: nobody-there"}`)
+	if got := curl(t, m.HTTP, "/", true, `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"dupper"},"id":1}`); got.status != 200 {
+		t.Fatalf("create_agent: HTTP %d %s", got.status, got.body)
+	}
+	got = curl(t, m.HTTP, "/agent/dupper", true, `{"jsonrpc":"2.0","method":"get_tokens","params":{"x":1,"x":2},"id":2}`)
+	same(t, "duplicate param", got, 200, `{"jsonrpc":"2.0","id":2,"error":{"code":-32602,"message":"Invalid params: duplicate key \"x\""}}`)
+	got = curl(t, m.HTTP, "/agent/dupper", true, `{"jsonrpc":"2.0","method":"get_tokens","params":{"agentId":"someone-else"},"id":3}`)
+	if r := result(t, "agentId of the path wins", got, 3); r == nil {
+		t.Errorf("get_tokens: %s", got.body)
+	}
 }

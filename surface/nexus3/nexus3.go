@@ -1,4 +1,4 @@
-package hub
+package nexus3
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/surface"
 )
 
 // The NEXUS3 surface (seed nexus3-rpc-module): the HTTP JSON-RPC of
@@ -54,30 +55,21 @@ var nexus3Agent = map[string]string{
 	"get_context": "chat.get_context",
 }
 
-// nexus3Routes mounts the NEXUS3 surface on mux.
-func (h *Hub) nexus3Routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /{$}", func(w http.ResponseWriter, r *http.Request) { h.serveNexus3(w, r, "") })
-	mux.HandleFunc("POST /agent/{id}", func(w http.ResponseWriter, r *http.Request) {
-		h.serveNexus3(w, r, r.PathValue("id"))
+// Mount serves the NEXUS3 surface on h: POST / and POST /agent/{id},
+// and NEXUS3's global methods on /rpc when nothing else serves them.
+func Mount(h surface.Host) {
+	s := &server{h: h}
+	h.Handle("POST /{$}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, "") }))
+	h.Handle("POST /agent/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.serve(w, r, r.PathValue("id"))
+	}))
+	h.InterceptRPC(func(m string) bool { _, ok := nexus3Global[m]; return ok }, func(w http.ResponseWriter, ctx context.Context, c *envelope.RPCCall, hdr http.Header) {
+		s.serveCall(w, ctx, "", c, hdr)
 	})
 }
 
-// isNexus3Global reports whether a call on /rpc is one of NEXUS3's global
-// methods that neither a built-in nor an agent serves: this surface
-// answers it.
-func (h *Hub) isNexus3Global(calls []RPCCall, batch bool) bool {
-	if batch || len(calls) != 1 || calls[0].Err != nil {
-		return false
-	}
-	m := calls[0].Request.Method
-	if _, ok := nexus3Global[m]; !ok {
-		return false
-	}
-	if _, ok := h.builtins[m]; ok {
-		return false
-	}
-	return len(h.reg.Snapshot().Lookup(m)) == 0
-}
+// server is the NEXUS3 surface on one hub.
+type server struct{ h surface.Host }
 
 // nexus3Error is a JSON-RPC error in NEXUS3's shape.
 type nexus3Error struct {
@@ -107,14 +99,14 @@ func writeNexus3HTTPError(w http.ResponseWriter, status int, msg string) {
 	_, _ = w.Write(b)
 }
 
-// serveNexus3 serves one NEXUS3 request: a global one when agent is "",
+// serve serves one NEXUS3 request: a global one when agent is "",
 // else one for that agent.
-func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) {
-	ctx, ok := h.authRequest(w, r)
+func (s *server) serve(w http.ResponseWriter, r *http.Request, agent string) {
+	ctx, ok := s.h.AuthRequest(w, r)
 	if !ok {
 		return
 	}
-	limit := h.cfg.Conn.Limits.MaxBytes
+	limit := s.h.ConnConfig().Limits.MaxBytes
 	tooBig := "Request body too large (limit " + strconv.Itoa(limit) + " bytes)"
 	if r.ContentLength > int64(limit) {
 		writeNexus3HTTPError(w, http.StatusRequestEntityTooLarge, tooBig)
@@ -130,30 +122,30 @@ func (h *Hub) serveNexus3(w http.ResponseWriter, r *http.Request, agent string) 
 		writeNexus3HTTPError(w, http.StatusBadRequest, "Cannot read the request body")
 		return
 	}
-	calls, batch, derr := envelope.DecodeJSONRPC(data, h.cfg.Conn.Limits)
+	calls, batch, derr := envelope.DecodeJSONRPC(data, s.h.ConnConfig().Limits)
 	switch {
 	case derr != nil:
-		h.nexus3Reply(w, ctx, agent, nil, false, nil, nexus3Err(derr.Code, derr.Message))
+		s.reply(w, ctx, agent, nil, false, nil, nexus3Err(derr.Code, derr.Message))
 	case batch:
-		h.nexus3Reply(w, ctx, agent, nil, false, nil, nexus3Err(envelope.CodeInvalidRequest, "Request must be a JSON object"))
+		s.reply(w, ctx, agent, nil, false, nil, nexus3Err(envelope.CodeInvalidRequest, "Request must be a JSON object"))
 	default:
-		h.serveNexus3Call(w, ctx, agent, &calls[0], r.Header)
+		s.serveCall(w, ctx, agent, &calls[0], r.Header)
 	}
 }
 
-// serveNexus3Call runs one decoded NEXUS3 request and answers it.
-func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent string, c *RPCCall, hdr http.Header) {
+// serveCall runs one decoded NEXUS3 request and answers it.
+func (s *server) serveCall(w http.ResponseWriter, ctx context.Context, agent string, c *envelope.RPCCall, hdr http.Header) {
 	// NEXUS3 reads a missing id and id null alike: None, a notification.
 	notify := c.Notification || string(c.ID) == "null"
 	if c.Err != nil {
 		// Not a valid request: answered, id or not (NEXUS3's ParseError).
-		h.nexus3Reply(w, ctx, agent, c.ID, false, nil, nexus3Err(c.Err.Code, c.Err.Message))
+		s.reply(w, ctx, agent, c.ID, false, nil, nexus3Err(c.Err.Code, c.Err.Message))
 		return
 	}
 	in := &c.Request
 	params := in.Params
 	if len(params) > 0 && params[0] == '[' {
-		h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Positional params not supported, use named params"))
+		s.reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Positional params not supported, use named params"))
 		return
 	}
 	table := nexus3Global
@@ -162,7 +154,7 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 	}
 	method, ok := table[in.Method]
 	if !ok {
-		h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeMethodNotFound, "Method not found: "+in.Method))
+		s.reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeMethodNotFound, "Method not found: "+in.Method))
 		return
 	}
 	if agent != "" {
@@ -170,7 +162,7 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 		id, _ := json.Marshal(agent)
 		var perr *envelope.Error
 		if params, perr = envelope.SetCheckedMember(params, "agentId", id); perr != nil {
-			h.nexus3Reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Invalid params: "+perr.Message))
+			s.reply(w, ctx, agent, c.ID, notify, nil, nexus3Err(envelope.CodeInvalidParams, "Invalid params: "+perr.Message))
 			return
 		}
 	}
@@ -189,13 +181,13 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 	if k := hdr.Get("Idempotency-Key"); k != "" && len(k) <= 255 && req.Headers.IdempotencyKey == "" {
 		req.Headers.IdempotencyKey = k // as on /rpc
 	}
-	res, err := h.ingress(ctx, req)
+	res, err := s.h.Invoke(ctx, req)
 	if err != nil {
 		if agent != "" && envelope.CodeOf(err) == envelope.CodeAgentNotFound {
 			writeNexus3HTTPError(w, http.StatusNotFound, "Agent not found: "+agent)
 			return
 		}
-		h.nexus3Reply(w, ctx, "", c.ID, notify, nil, nexus3FromMesh(err))
+		s.reply(w, ctx, "", c.ID, notify, nil, nexus3FromMesh(err))
 		return
 	}
 	result := res.Result
@@ -205,20 +197,20 @@ func (h *Hub) serveNexus3Call(w http.ResponseWriter, ctx context.Context, agent 
 			AgentID string `json:"agent_id"`
 		}
 		if err := json.Unmarshal(result, &cr); err != nil || cr.AgentID == "" {
-			h.nexus3Reply(w, ctx, "", c.ID, notify, nil, nexus3Err(envelope.CodeInternal, "create_agent: unexpected answer from chat.create_agent"))
+			s.reply(w, ctx, "", c.ID, notify, nil, nexus3Err(envelope.CodeInternal, "create_agent: unexpected answer from chat.create_agent"))
 			return
 		}
 		result, _ = json.Marshal(map[string]string{"agent_id": cr.AgentID, "url": "/agent/" + url.PathEscape(cr.AgentID)})
 	}
-	h.nexus3Reply(w, ctx, "", c.ID, notify, result, nil)
+	s.reply(w, ctx, "", c.ID, notify, result, nil)
 }
 
-// nexus3Reply writes a NEXUS3 JSON-RPC response (HTTP 200), or HTTP 204
+// reply writes a NEXUS3 JSON-RPC response (HTTP 200), or HTTP 204
 // for a notification. An error for an agent's request not run (parse
 // error, unknown method) is a 404 when the agent does not exist: NEXUS3
 // looks the agent up before it reads the request.
-func (h *Hub) nexus3Reply(w http.ResponseWriter, ctx context.Context, agent string, id json.RawMessage, notify bool, result json.RawMessage, e *nexus3Error) {
-	if e != nil && agent != "" && !h.nexus3AgentExists(ctx, agent) {
+func (s *server) reply(w http.ResponseWriter, ctx context.Context, agent string, id json.RawMessage, notify bool, result json.RawMessage, e *nexus3Error) {
+	if e != nil && agent != "" && !s.agentExists(ctx, agent) {
 		writeNexus3HTTPError(w, http.StatusNotFound, "Agent not found: "+agent)
 		return
 	}
@@ -247,18 +239,13 @@ func (h *Hub) nexus3Reply(w http.ResponseWriter, ctx context.Context, agent stri
 	_, _ = w.Write(b)
 }
 
-// nexus3AgentExists asks the chat agent whether it knows agent (a
+// agentExists asks the chat agent whether it knows agent (a
 // get_context call through the ingress). Only requests that fail before
 // reaching the chat agent pay for it; an unreachable chat agent counts as
 // existing, so that the request's own error is answered.
-func (h *Hub) nexus3AgentExists(ctx context.Context, agent string) bool {
+func (s *server) agentExists(ctx context.Context, agent string) bool {
 	p, _ := json.Marshal(map[string]string{"agentId": agent})
-	_, err := h.ingress(ctx, &envelope.Request{ID: envelope.NewID(), Method: "chat.get_context", Params: p,
+	_, err := s.h.Invoke(ctx, &envelope.Request{ID: envelope.NewID(), Method: "chat.get_context", Params: p,
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version})
 	return envelope.CodeOf(err) != envelope.CodeAgentNotFound
-}
-
-// serveNexus3RPC answers a NEXUS3 global call that came on /rpc.
-func (h *Hub) serveNexus3RPC(w http.ResponseWriter, ctx context.Context, c *RPCCall, hdr http.Header) {
-	h.serveNexus3Call(w, ctx, "", c, hdr)
 }

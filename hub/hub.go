@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/sony/gobreaker/v2"
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
@@ -375,10 +374,10 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 	h.policies = ps
 	m := h.metrics()
 	hook := h.breakerHook
-	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, func(k reliability.BreakerKey, from, to gobreaker.State) {
-		m.BreakerChanged(k.Method, from.String(), to.String())
+	h.breakers = reliability.NewBreakers(rc.CircuitBreaker, func(k reliability.BreakerKey, from, to string) {
+		m.BreakerChanged(k.Method, from, to)
 		if hook != nil {
-			hook(k, from.String(), to.String())
+			hook(k, from, to)
 		}
 	})
 	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)

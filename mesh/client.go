@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
-
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -203,11 +201,11 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 			return nil, err
 		}
 		c.policies, _ = rc.PolicySet()
-		var onChange func(reliability.BreakerKey, gobreaker.State, gobreaker.State)
+		var onChange func(k reliability.BreakerKey, from, to string)
 		if tel != nil && tel.M != nil {
 			m := tel.M
-			onChange = func(k reliability.BreakerKey, from, to gobreaker.State) {
-				m.BreakerChanged(k.Method, from.String(), to.String())
+			onChange = func(k reliability.BreakerKey, from, to string) {
+				m.BreakerChanged(k.Method, from, to)
 			}
 		}
 		c.breakers = reliability.NewBreakers(rc.CircuitBreaker, onChange)

@@ -59,7 +59,7 @@ type BreakerInfo struct {
 type Breakers struct {
 	cfg      BreakerConfig
 	m        cow.Map[BreakerKey, *breaker]
-	onChange func(k BreakerKey, from, to gobreaker.State)
+	onChange func(k BreakerKey, from, to string)
 }
 
 // breaker is one gobreaker with the time it last opened, which gobreaker
@@ -71,9 +71,11 @@ type breaker struct {
 }
 
 // NewBreakers returns an empty set. onChange, if not nil, is called on
-// every state transition while the breaker's lock is held: it may update a
-// metric, never call the breaker.
-func NewBreakers(cfg BreakerConfig, onChange func(k BreakerKey, from, to gobreaker.State)) *Breakers {
+// every state transition while the breaker's lock is held, with the
+// states' names ("closed", "half-open", "open"): it may update a metric,
+// never call the breaker. (gobreaker's own state type stays inside this
+// package.)
+func NewBreakers(cfg BreakerConfig, onChange func(k BreakerKey, from, to string)) *Breakers {
 	return &Breakers{cfg: cfg, onChange: onChange}
 }
 
@@ -115,7 +117,7 @@ func (b *Breakers) get(k BreakerKey) *breaker {
 					br.opened.Store(time.Now().UnixNano())
 				}
 				if b.onChange != nil {
-					b.onChange(k, from, to)
+					b.onChange(k, from.String(), to.String())
 				}
 			},
 		}

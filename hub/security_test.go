@@ -532,8 +532,7 @@ func TestBadTokenFlood(t *testing.T) {
 	var n atomic.Int64
 	m.RunAgent(t, testkit.CountingAgent("echo", &n, testkit.Token(t, auth.Claims{Subject: "echo", Serve: []string{"echo.*"}}, time.Hour), "echo.*"))
 	legit := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "legit"}, time.Hour)), mesh.WithoutReliability())
-	measure := func(d time.Duration) (p99 time.Duration, errs int) {
-		var lat []time.Duration
+	measure := func(d time.Duration) (lat []time.Duration, errs int) {
 		tk := time.NewTicker(10 * time.Millisecond) // 100 req/s
 		defer tk.Stop()
 		for end := time.Now().Add(d); time.Now().Before(end); {
@@ -544,14 +543,18 @@ func TestBadTokenFlood(t *testing.T) {
 			}
 			lat = append(lat, time.Since(s))
 		}
+		return lat, errs
+	}
+	p99 := func(lat []time.Duration) time.Duration {
+		lat = slices.Clone(lat)
 		slices.Sort(lat)
-		return lat[len(lat)*99/100], errs
+		return lat[len(lat)*99/100]
 	}
 	// The flood runs in this process, so the control phase runs the same
 	// flood against /livez (no authentication): what differs between the
 	// phases is the hub's handling of bad tokens, not the generator's CPU.
 	var codes sync.Map
-	flood := func(path string, d time.Duration) (time.Duration, int) {
+	flood := func(path string, d time.Duration) ([]time.Duration, int) {
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for range 4 {
@@ -576,22 +579,36 @@ func TestBadTokenFlood(t *testing.T) {
 				}
 			})
 		}
-		p99, errs := measure(d)
+		lat, errs := measure(d)
 		cancel()
 		wg.Wait()
-		return p99, errs
+		return lat, errs
 	}
-	d := 30 * time.Second // S24 (f) as written; -short (CI): 3 s per phase
+	d := 30 * time.Second // S24 (f) as written; -short (CI): 3 s of each flood
 	if testing.Short() {
 		d = 3 * time.Second
 	}
-	healthy, _ := flood("/livez", d)
-	flooded, errs := flood("/rpc", d)
+	// The phases alternate (3 windows of each, d/3 long), so that a
+	// neighbour's burst on this shared machine falls on both alike; the
+	// p99 of each kind pools its windows. (Run one after the other, a CI
+	// run measured 24 ms against 5.5 ms with no fault in the hub.)
+	var healthyLat, floodedLat []time.Duration
+	errs := 0
+	for range 3 {
+		lat, _ := flood("/livez", d/3)
+		healthyLat = append(healthyLat, lat...)
+		lat, e := flood("/rpc", d/3)
+		floodedLat = append(floodedLat, lat...)
+		errs += e
+	}
+	healthy, flooded := p99(healthyLat), p99(floodedLat)
 	got := map[int]int64{}
 	codes.Range(func(k, v any) bool { got[k.(int)] = v.(*atomic.Int64).Load(); return true })
 	t.Logf("bad tokens: %v by HTTP status; legitimate p99 %v under a flood of /livez, %v under the flood of bad tokens, %d errors", got, healthy, flooded, errs)
-	// The failed-auth budget: burst 100, then 20/s (slack for the phase overrunning d).
-	if budget := 100 + int64(30*d.Seconds()); got[http.StatusTooManyRequests] == 0 || got[http.StatusUnauthorized] > budget {
+	// The failed-auth budget: burst 100, then 20/s (slack for the phases
+	// overrunning d). The bucket refills during the /livez windows, to at
+	// most its burst: one burst per /rpc window.
+	if budget := 3*100 + int64(30*d.Seconds()); got[http.StatusTooManyRequests] == 0 || got[http.StatusUnauthorized] > budget {
 		t.Errorf("bad attempts were not rate-limited: %v (budget %d answered 401)", got, budget)
 	}
 	if errs != 0 {

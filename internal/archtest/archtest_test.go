@@ -1,10 +1,13 @@
 package archtest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -35,17 +38,40 @@ var rules = []rule{
 	{From: "envelope", Allow: []string{}, Why: "the wire imports nothing of the project"},
 	{From: "registry", Allow: []string{"envelope", "internal/..."}, Direct: true, Why: "the registry knows no sockets, hub or surface"},
 	{From: "registry/memory", Allow: []string{"registry", "envelope", "internal/..."}, Direct: true, Why: "a backend imports the registry, nothing above it"},
-	{From: "registry/etcd", Allow: []string{"registry", "envelope", "internal/..."}, Direct: true, Why: "a backend imports the registry, nothing above it"},
+	{From: "registry/etcd", Allow: []string{"registry", "envelope", "auth", "internal/..."}, Direct: true, Why: "a backend imports the registry (and auth's seal), nothing above it"},
 	{From: "reliability", Allow: []string{"envelope", "internal/..."}, Direct: true, Why: "policies know no transport"},
 	{From: "telemetry", Allow: []string{"envelope", "internal/..."}, Direct: true, Why: "telemetry is a leaf the others use"},
 	{From: "auth", Allow: []string{"envelope", "internal/..."}, Direct: true, Why: "auth knows nothing of the hub"},
+	{From: "contract/...", Allow: []string{"envelope"}, Direct: true, Why: "a contract is the JSON both sides speak: it holds no logic and imports nothing above the wire"},
 	{From: "internal/memnet", Allow: []string{}, Why: "a test network, usable by every package"},
-	{From: "mesh/...", Deny: []string{module + "/internal/cli/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/..."},
-		Why: "the hub and client never need the etcd backend or the CLI: the binary wires them"},
-	{From: "agents/...", Deny: []string{module + "/internal/cli/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/..."},
-		Why: "the agent SDK never needs the etcd backend or the CLI"},
+	{From: "link", Allow: []string{"envelope", "telemetry", "internal/..."}, Direct: true,
+		Why: "the link is one framed WebSocket: it knows no principal, hub or surface"},
+	{From: "hub/...", Allow: []string{"link", "registry", "registry/memory", "reliability", "telemetry", "auth", "envelope", "contract/...", "internal/..."}, Direct: true,
+		Why: "the hub never imports a surface, the client or agents: the binary mounts the surfaces on it"},
+	{From: "hub/...", Deny: []string{module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/...", "github.com/modelcontextprotocol/..."},
+		Why: "the hub needs neither the etcd backend (the binary hands it one) nor the MCP SDK (a surface's)"},
+	{From: "surface", Allow: []string{"envelope", "link", "auth", "registry", "telemetry", "contract/...", "internal/..."}, Direct: true,
+		Why: "the surfaces' view of the hub is an interface: it imports nothing of the hub's implementation"},
+	{From: "surface/agentick", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
+	{From: "surface/openai", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
+	{From: "surface/multica", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
+	{From: "surface/nexus3", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
+	{From: "surface/mcp", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
+	{From: "mesh", Allow: []string{"link", "envelope", "reliability", "telemetry", "contract/...", "internal/..."}, Direct: true,
+		Why: "the client is what a caller imports: never the hub or a surface"},
+	{From: "mesh", Deny: []string{module + "/hub/...", module + "/surface/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/...", "github.com/modelcontextprotocol/..."},
+		Why: "a caller compiles no hub, surface, etcd client or MCP SDK"},
+	{From: "agents", Allow: []string{"link", "contract/control", "envelope", "registry", "telemetry", "internal/..."}, Direct: true,
+		Why: "the agent SDK speaks the link and the control-plane contract: never the hub, a surface or the client"},
+	{From: "agents", Deny: []string{module + "/hub/...", module + "/surface/...", module + "/mesh", "github.com/modelcontextprotocol/...", "github.com/golang-jwt/...", "github.com/google/jsonschema-go/...", "github.com/sony/gobreaker/...", "go.etcd.io/etcd/client/v3/..."},
+		Why: "an agent compiles no hub, surface, MCP SDK, JWT, jsonschema, breaker or etcd client"},
+	{From: "agents/...", Deny: []string{module + "/internal/cli/...", module + "/hub/...", module + "/surface/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/..."},
+		Why: "the agent SDK and the built-in agents never need the hub, a surface, the etcd backend or the CLI"},
 	{From: "cmd/...", Allow: []string{"internal/cli"}, Direct: true, Why: "cmd/ is wiring only"},
 }
+
+// surfaceAllow is what a protocol surface may import of the project.
+var surfaceAllow = []string{"surface", "envelope", "link", "auth", "registry", "telemetry", "contract/...", "internal/..."}
 
 func match(pattern, path string) bool {
 	if p, ok := strings.CutSuffix(pattern, "/..."); ok {
@@ -140,17 +166,72 @@ func TestRulesCatchViolations(t *testing.T) {
 	pkgs := []pkg{
 		{ImportPath: module + "/envelope", Imports: []string{"strings", module + "/auth"}, Deps: []string{"strings", module + "/auth"}},
 		{ImportPath: module + "/auth", Imports: []string{module + "/mesh"}, Deps: []string{module + "/mesh"}},
-		{ImportPath: module + "/agents", Deps: []string{"go.etcd.io/etcd/client/v3"}},
+		{ImportPath: module + "/agents", Imports: []string{module + "/link"}, Deps: []string{module + "/link", "github.com/sony/gobreaker/v2"}},
 		{ImportPath: module + "/cmd/meshd", Imports: []string{module + "/mesh"}},
 		{ImportPath: module + "/registry/etcd", Imports: []string{module + "/registry", module + "/envelope", module + "/internal/cow"}},
+		{ImportPath: module + "/hub", Imports: []string{module + "/link", module + "/surface/agentick"}},
+		{ImportPath: module + "/surface/openai", Imports: []string{module + "/surface", module + "/hub"}},
+		{ImportPath: module + "/surface/mcp", Imports: []string{module + "/surface", module + "/surface/nexus3"}},
+		{ImportPath: module + "/mesh", Imports: []string{module + "/link"}, Deps: []string{module + "/link", module + "/hub"}},
+		{ImportPath: module + "/link", Imports: []string{module + "/envelope", module + "/auth"}},
 	}
 	got := violations(pkgs, rules)
-	for _, want := range []string{"envelope imports auth", "auth imports mesh", "agents imports go.etcd.io/etcd/client/v3", "cmd/meshd imports mesh"} {
-		if !slices.ContainsFunc(got, func(v string) bool { return strings.HasPrefix(v, want+":") }) {
-			t.Errorf("no violation %q reported; got %q", want, got)
+	want := []string{"envelope imports auth", "auth imports mesh", "agents imports github.com/sony/gobreaker/v2", "cmd/meshd imports mesh",
+		"hub imports surface/agentick", "surface/openai imports hub", "surface/mcp imports surface/nexus3", "mesh imports " + module + "/hub", "link imports auth"}
+	for _, w := range want {
+		if !slices.ContainsFunc(got, func(v string) bool { return strings.HasPrefix(v, w+":") }) {
+			t.Errorf("no violation %q reported; got %q", w, got)
 		}
 	}
-	if len(got) != 4 {
-		t.Errorf("%d violations; want 4 (registry/etcd's imports are allowed): %q", len(got), got)
+	if len(got) != len(want) {
+		t.Errorf("%d violations; want %d (registry/etcd's imports are allowed): %q", len(got), len(want), got)
 	}
+}
+
+// Size bounds: a package a reader can hold in mind, files a reader can
+// find their way in (issue [M10]).
+const (
+	maxPackageLines = 3000
+	maxFileLines    = 700
+)
+
+// TestSizes: no project package has more than maxPackageLines product
+// lines (test files excluded), no product file more than maxFileLines.
+func TestSizes(t *testing.T) {
+	cmd := exec.Command("go", "list", "-json=ImportPath,Dir,GoFiles", module+"/...")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p struct {
+			ImportPath, Dir string
+			GoFiles         []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for _, f := range p.GoFiles {
+			n := lines(t, filepath.Join(p.Dir, f))
+			if n > maxFileLines {
+				t.Errorf("%s/%s: %d lines; at most %d", p.ImportPath, f, n, maxFileLines)
+			}
+			total += n
+		}
+		if total > maxPackageLines {
+			t.Errorf("%s: %d product lines; at most %d", p.ImportPath, total, maxPackageLines)
+		}
+	}
+}
+
+func lines(t *testing.T, path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Count(b, []byte("\n"))
 }

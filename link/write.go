@@ -1,0 +1,372 @@
+package link
+
+// The writer of a Conn: one goroutine, started on the first frame queued
+// and lingering a little after the last, that coalesces queued frames
+// into few writes.
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// writeLoop writes what is queued, batch by batch, until the queue stays
+// empty for writerLinger or the connection closes.
+func (c *Conn) writeLoop() {
+	defer c.wg.Done()
+	var linger *time.Timer
+	var lastWrite time.Time
+	batched := false // the last write carried more than one frame
+	defer func() {
+		if linger != nil {
+			linger.Stop()
+		}
+	}()
+	for {
+		c.qmu.Lock()
+		for len(c.q) == 0 {
+			if c.closed {
+				c.writerOn = false
+				c.qmu.Unlock()
+				return
+			}
+			c.idle = true
+			c.qmu.Unlock()
+			if linger == nil {
+				linger = time.NewTimer(writerLinger)
+			} else {
+				linger.Reset(writerLinger)
+			}
+			select {
+			case <-c.wake:
+			case <-c.closing:
+			case <-linger.C:
+			}
+			c.qmu.Lock()
+			c.idle = false
+			if len(c.q) == 0 && !c.closed {
+				select {
+				case <-c.wake:
+					continue // a frame came and went? look again
+				default:
+				}
+				c.writerOn = false
+				c.qmu.Unlock()
+				return
+			}
+		}
+		now := time.Now()
+		if c.batch && len(c.q) == 1 && !c.closed && (batched || now.Sub(lastWrite) < batchYieldGap) {
+			// Frames are coming in bursts (the last write carried
+			// several, or this one follows it closely): let the
+			// goroutines that are about to queue a frame do so, so that
+			// one write carries them all. A lone frame after a pause
+			// goes out at once: the yield would queue it behind every
+			// runnable goroutine, which on a hub busy with other
+			// connections adds up for a call crossing four links (S26).
+			c.qmu.Unlock()
+			runtime.Gosched()
+			c.qmu.Lock()
+		}
+		lastWrite = now
+		frames := c.q
+		batched = len(frames) > 1
+		c.q = c.spare[:0]
+		c.spare = nil
+		c.writing.Store(int32(len(frames)))
+		var taken int64 // the owed frames' bytes, out of qbytes once written
+		var takenN int
+		if c.bp {
+			for _, n := range c.acc {
+				if n > 0 {
+					taken += int64(n)
+					takenN++
+				}
+			}
+			c.acc = c.acc[:0]
+		}
+		if c.room != nil {
+			close(c.room)
+			c.room = nil
+		}
+		closed := c.closed
+		c.qmu.Unlock()
+
+		var err error
+		if closed {
+			for _, b := range frames {
+				PutBuf(b)
+			}
+		} else {
+			err = c.writeFrames(frames)
+		}
+		clear(frames)
+		c.writing.Store(0)
+		c.qmu.Lock()
+		if c.spare == nil {
+			c.spare = frames[:0]
+		}
+		c.qbytes.Add(-taken)
+		c.qowed.Add(-int64(takenN))
+		c.wakeReaderLocked()
+		c.qmu.Unlock()
+		if err != nil {
+			c.Shutdown(err)
+		}
+	}
+}
+
+// writeFrames writes frames in order: as JSON-array batches on a native
+// link, one message each otherwise. It returns every buffer to the pool.
+func (c *Conn) writeFrames(frames []*[]byte) error {
+	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+	var err error
+	for len(frames) > 0 && err == nil {
+		if c.raw != nil {
+			var waited bool
+			if waited, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
+				break
+			}
+			if waited { // the deadline is for the write, not the wait
+				_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+			}
+		}
+		var n, used int
+		if c.batch && len(frames) > 1 {
+			n, used, err = c.writeBatch(frames)
+		} else {
+			n, used = len(*frames[0]), 1
+			err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+			PutBuf(frames[0])
+		}
+		if c.cfg.Bytes != nil {
+			c.cfg.Bytes(0, n)
+		}
+		frames = frames[used:]
+	}
+	for _, b := range frames {
+		PutBuf(b) // not written: the connection is going
+	}
+	return err
+}
+
+// closeReserve is the room waitSendRoom keeps free in the kernel's send
+// buffer for what is written beside the writer: pings, pongs and the
+// close frame (at most 2 + 4 + 125 bytes each).
+const closeReserve = 4 << 10
+
+// nextWrite is the size of the next message writeFrames writes from
+// frames (as writeBatch picks it), with its WebSocket header.
+func (c *Conn) nextWrite(frames []*[]byte) int {
+	n := len(*frames[0])
+	if c.batch && len(frames) > 1 {
+		budget := c.cfg.Limits.MaxBytes / 2
+		n += 2
+		for used := 1; used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget; used++ {
+			n += len(*frames[used]) + 1
+		}
+	}
+	return n + 14
+}
+
+// waitSendRoom waits until the kernel's send buffer can take n more
+// bytes (keeping closeReserve free), so that a write never blocks with a
+// frame cut in two: when the peer stops reading, the frames written are
+// whole and a close frame can still follow them. The kernel holds at
+// most half its buffer's size in data here (the buffer's size counts
+// the kernel's own bookkeeping too). An empty queue takes any frame,
+// even one larger than that. If the peer takes nothing of what is
+// queued for WriteTimeout, it is a slow consumer (errSlowConsumer).
+//
+// Looking costs two system calls; it is done only once the bytes written
+// since the last look could exceed the room seen then (credit), so a
+// connection whose peer keeps up looks about once per half-buffer.
+func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
+	if c.credit >= n {
+		c.credit -= n
+		return false, nil
+	}
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	last, progress := -1, time.Now()
+	delay := 50 * time.Microsecond
+	for {
+		q, size, ok := sendQueue(c.raw)
+		if !ok {
+			c.raw = nil // not a socket that says: write as before
+			return t != nil, nil
+		}
+		room := size/2 - q - closeReserve
+		if room >= n || q == 0 {
+			c.credit = room - n
+			return t != nil, nil
+		}
+		now := time.Now()
+		if last < 0 || q < last {
+			progress = now // the peer took bytes
+		}
+		last = q
+		if now.Sub(progress) >= c.cfg.WriteTimeout {
+			return true, errSlowConsumer
+		}
+		if t == nil {
+			t = time.NewTimer(delay)
+		} else {
+			t.Reset(delay)
+		}
+		select {
+		case <-t.C:
+		case <-c.closing:
+			return true, errConnClosed
+		}
+		delay = min(2*delay, 5*time.Millisecond)
+	}
+}
+
+// batchYieldGap: a frame queued within this long of the previous write
+// means a burst, worth a scheduler round to batch what follows.
+const batchYieldGap = 200 * time.Microsecond
+
+// maxBatchFrames bounds the frames one batched message carries.
+const maxBatchFrames = 128
+
+// writeBatch sends the first frames as one message, a JSON array: one
+// write (and one syscall) for many frames under load. A batch holds at
+// most maxBatchFrames and stays under half the peer's message limit; it
+// reports how many frames it used (at least one).
+func (c *Conn) writeBatch(frames []*[]byte) (n, used int, err error) {
+	budget := c.cfg.Limits.MaxBytes / 2
+	used = 1
+	n = len(*frames[0]) + 2
+	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget {
+		n += len(*frames[used]) + 1
+		used++
+	}
+	if used == 1 {
+		err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+		PutBuf(frames[0])
+		return len(*frames[0]), 1, err
+	}
+	w, err := c.ws.NextWriter(websocket.TextMessage)
+	if err != nil {
+		for _, b := range frames[:used] {
+			PutBuf(b)
+		}
+		return 0, used, err
+	}
+	sep := byte('[')
+	for _, b := range frames[:used] {
+		if err == nil {
+			_, _ = w.Write([]byte{sep})
+			_, err = w.Write(*b)
+		}
+		sep = ','
+		PutBuf(b)
+	}
+	_, _ = w.Write([]byte{']'})
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	return n, used, err
+}
+
+// trySend queues a frame without waiting; false if the queue is full or
+// the connection closed. The buffer belongs to the connection afterwards.
+// It is for this side's own frames (requests, cancels): they do not count
+// towards the bounds of what is owed to the peer.
+func (c *Conn) TrySend(b *[]byte) bool {
+	if ok, _ := c.enqueue(b, false, false); ok {
+		return true
+	}
+	PutBuf(b)
+	return false
+}
+
+// send queues a frame, waiting up to WriteTimeout for room; a peer that
+// does not drain its queue for that long is cut off. It is for frames
+// owed to the peer (answers): with backpressure they count towards
+// MaxUnwrittenBytes and MaxUnwrittenCalls until written.
+func (c *Conn) Send(b *[]byte) bool {
+	ok, room := c.enqueue(b, true, true)
+	if ok {
+		return true
+	}
+	var t *time.Timer
+	for room != nil {
+		if t == nil {
+			t = time.NewTimer(c.cfg.WriteTimeout)
+			defer t.Stop()
+		}
+		select {
+		case <-room:
+		case <-c.closing:
+			PutBuf(b)
+			return false
+		case <-t.C:
+			if c.bp {
+				c.Shutdown(fmt.Errorf("%w: send queue full", errSlowConsumer))
+			} else {
+				c.Shutdown(errors.New("peer does not read: send queue full"))
+			}
+			PutBuf(b)
+			return false
+		}
+		if ok, room = c.enqueue(b, true, true); ok {
+			return true
+		}
+	}
+	PutBuf(b)
+	return false
+}
+
+// enqueue queues b unless the connection is closed or the queue is full;
+// then, if wait, it returns a channel closed when the writer next takes
+// frames out. It starts a writer if none runs, or wakes the idle one.
+func (c *Conn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
+	c.qmu.Lock()
+	if c.closed {
+		c.qmu.Unlock()
+		return false, nil
+	}
+	if len(c.q) >= c.cfg.QueueSize {
+		if wait {
+			if c.room == nil {
+				c.room = make(chan struct{})
+			}
+			room = c.room
+		}
+		c.qmu.Unlock()
+		return false, room
+	}
+	c.q = append(c.q, b)
+	if c.bp {
+		var n int32
+		if owed {
+			n = int32(cap(*b)) // what it holds, not what it says
+			c.qbytes.Add(int64(n))
+			c.qowed.Add(1)
+		}
+		c.acc = append(c.acc, n)
+	}
+	switch {
+	case !c.writerOn:
+		c.writerOn = true
+		c.wg.Add(1) // under qmu, before closed is set: Close's Wait sees it
+		go c.writeLoop()
+	case c.idle:
+		c.idle = false
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	c.qmu.Unlock()
+	return true, nil
+}

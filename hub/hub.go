@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/idempotency"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
@@ -238,7 +239,7 @@ type Hub struct {
 	guard     *guard
 	connLimit *ratelimit.Limiter // per connection (connlimit.go); nil: none
 	global    *ratelimit.Limiter // the whole hub's (connlimit.go); nil: none
-	idem      *idempotency
+	idem      *idempotency.Cache
 	builtins  map[string]builtin
 	in        envelope.Invoker // the ingress chain (ingress.go), built once by New
 	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
@@ -325,7 +326,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		return nil, fmt.Errorf("mesh: global rate limit: %w", err)
 	}
 	h := &Hub{
-		idem:      newIdempotency(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
+		idem:      idempotency.New(cfg.IdempotencyWindow, cfg.IdempotencyKeys),
 		guard:     g,
 		connLimit: cl,
 		global:    gl,

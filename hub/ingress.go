@@ -190,7 +190,7 @@ func (h *Hub) idempotent(next envelope.Invoker) envelope.Invoker {
 			if p := PrincipalOf(ctx); p != nil && p.Claims != nil {
 				caller = p.Subject
 			}
-			return h.idem.do(ctx, caller, req, func() (*envelope.Response, error) { return next(ctx, req) })
+			return h.idem.Do(ctx, caller, req, func() (*envelope.Response, error) { return next(ctx, req) })
 		}
 		return next(ctx, req)
 	}

@@ -1,4 +1,7 @@
-package hub
+// Package idempotency remembers the outcome of calls that carry an
+// idempotency key (draft-ietf-httpapi-idempotency-key), so that a replay
+// is answered from memory instead of run again.
+package idempotency
 
 import (
 	"container/list"
@@ -10,7 +13,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// idempotency remembers the outcome of calls that carry an idempotency
+// Cache remembers the outcome of calls that carry an idempotency
 // key, so that a replay (a client's retry after a lost answer, or an
 // attacker's capture) is answered from memory and the agent does not run
 // it again (S28 c). A key is scoped to its caller (the token's subject)
@@ -23,11 +26,12 @@ import (
 // after send) is kept, since running the call again could run it twice.
 // The cache is per hub: a replay through another hub of a cluster is not
 // caught.
-type idempotency struct {
+type Cache struct {
 	window time.Duration
 	max    int
 
-	now   func() time.Time // time.Now; a test's clock
+	// Now is the cache's clock (time.Now); a test may set it before use.
+	Now   func() time.Time
 	mu    sync.Mutex
 	keys  map[string]*idemEntry
 	order list.List // of *idemEntry, oldest first
@@ -43,8 +47,9 @@ type idemEntry struct {
 	elem *list.Element
 }
 
-func newIdempotency(window time.Duration, max int) *idempotency {
-	return &idempotency{window: window, max: max, now: time.Now, keys: map[string]*idemEntry{}}
+// New returns a cache keeping outcomes for window, at most max keys.
+func New(window time.Duration, max int) *Cache {
+	return &Cache{window: window, max: max, Now: time.Now, keys: map[string]*idemEntry{}}
 }
 
 func fingerprint(req *envelope.Request) [sha256.Size]byte {
@@ -59,12 +64,12 @@ func fingerprint(req *envelope.Request) [sha256.Size]byte {
 	return out
 }
 
-// do runs call once per (caller, key) and answers every replay with its
+// Do runs call once per (caller, key) and answers every replay with its
 // outcome.
-func (c *idempotency) do(ctx context.Context, caller string, req *envelope.Request, call func() (*envelope.Response, error)) (*envelope.Response, error) {
+func (c *Cache) Do(ctx context.Context, caller string, req *envelope.Request, call func() (*envelope.Response, error)) (*envelope.Response, error) {
 	key := caller + "\x00" + req.Headers.IdempotencyKey
 	fp := fingerprint(req)
-	now := c.now()
+	now := c.Now()
 	c.mu.Lock()
 	c.expireLocked(now)
 	if e := c.keys[key]; e != nil {
@@ -105,7 +110,7 @@ func (c *idempotency) do(ctx context.Context, caller string, req *envelope.Reque
 	return res, err
 }
 
-func (c *idempotency) expireLocked(now time.Time) {
+func (c *Cache) expireLocked(now time.Time) {
 	for f := c.order.Front(); f != nil; f = c.order.Front() {
 		e := f.Value.(*idemEntry)
 		if now.Sub(e.at) < c.window {
@@ -115,13 +120,13 @@ func (c *idempotency) expireLocked(now time.Time) {
 	}
 }
 
-func (c *idempotency) dropLocked(e *idemEntry) {
+func (c *Cache) dropLocked(e *idemEntry) {
 	c.order.Remove(e.elem)
 	delete(c.keys, e.key)
 }
 
-// len is the number of keys remembered (tests).
-func (c *idempotency) len() int {
+// Len is the number of keys remembered.
+func (c *Cache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.keys)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 )
@@ -184,13 +185,13 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 			httpRefuse(w, errHubTokenElsewhere)
 			return
 		}
-		proof, err := h.guard.peerProof(who.Claims)
+		proof, err := h.guard.peers.Proof(who.Claims)
 		if err != nil {
 			h.log.Error("cannot sign the peer proof", "error", err)
 			httpRefuse(w, envelope.NewError(envelope.CodeInternal, "cannot sign the peer proof"))
 			return
 		}
-		hdr = http.Header{peerProofHeader: {proof}}
+		hdr = http.Header{auth.PeerProofHeader: {proof}}
 	}
 	ws, err := h.upgrader.Upgrade(w, r, hdr)
 	if err != nil {

@@ -315,8 +315,12 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	g.self, g.advertise = cfg.ID, cfg.Advertise // what the peer tokens it accepts must name
-	g.started = time.Now()
+	g.self = cfg.ID
+	if g.on() {
+		// What the peer tokens it accepts must name, and the key its own
+		// are signed with.
+		g.peers = auth.NewPeers(cfg.ID, cfg.Advertise, g.verifier, g.key.Load)
+	}
 	cl, err := newConnLimiter(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
@@ -107,7 +108,7 @@ func (p *peers) link(ctx context.Context, hub, addr string) (*link.Link, error) 
 			err := st.err
 			p.mu.Unlock()
 			msg := "peer hub " + hub + " at " + addr + " is unreachable"
-			if errors.Is(err, errNoProof) {
+			if errors.Is(err, auth.ErrNoProof) {
 				msg += ": " + envelope.AsError(err).Message // the dialler's doing: no internal detail
 			}
 			return nil, envelope.WrapError(envelope.CodeUnavailable, msg, err).MarkNotSent()
@@ -146,7 +147,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 	if g := p.h.guard; g.on() {
 		var jti string
 		var err error
-		if tok, jti, err = g.peerToken(p.h.cfg.ID, st.hub, st.addr); err != nil {
+		if tok, jti, err = g.peers.Token(st.hub, st.addr); err != nil {
 			p.h.log.Error("cannot sign the peer token", "error", err)
 			p.mu.Lock()
 			st.dialing = nil
@@ -154,7 +155,7 @@ func (p *peers) dial(st *peerState, done chan struct{}) {
 			p.mu.Unlock()
 			return
 		}
-		check = func(resp *http.Response) error { return g.checkProof(resp, st.addr, st.hub, jti) }
+		check = func(resp *http.Response) error { return g.peers.CheckProof(resp, st.addr, st.hub, jti) }
 	}
 	scheme := "ws://"
 	if p.cfg.TLS != nil {

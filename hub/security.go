@@ -90,17 +90,14 @@ var adminMethods = map[string]bool{"mesh.agents": true, "mesh.breakers": true}
 
 // guard is a Hub's compiled Security.
 type guard struct {
-	self      string    // the hub's id: the audience of the peer tokens it accepts
-	advertise string    // the hub's advertised address: the addr of those tokens
-	started   time.Time // peer tokens issued before it are refused: the replay cache does not outlive a restart
-	replay    *replayCache
-	peerTTL   time.Duration // of the peer tokens it mints (peerTokenTTL; tests shorten it)
-	verifier  *auth.Verifier
-	key       atomic.Pointer[auth.Key] // signs the hub's peer tokens
-	roles     roleTable
-	origins   *auth.Origins
-	limiter   *ratelimit.Limiter
-	failures  *ratelimit.Limiter // failed authentications per source address
+	self     string      // the hub's id: the audience of the tokens it accepts
+	peers    *auth.Peers // the peer handshake (nil: the hub authenticates nobody)
+	verifier *auth.Verifier
+	key      atomic.Pointer[auth.Key] // signs the hub's peer tokens
+	roles    roleTable
+	origins  *auth.Origins
+	limiter  *ratelimit.Limiter
+	failures *ratelimit.Limiter // failed authentications per source address
 }
 
 func newGuard(s *Security) (*guard, error) {
@@ -128,7 +125,6 @@ func newGuard(s *Security) (*guard, error) {
 		return nil, fmt.Errorf("mesh: auth key: %w", err)
 	}
 	g.key.Store(&keys[0])
-	g.replay, g.peerTTL = newReplayCache(), peerTokenTTL
 	fr, fb := s.FailedAuthRate, s.FailedAuthBurst
 	if fr == 0 {
 		fr, fb = 20, 100
@@ -201,7 +197,7 @@ func (g *guard) authenticate1(r *http.Request, peerOK bool) (*Principal, *envelo
 		if !peerOK {
 			return nil, errHubTokenElsewhere
 		}
-		if e := g.checkPeer(c); e != nil {
+		if e := g.peers.Check(c); e != nil {
 			return nil, e
 		}
 		return auth.NewPrincipal(c, tok, true), nil

@@ -21,7 +21,7 @@ func WithMaxPending(n int) Option { return func(h *Hub) { h.maxPending = n } }
 func WithPeerTokenTTL(d time.Duration) Option {
 	return func(h *Hub) {
 		if h.guard.on() {
-			h.guard.peerTTL = d
+			h.guard.peers.TTL = d
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package hub
+package auth
 
 import (
 	"errors"
@@ -8,19 +8,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
 // The peer handshake. A hub that dials a peer mints, per dial, a token of
-// role "hub" (auth.RolePeer) whose subject is "hub.<its id>", whose
+// role "hub" (RolePeer) whose subject is "hub.<its id>", whose
 // audience is the id of the hub it means to reach (registry.Instance.Hub),
 // whose addr is the address it dials, valid peerTokenTTL. The hub dialled
 // accepts it on a native /ws upgrade only, and only if the audience is
 // its own id, the address its advertised one, the lifetime at most
 // peerTokenMaxTTL, and its id unseen (a replay cache, for the token's
 // lifetime). It answers the upgrade with a proof (peerProofHeader): a
-// token with issuer auth.ProofIssuer (never a credential), subject
+// token with issuer ProofIssuer (never a credential), subject
 // "hub.<its id>", audience the dialler's id, nonce the id of the dialler's
 // token. The dialler checks the proof before it sends any call over the
 // link: a listener that does not hold the mesh key cannot make one, and a
@@ -36,9 +35,12 @@ import (
 // agents' methods over that link, nothing else (authorizePeer); a hub
 // token is refused on every other surface.
 const (
-	peerTokenTTL    = 30 * time.Second
+	// PeerTokenTTL is the lifetime of a peer token (default of Peers.TTL).
+	PeerTokenTTL    = 30 * time.Second
 	peerTokenMaxTTL = time.Minute
-	peerProofHeader = "Agentmesh-Peer-Proof"
+	// PeerProofHeader carries the dialled hub's proof in its answer to
+	// the upgrade.
+	PeerProofHeader = "Agentmesh-Peer-Proof"
 	peerSubject     = "hub." // + the hub's id
 
 	// peerReplayMax bounds the replay cache. A hub re-dials a down peer
@@ -48,27 +50,50 @@ const (
 	peerReplayMax = 1 << 16
 )
 
-// peerToken mints the token this hub (self) dials the hub target at addr
-// with, and returns its id (the nonce the proof must carry).
-func (g *guard) peerToken(self, target, addr string) (tok, jti string, err error) {
-	k := g.key.Load()
+// Peers is one hub's side of the peer handshake: it mints the tokens the
+// hub dials its peers with, checks the tokens peers dial it with (and
+// remembers their ids), and makes and checks the proofs. Safe for
+// concurrent use.
+type Peers struct {
+	self      string    // the hub's id: the audience of the peer tokens it accepts
+	advertise string    // the hub's advertised address: the addr of those tokens
+	started   time.Time // peer tokens issued before it are refused: the replay cache does not outlive a restart
+	verifier  *Verifier
+	key       func() *Key // signs the hub's peer tokens (the first of its keys)
+	replay    *replayCache
+	// TTL is the lifetime of the tokens it mints (PeerTokenTTL; at most
+	// a minute). Set it before use.
+	TTL time.Duration
+}
+
+// NewPeers is the handshake of hub self, advertised at advertise ("":
+// it accepts no peer link), started now, verifying with v and signing
+// with key().
+func NewPeers(self, advertise string, v *Verifier, key func() *Key) *Peers {
+	return &Peers{self: self, advertise: advertise, started: time.Now(), verifier: v, key: key, replay: newReplayCache(), TTL: PeerTokenTTL}
+}
+
+// Token mints the token this hub dials the hub target at addr with, and
+// returns its id (the nonce the proof must carry).
+func (g *Peers) Token(target, addr string) (tok, jti string, err error) {
+	k := g.key()
 	kid := k.ID
 	if kid == "" {
-		kid = auth.KeyID(k.Secret)
+		kid = KeyID(k.Secret)
 	}
 	jti = envelope.NewID()
-	tok, err = auth.IssueKID(k.Secret, kid, auth.Claims{
-		Subject: peerSubject + self, Roles: []string{auth.RolePeer},
+	tok, err = IssueKID(k.Secret, kid, Claims{
+		Subject: peerSubject + g.self, Roles: []string{RolePeer},
 		Audience: target, Addr: addr, ID: jti,
-	}, g.peerTTL)
+	}, g.TTL)
 	return tok, jti, err
 }
 
-// checkPeer decides whether c, a verified token of role "hub", may open a
+// Check decides whether c, a verified token of role "hub", may open a
 // peer link to this hub; it records the token's id (a second use is
 // refused). Every refusal is UNAUTHENTICATED but a full replay cache
 // (OVERLOADED).
-func (g *guard) checkPeer(c *auth.Claims) *envelope.Error {
+func (g *Peers) Check(c *Claims) *envelope.Error {
 	refuse := func(format string, args ...any) *envelope.Error {
 		return envelope.Errorf(envelope.CodeUnauthenticated, "peer token refused: "+format, args...)
 	}
@@ -98,26 +123,26 @@ func (g *guard) checkPeer(c *auth.Claims) *envelope.Error {
 	return g.replay.use(c.ID, c.ExpiresAt.Add(g.verifier.Leeway()))
 }
 
-// peerProof is this hub's answer to the peer token c.
-func (g *guard) peerProof(c *auth.Claims) (string, error) {
-	k := g.key.Load()
+// Proof is this hub's answer to the peer token c.
+func (g *Peers) Proof(c *Claims) (string, error) {
+	k := g.key()
 	kid := k.ID
 	if kid == "" {
-		kid = auth.KeyID(k.Secret)
+		kid = KeyID(k.Secret)
 	}
-	return auth.IssueProof(k.Secret, kid, auth.Claims{
+	return IssueProof(k.Secret, kid, Claims{
 		Subject: peerSubject + g.self, Audience: strings.TrimPrefix(c.Subject, peerSubject), Nonce: c.ID,
-	}, peerTokenTTL)
+	}, PeerTokenTTL)
 }
 
-// checkProof checks the proof a peer answered this hub's dial with: signed
+// CheckProof checks the proof a peer answered this hub's dial with: signed
 // with a key of the mesh, by the hub target, for this hub, for the token
 // whose id is nonce. The error is UNAVAILABLE, not sent.
-func (g *guard) checkProof(resp *http.Response, addr, target, nonce string) error {
+func (g *Peers) CheckProof(resp *http.Response, addr, target, nonce string) error {
 	why := ""
 	proof := ""
 	if resp != nil {
-		proof = resp.Header.Get(peerProofHeader)
+		proof = resp.Header.Get(PeerProofHeader)
 	}
 	if proof == "" {
 		why = "no proof in its answer"
@@ -136,11 +161,11 @@ func (g *guard) checkProof(resp *http.Response, addr, target, nonce string) erro
 	if why == "" {
 		return nil
 	}
-	return envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("the peer at %s did not prove it is hub %s (%s)", addr, target, why), errNoProof).MarkNotSent()
+	return envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("the peer at %s did not prove it is hub %s (%s)", addr, target, why), ErrNoProof).MarkNotSent()
 }
 
-// errNoProof is the cause of checkProof's errors.
-var errNoProof = errors.New("mesh: the peer did not prove it is the hub named")
+// ErrNoProof is the cause of CheckProof's errors.
+var ErrNoProof = errors.New("auth: the peer did not prove it is the hub named")
 
 // replayCache remembers the ids of the peer tokens accepted, each until
 // its token expires.

@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/openrpc"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
@@ -183,87 +183,9 @@ func (h *Hub) meshSchema(ctx context.Context, _ *link.Link, raw json.RawMessage)
 	return h.Schema(), nil
 }
 
-// OpenRPC document (https://spec.open-rpc.org, 1.3).
-type openRPC struct {
-	OpenRPC string          `json:"openrpc"`
-	Info    openRPCInfo     `json:"info"`
-	Methods []openRPCMethod `json:"methods"`
-}
-
-type openRPCInfo struct {
-	Title       string `json:"title"`
-	Description string `json:"description,omitempty"`
-	Version     string `json:"version"`
-}
-
-type openRPCMethod struct {
-	Name           string              `json:"name"`
-	Description    string              `json:"description,omitempty"`
-	ParamStructure string              `json:"paramStructure,omitempty"`
-	Params         []openRPCDescriptor `json:"params"`
-	Result         *openRPCDescriptor  `json:"result,omitempty"`
-	Errors         []openRPCError      `json:"errors,omitempty"`
-}
-
-type openRPCDescriptor struct {
-	Name     string          `json:"name"`
-	Required bool            `json:"required,omitempty"`
-	Schema   json.RawMessage `json:"schema"`
-}
-
-type openRPCError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
 func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
 	if err := decodeParams("rpc.discover", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
-	s := h.Schema()
-	doc := openRPC{OpenRPC: "1.3.2", Info: openRPCInfo{Title: "agentmesh", Version: envelope.Version,
-		Description: "The methods of an agentmesh hub: its built-ins and those of the agents registered now"}, Methods: []openRPCMethod{}}
-	names := make([]string, 0, len(s.Methods))
-	for m, ms := range s.Methods {
-		if !ms.Pattern {
-			names = append(names, m)
-		}
-	}
-	sort.Strings(names)
-	for _, m := range names {
-		ms := s.Methods[m]
-		om := openRPCMethod{Name: m, Description: ms.Description, ParamStructure: "by-name", Params: paramDescriptors(ms.Params)}
-		res := ms.Response
-		if res == nil {
-			res = json.RawMessage(`{}`)
-		}
-		om.Result = &openRPCDescriptor{Name: "result", Schema: res}
-		for _, e := range ms.Errors {
-			if c, ok := envelope.ParseCode(e); ok {
-				om.Errors = append(om.Errors, openRPCError{Code: c.JSONRPC(), Message: e})
-			}
-		}
-		doc.Methods = append(doc.Methods, om)
-	}
-	return doc, nil
-}
-
-// paramDescriptors turns an object schema into OpenRPC by-name params,
-// one per property; a schema without properties (or with definitions its
-// properties refer to) becomes an empty list.
-func paramDescriptors(schema json.RawMessage) []openRPCDescriptor {
-	out := []openRPCDescriptor{}
-	var s struct {
-		Properties map[string]json.RawMessage `json:"properties"`
-		Required   []string                   `json:"required"`
-		Defs       json.RawMessage            `json:"$defs"`
-	}
-	if len(schema) == 0 || json.Unmarshal(schema, &s) != nil || s.Defs != nil {
-		return out
-	}
-	for name, ps := range s.Properties {
-		out = append(out, openRPCDescriptor{Name: name, Required: slices.Contains(s.Required, name), Schema: ps})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return openrpc.FromSchema(h.Schema()), nil
 }

@@ -1,0 +1,102 @@
+// Package openrpc renders the mesh's contract as an OpenRPC 1.3
+// document (rpc.discover).
+package openrpc
+
+import (
+	"encoding/json"
+	"slices"
+	"sort"
+
+	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// OpenRPC document (https://spec.open-rpc.org, 1.3).
+// Document is an OpenRPC document.
+type Document struct {
+	OpenRPC string   `json:"openrpc"`
+	Info    Info     `json:"info"`
+	Methods []Method `json:"methods"`
+}
+
+// Info is its info object.
+type Info struct {
+	Title       string `json:"title"`
+	Description string `json:"description,omitempty"`
+	Version     string `json:"version"`
+}
+
+// Method is one method.
+type Method struct {
+	Name           string       `json:"name"`
+	Description    string       `json:"description,omitempty"`
+	ParamStructure string       `json:"paramStructure,omitempty"`
+	Params         []Descriptor `json:"params"`
+	Result         *Descriptor  `json:"result,omitempty"`
+	Errors         []Error      `json:"errors,omitempty"`
+}
+
+// Descriptor is a content descriptor.
+type Descriptor struct {
+	Name     string          `json:"name"`
+	Required bool            `json:"required,omitempty"`
+	Schema   json.RawMessage `json:"schema"`
+}
+
+// Error is an error a method may answer.
+type Error struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// FromSchema is the OpenRPC 1.3 document of the mesh's contract s (the
+// answer of rpc.discover): every method that is not a pattern, by name,
+// with its params (by-name, one per property of an object schema), result
+// and error codes.
+func FromSchema(s control.SchemaPayload) Document {
+	doc := Document{OpenRPC: "1.3.2", Info: Info{Title: "agentmesh", Version: envelope.Version,
+		Description: "The methods of an agentmesh hub: its built-ins and those of the agents registered now"}, Methods: []Method{}}
+	names := make([]string, 0, len(s.Methods))
+	for m, ms := range s.Methods {
+		if !ms.Pattern {
+			names = append(names, m)
+		}
+	}
+	sort.Strings(names)
+	for _, m := range names {
+		ms := s.Methods[m]
+		om := Method{Name: m, Description: ms.Description, ParamStructure: "by-name", Params: paramDescriptors(ms.Params)}
+		res := ms.Response
+		if res == nil {
+			res = json.RawMessage(`{}`)
+		}
+		om.Result = &Descriptor{Name: "result", Schema: res}
+		for _, e := range ms.Errors {
+			if c, ok := envelope.ParseCode(e); ok {
+				om.Errors = append(om.Errors, Error{Code: c.JSONRPC(), Message: e})
+			}
+		}
+		doc.Methods = append(doc.Methods, om)
+	}
+	return doc
+}
+
+// paramDescriptors turns an object schema into OpenRPC by-name params,
+// one per property; a schema without properties (or with definitions its
+// properties refer to) becomes an empty list.
+func paramDescriptors(schema json.RawMessage) []Descriptor {
+	out := []Descriptor{}
+	var s struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+		Required   []string                   `json:"required"`
+		Defs       json.RawMessage            `json:"$defs"`
+	}
+	if len(schema) == 0 || json.Unmarshal(schema, &s) != nil || s.Defs != nil {
+		return out
+	}
+	for name, ps := range s.Properties {
+		out = append(out, Descriptor{Name: name, Required: slices.Contains(s.Required, name), Schema: ps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -5,10 +5,12 @@ package all
 
 import (
 	"github.com/agentmesh/agentmesh/surface"
+	"github.com/agentmesh/agentmesh/surface/agentick"
 	"github.com/agentmesh/agentmesh/surface/mcp"
 )
 
 // Mount mounts every surface on h.
 func Mount(h surface.Host) {
+	agentick.Mount(h)
 	mcp.Mount(h)
 }

@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -22,7 +22,7 @@ type agTraceKey struct{}
 
 // call runs method through the hub's ingress with ctx's caller (and the
 // trace context of /invoke's headers).
-func (gw *agentickGW) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
+func (gw *gateway) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
 	raw, isRaw := params.(json.RawMessage)
 	if params != nil && !isRaw {
 		b, err := json.Marshal(params)
@@ -40,14 +40,14 @@ func (gw *agentickGW) call(ctx context.Context, method string, params any) (json
 			}
 		}
 	}
-	res, err := gw.h.ingress(ctx, req)
+	res, err := gw.h.Invoke(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	return res.Result, nil
 }
 
-func (gw *agentickGW) callInto(ctx context.Context, method string, params, out any) error {
+func (gw *gateway) callInto(ctx context.Context, method string, params, out any) error {
 	raw, err := gw.call(ctx, method, params)
 	if err != nil {
 		return err
@@ -85,7 +85,7 @@ type agContext struct {
 
 // ensureSession checks that the session exists, creating it when create
 // is set (sessions are made on first use, as agentick's session keys).
-func (gw *agentickGW) ensureSession(ctx context.Context, name string, create bool) (*agContext, *agError) {
+func (gw *gateway) ensureSession(ctx context.Context, name string, create bool) (*agContext, *agError) {
 	var info agContext
 	err := gw.callInto(ctx, "chat.get_context", map[string]string{"agentId": name}, &info)
 	if err == nil {
@@ -106,7 +106,7 @@ func (gw *agentickGW) ensureSession(ctx context.Context, name string, create boo
 }
 
 // apps lists the apps: "chat" when an agent serves chat.send.
-func (gw *agentickGW) apps(ctx context.Context) ([]string, error) {
+func (gw *gateway) apps(ctx context.Context) ([]string, error) {
 	var ms []control.MethodInfo
 	if err := gw.callInto(ctx, "mesh.methods", nil, &ms); err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ type agListed struct {
 	MessageCount int    `json:"message_count"`
 }
 
-func (gw *agentickGW) listSessions(ctx context.Context) ([]agListed, error) {
+func (gw *gateway) listSessions(ctx context.Context) ([]agListed, error) {
 	var l struct {
 		Agents []agListed `json:"agents"`
 	}
@@ -135,7 +135,7 @@ func (gw *agentickGW) listSessions(ctx context.Context) ([]agListed, error) {
 	return l.Agents, nil
 }
 
-func (gw *agentickGW) lastActivity(name, createdAt string) string {
+func (gw *gateway) lastActivity(name, createdAt string) string {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	if t, ok := gw.activity[name]; ok {
@@ -197,13 +197,13 @@ var agentickMethods = []string{"send", "abort", "status", "history", "reset", "c
 
 // invoke runs one method for a caller (ctx carries it); c is its client
 // when it has an event stream here.
-func (gw *agentickGW) invoke(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
+func (gw *gateway) invoke(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
 	if !slices.Contains(agentickMethods, method) {
 		return gw.custom(ctx, method, raw)
 	}
-	if who := PrincipalOf(ctx); !gw.h.guard.mayCall(who, "agentick."+method) {
-		gw.h.metrics().Refused("permission_denied")
-		need, _ := gw.h.guard.roles.lookup("agentick." + method)
+	if who, _ := gw.h.Caller(ctx); !gw.h.MayCall(who, "agentick."+method) {
+		gw.h.Metrics().Refused("permission_denied")
+		need, _ := gw.h.RequiredRoles("agentick." + method)
 		return nil, agErr(agGuardDenied, "%s needs one of the roles %s", method, strings.Join(need, ", "))
 	}
 	p, e := newAgParams(raw)
@@ -279,7 +279,7 @@ func (gw *agentickGW) invoke(ctx context.Context, c *agClient, method string, ra
 
 // custom runs a method the seed does not list: the mesh's method of that
 // name, params passed as they are.
-func (gw *agentickGW) custom(ctx context.Context, method string, raw json.RawMessage) (any, *agError) {
+func (gw *gateway) custom(ctx context.Context, method string, raw json.RawMessage) (any, *agError) {
 	if strings.HasPrefix(method, "agent.") {
 		return nil, agErr(agNotFoundResource, "method not found: %s", method)
 	}
@@ -290,7 +290,7 @@ func (gw *agentickGW) custom(ctx context.Context, method string, raw json.RawMes
 	return res, nil
 }
 
-func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, *agError) {
+func (gw *gateway) send(ctx context.Context, c *agClient, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -344,7 +344,7 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 // session's conversation when it was sent: after a reset since, the chat
 // agent refuses the send (CANCELLED) instead of running it in the new,
 // empty conversation.
-func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
+func (gw *gateway) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
 	defer gw.wg.Done()
 	defer func() {
 		gw.mu.Lock()
@@ -387,7 +387,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	gw.emit(name, "execution_end", map[string]any{"messageId": id, "ok": err == nil}, t1)
 }
 
-func (gw *agentickGW) abort(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) abort(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -425,7 +425,7 @@ func (gw *agentickGW) abort(ctx context.Context, p *agParams) (any, *agError) {
 // says aborted); sends made after the reset run on the empty history. A
 // closed session (its file remains) is STATE_ALREADY_COMPLETE, an
 // unknown one NOT_FOUND_RESOURCE.
-func (gw *agentickGW) reset(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) reset(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -450,7 +450,7 @@ func (gw *agentickGW) reset(ctx context.Context, p *agParams) (any, *agError) {
 	return map[string]bool{"ok": true}, nil
 }
 
-func (gw *agentickGW) status(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) status(ctx context.Context, p *agParams) (any, *agError) {
 	key, e := p.str("sessionId", false)
 	if e != nil {
 		return nil, e
@@ -490,7 +490,7 @@ type agMessagesPage struct {
 	Total int `json:"total"`
 }
 
-func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) history(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -557,7 +557,7 @@ func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) 
 	return map[string]any{"messages": msgs, "hasMore": start > 0}, nil
 }
 
-func (gw *agentickGW) closeSession(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) closeSession(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -585,7 +585,7 @@ func (gw *agentickGW) closeSession(ctx context.Context, p *agParams) (any, *agEr
 	return nil, agentickFromMesh(err, false)
 }
 
-func (gw *agentickGW) channel(ctx context.Context, c *agClient, p *agParams, publish bool) (any, *agError) {
+func (gw *gateway) channel(ctx context.Context, c *agClient, p *agParams, publish bool) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e

@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -164,7 +164,7 @@ func contentText(raw json.RawMessage) string {
 }
 
 // subscribe starts following session for c (a no-op when it does already).
-func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
+func (gw *gateway) subscribe(c *agClient, session string) *agError {
 	c.mu.Lock()
 	_, ok := c.subs[session]
 	c.mu.Unlock()
@@ -215,7 +215,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 // the subscription is stopped under its lock (what it delivered before
 // is queued ahead of unsubscribe's answer) and leaves the session's
 // subscribers at once.
-func (gw *agentickGW) unsubscribe(c *agClient, session string) {
+func (gw *gateway) unsubscribe(c *agClient, session string) {
 	c.mu.Lock()
 	s := c.subs[session]
 	delete(c.subs, session)
@@ -238,7 +238,7 @@ func (gw *agentickGW) unsubscribe(c *agClient, session string) {
 
 // emit sends a gateway event of session to its subscribers here, after
 // the chat events up to barrier.
-func (gw *agentickGW) emit(session, event string, data any, barrier uint64) {
+func (gw *gateway) emit(session, event string, data any, barrier uint64) {
 	frame := agentickEventFrame(event, session, data)
 	gw.mu.Lock()
 	var subs []*agSub

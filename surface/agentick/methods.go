@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/chat"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/surface"
@@ -74,19 +75,10 @@ func sessionName(key string) (string, *agError) {
 	return name, nil
 }
 
-type agContext struct {
-	AgentID      string `json:"agent_id"`
-	MessageCount int    `json:"message_count"`
-	HistoryCount int    `json:"history_count"`
-	CreatedAt    string `json:"created_at"`
-	Busy         bool   `json:"busy"`
-	Conversation int    `json:"conversation"` // resets so far
-}
-
 // ensureSession checks that the session exists, creating it when create
 // is set (sessions are made on first use, as agentick's session keys).
-func (gw *gateway) ensureSession(ctx context.Context, name string, create bool) (*agContext, *agError) {
-	var info agContext
+func (gw *gateway) ensureSession(ctx context.Context, name string, create bool) (*chat.ContextInfo, *agError) {
+	var info chat.ContextInfo
 	err := gw.callInto(ctx, "chat.get_context", map[string]string{"agentId": name}, &info)
 	if err == nil {
 		return &info, nil
@@ -102,7 +94,7 @@ func (gw *gateway) ensureSession(ctx context.Context, name string, create bool) 
 		// Made meanwhile by another caller: its context, as above.
 		return gw.ensureSession(ctx, name, false)
 	}
-	return &agContext{AgentID: name}, nil
+	return &chat.ContextInfo{AgentID: name}, nil
 }
 
 // apps lists the apps: "chat" when an agent serves chat.send.
@@ -119,15 +111,9 @@ func (gw *gateway) apps(ctx context.Context) ([]string, error) {
 	return []string{}, nil
 }
 
-type agListed struct {
-	AgentID      string `json:"agent_id"`
-	CreatedAt    string `json:"created_at"`
-	MessageCount int    `json:"message_count"`
-}
-
-func (gw *gateway) listSessions(ctx context.Context) ([]agListed, error) {
+func (gw *gateway) listSessions(ctx context.Context) ([]chat.AgentInfo, error) {
 	var l struct {
-		Agents []agListed `json:"agents"`
+		Agents []chat.AgentInfo `json:"agents"`
 	}
 	if err := gw.callInto(ctx, "chat.list", nil, &l); err != nil {
 		return nil, err
@@ -366,9 +352,7 @@ func (gw *gateway) turn(ctx context.Context, s *agSession, name, id, msg string,
 	gw.mu.Unlock()
 	t0, _ := surface.ChatTail(ctx, gw.h, name)
 	gw.emit(name, "execution_start", map[string]any{"messageId": id}, t0)
-	var out struct {
-		Content string `json:"content"`
-	}
+	var out chat.SendResult
 	err := gw.callInto(ctx, "chat.send", map[string]any{"agentId": name, "content": msg, "request_id": id, "conversation": conv}, &out)
 	gw.mu.Lock()
 	s.running = ""
@@ -480,16 +464,6 @@ func (gw *gateway) status(ctx context.Context, p *agParams) (any, *agError) {
 	return out, nil
 }
 
-type agMessagesPage struct {
-	Messages []struct {
-		Role       string          `json:"role"`
-		Content    json.RawMessage `json:"content"`
-		ToolCallID string          `json:"toolCallId"`
-		Timestamp  int64           `json:"timestamp"`
-	} `json:"messages"`
-	Total int `json:"total"`
-}
-
 func (gw *gateway) history(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
@@ -516,7 +490,7 @@ func (gw *gateway) history(ctx context.Context, p *agParams) (any, *agError) {
 		end = n
 	}
 	if end < 0 {
-		var total agMessagesPage
+		var total chat.MessagesPage
 		if err := gw.callInto(ctx, "chat.getAgentMessages", map[string]any{"agentId": name, "offset": 0, "limit": 1}, &total); err != nil {
 			return nil, agentickFromMesh(err, false)
 		}
@@ -525,28 +499,20 @@ func (gw *gateway) history(ctx context.Context, p *agParams) (any, *agError) {
 	start := max(0, end-limit)
 	msgs := []map[string]any{}
 	if end > start {
-		var page agMessagesPage
+		var page chat.MessagesPage
 		if err := gw.callInto(ctx, "chat.getAgentMessages", map[string]any{"agentId": name, "offset": start, "limit": end - start}, &page); err != nil {
 			return nil, agentickFromMesh(err, false)
 		}
 		for i, m := range page.Messages {
 			role := m.Role
-			if role == "toolResult" {
+			if role == chat.RoleToolResult {
 				role = "tool"
 			}
-			out := map[string]any{"id": "msg-" + strconv.Itoa(start+i), "role": role, "content": contentText(m.Content),
+			out := map[string]any{"id": "msg-" + strconv.Itoa(start+i), "role": role, "content": chat.TextOf(m.Content),
 				"timestamp": time.UnixMilli(m.Timestamp).UTC().Format(time.RFC3339Nano)}
-			var blocks []struct {
-				Type      string          `json:"type"`
-				Name      string          `json:"name"`
-				Arguments json.RawMessage `json:"arguments"`
-			}
-			_ = json.Unmarshal(m.Content, &blocks)
 			var calls []map[string]any
-			for _, b := range blocks {
-				if b.Type == "toolCall" {
-					calls = append(calls, map[string]any{"name": b.Name, "input": b.Arguments})
-				}
+			for _, b := range chat.ToolCalls(m.Content) {
+				calls = append(calls, map[string]any{"name": b.Name, "input": b.Arguments})
 			}
 			if calls != nil {
 				out["toolCalls"] = calls

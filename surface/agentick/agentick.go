@@ -106,6 +106,8 @@ func agentickCategory(event string) string {
 
 // ---- the gateway's state ----
 
+// gateway is the surface on one hub: the clients connected here, the
+// sessions they follow and the turns started here. Mount makes it.
 type gateway struct {
 	h      surface.Host
 	id     string

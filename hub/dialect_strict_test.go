@@ -21,35 +21,35 @@ func TestDialectDuplicateKeys(t *testing.T) {
 
 	t.Run("agentick invoke", func(t *testing.T) {
 		// Last wins would call apps (200).
-		st, r := invoke(t, m, "", `{"method":"no.such","method":"apps","params":{}}`)
-		wantErr(t, "duplicate method", r, "VALIDATION_TYPE")
+		st, r := testkit.AgentickInvoke(t, m, "", `{"method":"no.such","method":"apps","params":{}}`)
+		testkit.WantAgentickErr(t, "duplicate method", r, "VALIDATION_TYPE")
 		if st != 400 || !strings.Contains(r["error"].(map[string]any)["message"].(string), "duplicate key") {
 			t.Errorf("duplicate method: HTTP %d %v; want 400 duplicate key", st, r)
 		}
-		st, r = invoke(t, m, "", `{"id":"inv-1","method":"apps","params":{"x":1},"params":{}}`)
-		wantErr(t, "duplicate params", r, "VALIDATION_TYPE")
+		st, r = testkit.AgentickInvoke(t, m, "", `{"id":"inv-1","method":"apps","params":{"x":1},"params":{}}`)
+		testkit.WantAgentickErr(t, "duplicate params", r, "VALIDATION_TYPE")
 		if st != 400 || r["id"] != "inv-1" {
 			t.Errorf("duplicate params: HTTP %d %v; want 400 answered to inv-1", st, r)
 		}
 	})
 
 	t.Run("agentick websocket", func(t *testing.T) {
-		c, _, err := dialAgentick(t, m, nil)
+		c, _, err := testkit.DialAgentick(t, m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.write(`{"type":"connect","clientId":"dup"}`)
-		if v := c.read(); v["type"] != "connected" {
+		c.Write(`{"type":"connect","clientId":"dup"}`)
+		if v := c.Read(); v["type"] != "connected" {
 			t.Fatalf("connect: %v", v)
 		}
-		c.write(`{"type":"req","id":"d1","method":"no.such","method":"apps","params":{}}`)
-		wantErr(t, "duplicate method", c.res("d1"), "VALIDATION_TYPE")
+		c.Write(`{"type":"req","id":"d1","method":"no.such","method":"apps","params":{}}`)
+		testkit.WantAgentickErr(t, "duplicate method", c.Res("d1"), "VALIDATION_TYPE")
 		// The id itself twice: no res to guess an id for, an error frame.
-		c.write(`{"type":"req","id":"d2","id":"d3","method":"apps","params":{}}`)
-		if v := c.read(); v["type"] != "error" || v["code"] != "VALIDATION_TYPE" {
+		c.Write(`{"type":"req","id":"d2","id":"d3","method":"apps","params":{}}`)
+		if v := c.Read(); v["type"] != "error" || v["code"] != "VALIDATION_TYPE" {
 			t.Errorf("duplicate id: %v; want an error frame VALIDATION_TYPE", v)
 		}
-		if r := c.call("after", "apps", map[string]any{}); r["ok"] != true {
+		if r := c.Call("after", "apps", map[string]any{}); r["ok"] != true {
 			t.Errorf("after the refusals: %v", r)
 		}
 	})

@@ -269,8 +269,6 @@ type Hub struct {
 	done     chan struct{}
 	shutOnce sync.Once
 
-	ag agentickHolder // the agentick surface's clients and turns (agentick.go)
-
 	routes   []route   // mounted by surfaces (Handle); under mu
 	rpcHooks []rpcHook // surfaces' claims on /rpc calls (InterceptRPC); under mu
 
@@ -441,8 +439,6 @@ func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
-	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
-	h.agentickRoutes(mux)
 	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
 	h.openAIRoutes(mux)                            // GET /v1/models, POST /v1/chat/completions (openai.go)
 	live := func(w http.ResponseWriter, _ *http.Request) {

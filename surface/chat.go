@@ -5,21 +5,16 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/chat"
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
 // ChatEvent is one streamed event of a chat agent as chat.events returns
 // it: a Multica StreamPayload {streamId, agentId, event} with its place
-// in the agent's event log. The event is kept raw: the hub passes it on,
-// it does not interpret it (the surfaces read only its "type").
-type ChatEvent struct {
-	Seq      uint64          `json:"seq"`
-	StreamID string          `json:"streamId"`
-	AgentID  string          `json:"agentId"`
-	Event    json.RawMessage `json:"event"`
-	// RequestID is the request_id of the send whose turn emitted it.
-	RequestID string `json:"request_id,omitempty"`
-}
+// in the agent's event log (contract/chat's RawEvent). The event is kept
+// raw: the hub passes it on, it does not interpret it (a surface that
+// needs its fields decodes it into a chat.Event).
+type ChatEvent = chat.RawEvent
 
 // WithRequestID returns req's chat.send request_id, giving req one first
 // when it has none, so that a surface can tell its own turn's events from
@@ -48,14 +43,6 @@ func WithRequestID(req *envelope.Request) string {
 	return ""
 }
 
-// chatEventsPage is chat.events' answer.
-type chatEventsPage struct {
-	Events  []ChatEvent `json:"events"`
-	NextSeq uint64      `json:"next_seq"`
-	Dropped uint64      `json:"dropped"`
-	Closed  bool        `json:"closed"`
-}
-
 // chatPollWait is how long one chat.events long poll waits for an event.
 const chatPollWait = 10 * time.Second
 
@@ -69,13 +56,8 @@ func ChatTail(ctx context.Context, h Invoker, agentID string) (uint64, error) {
 	return p.NextSeq, nil
 }
 
-func chatEvents(ctx context.Context, h Invoker, agentID string, after uint64, tail bool, wait time.Duration) (*chatEventsPage, error) {
-	params, _ := json.Marshal(struct {
-		AgentID  string `json:"agentId"`
-		AfterSeq uint64 `json:"after_seq"`
-		WaitMs   int64  `json:"wait_ms"`
-		Tail     bool   `json:"tail,omitempty"`
-	}{agentID, after, wait.Milliseconds(), tail})
+func chatEvents(ctx context.Context, h Invoker, agentID string, after uint64, tail bool, wait time.Duration) (*chat.RawEventsPage, error) {
+	params, _ := json.Marshal(chat.EventsParams{AgentID: agentID, AfterSeq: after, WaitMs: wait.Milliseconds(), Tail: tail})
 	cctx, cancel := context.WithTimeout(ctx, wait+5*time.Second)
 	defer cancel()
 	res, err := h.Invoke(cctx, &envelope.Request{Method: "chat.events", Params: params,
@@ -83,7 +65,7 @@ func chatEvents(ctx context.Context, h Invoker, agentID string, after uint64, ta
 	if err != nil {
 		return nil, err
 	}
-	var p chatEventsPage
+	var p chat.RawEventsPage
 	if err := json.Unmarshal(res.Result, &p); err != nil {
 		return nil, envelope.Errorf(envelope.CodeInternal, "chat.events: unexpected answer: %v", err)
 	}

@@ -5,68 +5,33 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+
+	wire "github.com/agentmesh/agentmesh/contract/chat"
 )
 
 // Event types of the Multica client streaming protocol.
 const (
-	EventMessageStart       = "message_start"
-	EventMessageUpdate      = "message_update"
-	EventMessageEnd         = "message_end"
-	EventToolExecutionStart = "tool_execution_start"
-	EventToolExecutionEnd   = "tool_execution_end"
-	EventCompactionStart    = "compaction_start"
-	EventCompactionEnd      = "compaction_end"
+	EventMessageStart       = wire.EventMessageStart
+	EventMessageUpdate      = wire.EventMessageUpdate
+	EventMessageEnd         = wire.EventMessageEnd
+	EventToolExecutionStart = wire.EventToolExecutionStart
+	EventToolExecutionEnd   = wire.EventToolExecutionEnd
+	EventCompactionStart    = wire.EventCompactionStart
+	EventCompactionEnd      = wire.EventCompactionEnd
 )
 
-// StreamMessage is the message carried by message_* events: the full
-// accumulated content so far, and the stop reason on message_end.
-type StreamMessage struct {
-	Role       string  `json:"role"`
-	Content    Content `json:"content"`
-	StopReason string  `json:"stopReason,omitempty"`
-}
-
-// Event is an AgentEvent or a CompactionEvent; each type carries only its
-// fields (pointers keep a zero that must be sent, such as isError:false or
-// removed:0).
-type Event struct {
-	Type string `json:"type"`
-	// message_start, message_update, message_end
-	Message *StreamMessage `json:"message,omitempty"`
-	// tool_execution_start, tool_execution_end
-	ToolCallID string          `json:"toolCallId,omitempty"`
-	ToolName   string          `json:"toolName,omitempty"`
-	Args       json.RawMessage `json:"args,omitempty"`
-	Result     *string         `json:"result,omitempty"`
-	IsError    *bool           `json:"isError,omitempty"`
-	// compaction_end; tokensRemoved and tokensKept are absent in count mode
-	Removed       *int   `json:"removed,omitempty"`
-	Kept          *int   `json:"kept,omitempty"`
-	TokensRemoved *int   `json:"tokensRemoved,omitempty"`
-	TokensKept    *int   `json:"tokensKept,omitempty"`
-	Reason        string `json:"reason,omitempty"`
-}
-
-// StreamPayload is the envelope of every streamed event. Each assistant
-// message has its own streamId (the id a client keys its bubble by); a
-// tool execution carries the streamId of the message that called it;
-// compaction events use "compaction:{agentId}".
-type StreamPayload struct {
-	StreamID string `json:"streamId"`
-	AgentID  string `json:"agentId"`
-	Event    Event  `json:"event"`
-}
-
-// SeqEvent is a StreamPayload with its position in the agent's event log.
-type SeqEvent struct {
-	Seq uint64 `json:"seq"`
-	StreamPayload
-	// RequestID is the request_id of the send whose turn emitted the
-	// event (compaction events included), so that a follower relays its
-	// own turn's events and no other's on an agent shared by callers.
-	RequestID string `json:"request_id,omitempty"`
-	size      int    // its JSON size, measured once when published
-}
+type (
+	// StreamMessage is the message carried by message_* events.
+	StreamMessage = wire.StreamMessage
+	// Event is an AgentEvent or a CompactionEvent.
+	Event = wire.Event
+	// StreamPayload is the envelope of every streamed event.
+	StreamPayload = wire.StreamPayload
+	// SeqEvent is a StreamPayload with its position in the agent's event log.
+	SeqEvent = wire.SeqEvent
+	// EventsPage is the answer of chat.events.
+	EventsPage = wire.EventsPage
+)
 
 // MaxPageBytes bounds the JSON size of one chat.events page. Every
 // message_update carries the whole text so far, so a page of a long
@@ -80,7 +45,7 @@ const MaxPageBytes = 256 << 10
 // size is told how many it missed.
 type eventLog struct {
 	mu      sync.Mutex
-	ring    []SeqEvent
+	ring    []logged
 	start   int    // index of the oldest event in ring
 	n       int    // events held
 	next    uint64 // seq of the next event
@@ -90,11 +55,18 @@ type eventLog struct {
 	subID   int
 }
 
+// logged is an event of the ring with its JSON size, measured once when
+// published.
+type logged struct {
+	SeqEvent
+	size int
+}
+
 func newEventLog(size int) *eventLog {
 	if size <= 0 {
 		size = 1024
 	}
-	return &eventLog{ring: make([]SeqEvent, size), next: 1, changed: make(chan struct{}), subs: map[int]func(SeqEvent){}}
+	return &eventLog{ring: make([]logged, size), next: 1, changed: make(chan struct{}), subs: map[int]func(SeqEvent){}}
 }
 
 // publish appends p and wakes the readers; in-process subscribers are
@@ -105,13 +77,14 @@ func (l *eventLog) publish(p StreamPayload, requestID string) {
 		size += len(b)
 	}
 	l.mu.Lock()
-	ev := SeqEvent{Seq: l.next, StreamPayload: p, RequestID: requestID, size: size + len(requestID) + 16}
+	ev := SeqEvent{Seq: l.next, StreamPayload: p, RequestID: requestID}
 	l.next++
+	le := logged{ev, size + len(requestID) + 16}
 	if l.n < len(l.ring) {
-		l.ring[(l.start+l.n)%len(l.ring)] = ev
+		l.ring[(l.start+l.n)%len(l.ring)] = le
 		l.n++
 	} else {
-		l.ring[l.start] = ev
+		l.ring[l.start] = le
 		l.start = (l.start + 1) % len(l.ring)
 	}
 	close(l.changed)
@@ -151,14 +124,6 @@ func (l *eventLog) close() {
 	}
 }
 
-// EventsPage is the answer of chat.events.
-type EventsPage struct {
-	Events  []SeqEvent `json:"events"`
-	NextSeq uint64     `json:"next_seq"` // pass as after_seq next time
-	Dropped uint64     `json:"dropped"`  // events after after_seq no longer held
-	Closed  bool       `json:"closed,omitempty"`
-}
-
 // read returns the events after afterSeq (at most max), waiting up to
 // wait for the first one.
 func (l *eventLog) read(ctx context.Context, afterSeq uint64, max int, wait time.Duration) EventsPage {
@@ -184,7 +149,7 @@ func (l *eventLog) read(ctx context.Context, afterSeq uint64, max int, wait time
 				if bytes += ev.size; bytes > MaxPageBytes && len(page.Events) > 0 {
 					break
 				}
-				page.Events = append(page.Events, ev)
+				page.Events = append(page.Events, ev.SeqEvent)
 			}
 		}
 		if len(page.Events) > 0 {

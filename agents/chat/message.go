@@ -1,244 +1,76 @@
 package chat
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"time"
+
+	wire "github.com/agentmesh/agentmesh/contract/chat"
 )
+
+// The chat agent's messages, content blocks, events and results are its
+// wire contract, declared in package contract/chat (which the surfaces
+// relaying a chat agent import too); the names below keep this package's
+// API.
 
 // Roles of a Message (the Multica AgentMessage union).
 const (
-	RoleUser       = "user"
-	RoleAssistant  = "assistant"
-	RoleToolResult = "toolResult"
+	RoleUser       = wire.RoleUser
+	RoleAssistant  = wire.RoleAssistant
+	RoleToolResult = wire.RoleToolResult
 )
 
 // Content block types.
 const (
-	BlockText     = "text"
-	BlockThinking = "thinking"
-	BlockToolCall = "toolCall"
-	BlockImage    = "image"
+	BlockText     = wire.BlockText
+	BlockThinking = wire.BlockThinking
+	BlockToolCall = wire.BlockToolCall
+	BlockImage    = wire.BlockImage
 )
 
-// Stop reasons of assistant messages. end_turn, tool_use and max_tokens
-// follow the seed's example (Anthropic's names); aborted marks a turn that
-// was cancelled, error one whose provider failed.
+// Stop reasons of assistant messages (see contract/chat).
 const (
-	StopEndTurn   = "end_turn"
-	StopToolUse   = "tool_use"
-	StopMaxTokens = "max_tokens"
-	StopAborted   = "aborted"
-	StopError     = "error"
+	StopEndTurn   = wire.StopEndTurn
+	StopToolUse   = wire.StopToolUse
+	StopMaxTokens = wire.StopMaxTokens
+	StopAborted   = wire.StopAborted
+	StopError     = wire.StopError
 )
 
-// ImageSource is an image block's data.
-type ImageSource struct {
-	Type      string `json:"type"` // "base64"
-	MediaType string `json:"media_type"`
-	Data      string `json:"data"`
-}
+type (
+	// ImageSource is an image block's data.
+	ImageSource = wire.ImageSource
+	// ContentBlock is one block of a message's content.
+	ContentBlock = wire.ContentBlock
+	// Content is a message's content.
+	Content = wire.Content
+	// Usage is an assistant message's token counts.
+	Usage = wire.Usage
+	// Message is one AgentMessage.
+	Message = wire.Message
+	// MessagesPage is the answer of getAgentMessages.
+	MessagesPage = wire.MessagesPage
 
-// ContentBlock is one of TextContent {type, text}, ThinkingContent {type,
-// thinking}, ToolCall {type, id, name, arguments} and ImageContent {type,
-// source}; it marshals to exactly its type's fields.
-type ContentBlock struct {
-	Type      string
-	Text      string
-	Thinking  string
-	ID        string
-	Name      string
-	Arguments json.RawMessage // a JSON object
-	Source    *ImageSource
-}
+	// AgentInfo is one row of list.
+	AgentInfo = wire.AgentInfo
+	// CreateResult is the answer of create.
+	CreateResult = wire.CreateResult
+	// ResetResult is the answer of reset.
+	ResetResult = wire.ResetResult
+	// Tokens is the answer of get_tokens.
+	Tokens = wire.Tokens
+	// ContextInfo is the answer of get_context.
+	ContextInfo = wire.ContextInfo
+	// SendResult is the answer of send.
+	SendResult = wire.SendResult
+)
 
 // Text returns a text block.
-func Text(s string) ContentBlock { return ContentBlock{Type: BlockText, Text: s} }
-
-// MarshalJSON implements json.Marshaler.
-func (b ContentBlock) MarshalJSON() ([]byte, error) {
-	switch b.Type {
-	case BlockText:
-		return json.Marshal(struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}{b.Type, b.Text})
-	case BlockThinking:
-		return json.Marshal(struct {
-			Type     string `json:"type"`
-			Thinking string `json:"thinking"`
-		}{b.Type, b.Thinking})
-	case BlockToolCall:
-		args := b.Arguments
-		if len(args) == 0 {
-			args = json.RawMessage("{}")
-		}
-		return json.Marshal(struct {
-			Type      string          `json:"type"`
-			ID        string          `json:"id"`
-			Name      string          `json:"name"`
-			Arguments json.RawMessage `json:"arguments"`
-		}{b.Type, b.ID, b.Name, args})
-	case BlockImage:
-		src := b.Source
-		if src == nil {
-			src = &ImageSource{Type: "base64"}
-		}
-		return json.Marshal(struct {
-			Type   string       `json:"type"`
-			Source *ImageSource `json:"source"`
-		}{b.Type, src})
-	}
-	return nil, fmt.Errorf("chat: unknown content block type %q", b.Type)
-}
-
-// UnmarshalJSON implements json.Unmarshaler; it refuses unknown types and
-// tool-call arguments that are not an object.
-func (b *ContentBlock) UnmarshalJSON(data []byte) error {
-	var w struct {
-		Type      string          `json:"type"`
-		Text      *string         `json:"text"`
-		Thinking  *string         `json:"thinking"`
-		ID        string          `json:"id"`
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"`
-		Source    *ImageSource    `json:"source"`
-	}
-	if err := json.Unmarshal(data, &w); err != nil {
-		return err
-	}
-	*b = ContentBlock{Type: w.Type}
-	switch w.Type {
-	case BlockText:
-		if w.Text == nil {
-			return errors.New("chat: text block without text")
-		}
-		b.Text = *w.Text
-	case BlockThinking:
-		if w.Thinking == nil {
-			return errors.New("chat: thinking block without thinking")
-		}
-		b.Thinking = *w.Thinking
-	case BlockToolCall:
-		if w.ID == "" || w.Name == "" {
-			return errors.New("chat: toolCall block without id or name")
-		}
-		b.ID, b.Name = w.ID, w.Name
-		args := bytes.TrimSpace(w.Arguments)
-		if len(args) == 0 || string(args) == "null" {
-			args = []byte("{}")
-		}
-		if args[0] != '{' {
-			return errors.New("chat: toolCall arguments must be an object")
-		}
-		b.Arguments = append(json.RawMessage(nil), args...)
-	case BlockImage:
-		if w.Source == nil {
-			return errors.New("chat: image block without source")
-		}
-		b.Source = w.Source
-	default:
-		return fmt.Errorf("chat: unknown content block type %q", w.Type)
-	}
-	return nil
-}
-
-// Content is a message's content: always marshalled as an array of blocks;
-// a plain string (the seed's historical user messages) is accepted and
-// read as one text block.
-type Content []ContentBlock
-
-// MarshalJSON implements json.Marshaler ([] rather than null when empty).
-func (c Content) MarshalJSON() ([]byte, error) {
-	if c == nil {
-		return []byte("[]"), nil
-	}
-	return json.Marshal([]ContentBlock(c))
-}
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (c *Content) UnmarshalJSON(data []byte) error {
-	data = bytes.TrimSpace(data)
-	if len(data) > 0 && data[0] == '"' {
-		var s string
-		if err := json.Unmarshal(data, &s); err != nil {
-			return err
-		}
-		*c = Content{Text(s)}
-		return nil
-	}
-	var bs []ContentBlock
-	if err := json.Unmarshal(data, &bs); err != nil {
-		return err
-	}
-	*c = bs
-	return nil
-}
-
-// Usage is an assistant message's token counts.
-type Usage struct {
-	Input       int `json:"input"`
-	Output      int `json:"output"`
-	TotalTokens int `json:"totalTokens"`
-}
-
-// Message is one AgentMessage: a UserMessage, an AssistantMessage (model,
-// provider, usage, stopReason) or a ToolResultMessage (toolCallId,
-// toolName, isError). Timestamp is in Unix milliseconds.
-type Message struct {
-	Role         string  `json:"role"`
-	Content      Content `json:"content"`
-	Model        string  `json:"model,omitempty"`
-	Provider     string  `json:"provider,omitempty"`
-	Usage        *Usage  `json:"usage,omitempty"`
-	StopReason   string  `json:"stopReason,omitempty"`
-	ErrorMessage string  `json:"errorMessage,omitempty"`
-	ToolCallID   string  `json:"toolCallId,omitempty"`
-	ToolName     string  `json:"toolName,omitempty"`
-	IsError      *bool   `json:"isError,omitempty"`
-	Timestamp    int64   `json:"timestamp"`
-}
-
-// Validate checks the fields a role requires.
-func (m *Message) Validate() error {
-	switch m.Role {
-	case RoleUser, RoleAssistant:
-	case RoleToolResult:
-		if m.ToolCallID == "" {
-			return errors.New("chat: toolResult message without toolCallId")
-		}
-		if m.IsError == nil {
-			return errors.New("chat: toolResult message without isError")
-		}
-	default:
-		return fmt.Errorf("chat: unknown role %q", m.Role)
-	}
-	return nil
-}
+func Text(s string) ContentBlock { return wire.Text(s) }
 
 // TextOf joins the text blocks of c.
-func TextOf(c Content) string {
-	var b bytes.Buffer
-	for _, bl := range c {
-		if bl.Type == BlockText {
-			b.WriteString(bl.Text)
-		}
-	}
-	return b.String()
-}
+func TextOf(c Content) string { return wire.TextOf(c) }
 
 // ToolCalls returns the toolCall blocks of c.
-func ToolCalls(c Content) []ContentBlock {
-	var out []ContentBlock
-	for _, bl := range c {
-		if bl.Type == BlockToolCall {
-			out = append(out, bl)
-		}
-	}
-	return out
-}
+func ToolCalls(c Content) []ContentBlock { return wire.ToolCalls(c) }
 
 func nowMs() int64 { return time.Now().UnixMilli() }
 

@@ -129,7 +129,7 @@ func TestOpenAIStreamsText(t *testing.T) {
 	}
 	page, _ := rt.Messages("o1", 0, 10)
 	as := page.Messages[1]
-	if as.Model != "gpt-test-0613" || as.Provider != "openai" || !reflect.DeepEqual(as.Usage, &Usage{11, 7, 18}) {
+	if as.Model != "gpt-test-0613" || as.Provider != "openai" || !reflect.DeepEqual(as.Usage, &Usage{Input: 11, Output: 7, TotalTokens: 18}) {
 		t.Errorf("assistant message = %+v (usage %+v)", as, as.Usage)
 	}
 	reqs := f.requests()

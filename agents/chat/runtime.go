@@ -137,22 +137,6 @@ type Agent struct {
 	running        map[string]context.CancelFunc // request id → cancel, queued or running
 }
 
-// AgentInfo is one row of list.
-type AgentInfo struct {
-	AgentID        string `json:"agent_id"`
-	CreatedAt      string `json:"created_at"`
-	MessageCount   int    `json:"message_count"`
-	ShouldShutdown bool   `json:"should_shutdown"`
-}
-
-// CreateResult is the answer of create.
-type CreateResult struct {
-	AgentID      string `json:"agent_id"`
-	CreatedAt    string `json:"created_at"`
-	Resumed      bool   `json:"resumed"`       // an existing session file was loaded
-	MessageCount int    `json:"message_count"` // messages in its history
-}
-
 func newHexID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -303,14 +287,6 @@ func (r *Runtime) ShouldShutdown() bool {
 	return true
 }
 
-// MessagesPage is the answer of getAgentMessages.
-type MessagesPage struct {
-	Messages []Message `json:"messages"`
-	Total    int       `json:"total"`
-	Offset   int       `json:"offset"`
-	Limit    int       `json:"limit"`
-}
-
 // Messages pages through an agent's history: from memory for an agent in
 // the pool, else from its session file (a closed agent);
 // AGENT_NOT_FOUND when there is neither. limit ≤ 0 means 50.
@@ -405,18 +381,6 @@ func (a *Agent) Cancel(requestID string) bool {
 	return ok
 }
 
-// ResetResult is the answer of reset.
-type ResetResult struct {
-	AgentID string `json:"agent_id"`
-	// Removed is the number of messages the history held.
-	Removed int `json:"removed"`
-	// Cancelled is the number of sends (running or queued) reset cancelled.
-	Cancelled int `json:"cancelled"`
-	// MovedTo is the base name the old session file was renamed to, in
-	// the same directory ("" when there was nothing to move).
-	MovedTo string `json:"moved_to,omitempty"`
-}
-
 // resetWindowHook, set by a test, runs in Reset between cancelling the
 // sends in flight and taking the turn.
 var resetWindowHook func(*Agent)
@@ -489,16 +453,6 @@ func (a *Agent) Reset(ctx context.Context) (*ResetResult, error) {
 	return res, nil
 }
 
-// Tokens is the answer of get_tokens.
-type Tokens struct {
-	System    int `json:"system"`
-	Tools     int `json:"tools"`
-	Messages  int `json:"messages"`
-	Total     int `json:"total"`
-	Budget    int `json:"budget"`
-	Available int `json:"available"`
-}
-
 // Tokens estimates the context's tokens.
 func (a *Agent) Tokens() Tokens {
 	a.mu.Lock()
@@ -519,24 +473,6 @@ func (a *Agent) tokens() Tokens {
 	return t
 }
 
-// ContextInfo is the answer of get_context.
-type ContextInfo struct {
-	AgentID        string `json:"agent_id"`
-	MessageCount   int    `json:"message_count"` // messages in the context
-	HistoryCount   int    `json:"history_count"` // messages in the session file
-	SystemPrompt   string `json:"system_prompt"`
-	Summary        string `json:"summary,omitempty"`
-	Compactions    int    `json:"compactions"`
-	MaxMessages    int    `json:"max_messages"`
-	CreatedAt      string `json:"created_at"`
-	ShouldShutdown bool   `json:"should_shutdown"`
-	Busy           bool   `json:"busy"` // a turn is running
-	Tokens         Tokens `json:"tokens"`
-	// Conversation counts the resets of the agent since it joined the
-	// pool: a send may name the conversation it was meant for (SendIn).
-	Conversation int `json:"conversation"`
-}
-
 // Context describes the agent's context.
 func (a *Agent) Context() ContextInfo {
 	busy := len(a.turn) > 0
@@ -548,12 +484,6 @@ func (a *Agent) Context() ContextInfo {
 		CreatedAt: a.createdAt.Format(time.RFC3339Nano), ShouldShutdown: a.shouldShutdown, Busy: busy, Tokens: a.tokens(),
 		Conversation: a.conversation,
 	}
-}
-
-// SendResult is the answer of send.
-type SendResult struct {
-	Content   string `json:"content"`
-	RequestID string `json:"request_id"`
 }
 
 // Send runs one turn: it appends the user's message, calls the provider

@@ -5,12 +5,14 @@ package all
 
 import (
 	"github.com/agentmesh/agentmesh/surface"
+	"github.com/agentmesh/agentmesh/surface/agentick"
 	"github.com/agentmesh/agentmesh/surface/mcp"
 	"github.com/agentmesh/agentmesh/surface/nexus3"
 )
 
 // Mount mounts every surface on h.
 func Mount(h surface.Host) {
+	agentick.Mount(h)
 	mcp.Mount(h)
 	nexus3.Mount(h)
 }

@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"encoding/json"

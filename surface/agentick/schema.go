@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func agentickCodeOf(name string) string {
 	return agentickFromMesh(envelope.NewError(c, ""), false).Code
 }
 
-func (gw *agentickGW) meshSchema(ctx context.Context) (*control.SchemaPayload, *agError) {
+func (gw *gateway) meshSchema(ctx context.Context) (*control.SchemaPayload, *agError) {
 	var s control.SchemaPayload
 	if err := gw.callInto(ctx, "mesh.schema", nil, &s); err != nil {
 		return nil, agentickFromMesh(err, false)
@@ -98,7 +98,7 @@ func (gw *agentickGW) meshSchema(ctx context.Context) (*control.SchemaPayload, *
 	return &s, nil
 }
 
-func (gw *agentickGW) schema(ctx context.Context) (any, *agError) {
+func (gw *gateway) schema(ctx context.Context) (any, *agError) {
 	ms, e := gw.meshSchema(ctx)
 	if e != nil {
 		return nil, e
@@ -108,9 +108,9 @@ func (gw *agentickGW) schema(ctx context.Context) (any, *agError) {
 		// The role table may guard the agentick method itself; else the
 		// mesh method behind it decides (the ingress checks it on every
 		// call the gateway makes).
-		m.Roles = gw.h.rolesOf("agentick."+name, nil)
+		m.Roles, _ = gw.h.RequiredRoles("agentick." + name)
 		if back := agentickBacking[name]; m.Roles == nil && back != "" {
-			m.Roles = gw.h.rolesOf(back, nil)
+			m.Roles, _ = gw.h.RequiredRoles(back)
 		}
 		methods[name] = m
 	}
@@ -136,7 +136,7 @@ func (gw *agentickGW) schema(ctx context.Context) (any, *agError) {
 	return map[string]any{"protocolVersion": agentickVersion, "methods": methods, "events": agentickEvents, "errors": agentickErrors}, nil
 }
 
-func (gw *agentickGW) toolCatalog(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) toolCatalog(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -148,10 +148,10 @@ func (gw *agentickGW) toolCatalog(ctx context.Context, p *agParams) (any, *agErr
 	if e != nil {
 		return nil, e
 	}
-	who := PrincipalOf(ctx)
+	who, _ := gw.h.Caller(ctx)
 	tools := []map[string]any{}
 	for m, s := range ms.Methods {
-		if s.Builtin || s.Pattern || !gw.h.guard.mayCall(who, m) {
+		if s.Builtin || s.Pattern || !gw.h.MayCall(who, m) {
 			continue
 		}
 		in := surface.ObjectSchema(s.Params)
@@ -164,7 +164,7 @@ func (gw *agentickGW) toolCatalog(ctx context.Context, p *agParams) (any, *agErr
 	return map[string]any{"tools": tools}, nil
 }
 
-func (gw *agentickGW) toolConfirm(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) toolConfirm(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -189,7 +189,7 @@ func (gw *agentickGW) toolConfirm(ctx context.Context, p *agParams) (any, *agErr
 	return nil, agErr(agNotFoundResource, "no tool call %s awaits confirmation in session %s: the chat runtime runs its tools without confirmation", callID, name)
 }
 
-func (gw *agentickGW) toolDispatch(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) toolDispatch(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -208,7 +208,7 @@ func (gw *agentickGW) toolDispatch(ctx context.Context, p *agParams) (any, *agEr
 	if _, e := gw.ensureSession(ctx, name, false); e != nil {
 		return nil, e
 	}
-	if _, builtin := gw.h.builtins[tool]; builtin || !surface.ToolName(tool) {
+	if gw.h.IsBuiltin(tool) || !surface.ToolName(tool) {
 		return nil, agErr(agNotFoundTool, "tool not found: %s", tool)
 	}
 	res, err := gw.call(ctx, tool, json.RawMessage(input))
@@ -219,10 +219,10 @@ func (gw *agentickGW) toolDispatch(ctx context.Context, p *agParams) (any, *agEr
 }
 
 // answer runs a decoded req and encodes its res.
-func (gw *agentickGW) answer(ctx context.Context, c *agClient, f *agFrame) (out []byte, ae *agError) {
+func (gw *gateway) answer(ctx context.Context, c *agClient, f *agFrame) (out []byte, ae *agError) {
 	defer func() {
 		if p := recover(); p != nil {
-			gw.h.log.Error("agentick: method panicked", "method", f.Method, "panic", fmt.Sprint(p))
+			gw.h.Logger().Error("agentick: method panicked", "method", f.Method, "panic", fmt.Sprint(p))
 			ae = agErr(agInternalError, "unexpected failure in %s", f.Method)
 			out = agentickRes(f.ID, nil, ae)
 		}
@@ -248,7 +248,7 @@ func (gw *agentickGW) answer(ctx context.Context, c *agClient, f *agFrame) (out 
 }
 
 // connected is the answer to connect.
-func (gw *agentickGW) connected(ctx context.Context) []byte {
+func (gw *gateway) connected(ctx context.Context) []byte {
 	apps, err := gw.apps(ctx)
 	if err != nil {
 		apps = []string{}

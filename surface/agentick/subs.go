@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/agentmesh/agentmesh/contract/chat"
 	"github.com/agentmesh/agentmesh/surface"
 )
 
@@ -75,22 +76,7 @@ func (s *agSub) end() {
 
 // onChat translates one chat event into agentick events.
 func (s *agSub) onChat(e surface.ChatEvent) bool {
-	var ev struct {
-		Type    string `json:"type"`
-		Message *struct {
-			Role       string          `json:"role"`
-			Content    json.RawMessage `json:"content"`
-			StopReason string          `json:"stopReason"`
-		} `json:"message"`
-		ToolCallID string          `json:"toolCallId"`
-		ToolName   string          `json:"toolName"`
-		Args       json.RawMessage `json:"args"`
-		Result     *string         `json:"result"`
-		IsError    *bool           `json:"isError"`
-		Removed    *int            `json:"removed"`
-		Kept       *int            `json:"kept"`
-		Reason     string          `json:"reason"`
-	}
+	var ev chat.Event
 	_ = json.Unmarshal(e.Event, &ev)
 	var frames [][]byte
 	add := func(event string, data any) {
@@ -99,12 +85,12 @@ func (s *agSub) onChat(e surface.ChatEvent) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch ev.Type {
-	case "message_start":
+	case chat.EventMessageStart:
 		s.text[e.StreamID] = ""
 		add("message_start", map[string]any{"streamId": e.StreamID, "role": "assistant"})
-	case "message_update":
+	case chat.EventMessageUpdate:
 		if ev.Message != nil {
-			t := contentText(ev.Message.Content)
+			t := chat.TextOf(ev.Message.Content)
 			prev := s.text[e.StreamID]
 			if d, ok := strings.CutPrefix(t, prev); ok && d != "" {
 				add("content_delta", map[string]any{"streamId": e.StreamID, "blockType": "text", "delta": d})
@@ -113,7 +99,7 @@ func (s *agSub) onChat(e surface.ChatEvent) bool {
 			}
 			s.text[e.StreamID] = t
 		}
-	case "message_end":
+	case chat.EventMessageEnd:
 		delete(s.text, e.StreamID)
 		msg := map[string]any{"role": "assistant"}
 		stop := ""
@@ -124,17 +110,17 @@ func (s *agSub) onChat(e surface.ChatEvent) bool {
 		}
 		add("message", map[string]any{"streamId": e.StreamID, "message": msg})
 		add("tick_end", map[string]any{"streamId": e.StreamID, "stopReason": stop})
-	case "tool_execution_start":
+	case chat.EventToolExecutionStart:
 		add("tool_call_start", map[string]any{"streamId": e.StreamID, "callId": ev.ToolCallID, "name": ev.ToolName, "input": ev.Args})
-	case "tool_execution_end":
+	case chat.EventToolExecutionEnd:
 		d := map[string]any{"streamId": e.StreamID, "callId": ev.ToolCallID, "isError": ev.IsError != nil && *ev.IsError}
 		if ev.Result != nil {
 			d["result"] = *ev.Result
 		}
 		add("tool_result", d)
-	case "compaction_start":
+	case chat.EventCompactionStart:
 		add("compaction_start", map[string]any{})
-	case "compaction_end":
+	case chat.EventCompactionEnd:
 		add("compaction_end", map[string]any{"removed": ev.Removed, "kept": ev.Kept, "reason": ev.Reason})
 	}
 	for _, f := range frames {
@@ -147,24 +133,8 @@ func (s *agSub) onChat(e surface.ChatEvent) bool {
 	return s.c.ctx.Err() == nil && !s.stopped
 }
 
-// contentText joins the text blocks of a chat message's content.
-func contentText(raw json.RawMessage) string {
-	var blocks []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	_ = json.Unmarshal(raw, &blocks)
-	var b strings.Builder
-	for _, bl := range blocks {
-		if bl.Type == "text" {
-			b.WriteString(bl.Text)
-		}
-	}
-	return b.String()
-}
-
 // subscribe starts following session for c (a no-op when it does already).
-func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
+func (gw *gateway) subscribe(c *agClient, session string) *agError {
 	c.mu.Lock()
 	_, ok := c.subs[session]
 	c.mu.Unlock()
@@ -215,7 +185,7 @@ func (gw *agentickGW) subscribe(c *agClient, session string) *agError {
 // the subscription is stopped under its lock (what it delivered before
 // is queued ahead of unsubscribe's answer) and leaves the session's
 // subscribers at once.
-func (gw *agentickGW) unsubscribe(c *agClient, session string) {
+func (gw *gateway) unsubscribe(c *agClient, session string) {
 	c.mu.Lock()
 	s := c.subs[session]
 	delete(c.subs, session)
@@ -238,7 +208,7 @@ func (gw *agentickGW) unsubscribe(c *agClient, session string) {
 
 // emit sends a gateway event of session to its subscribers here, after
 // the chat events up to barrier.
-func (gw *agentickGW) emit(session, event string, data any, barrier uint64) {
+func (gw *gateway) emit(session, event string, data any, barrier uint64) {
 	frame := agentickEventFrame(event, session, data)
 	gw.mu.Lock()
 	var subs []*agSub

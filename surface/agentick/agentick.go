@@ -1,20 +1,6 @@
-package hub
-
-import (
-	"context"
-	"errors"
-	"fmt"
-	"net/http"
-	"strings"
-	"sync"
-	"time"
-
-	"github.com/agentmesh/agentmesh/contract/control"
-	"github.com/agentmesh/agentmesh/envelope"
-)
-
-// The agentick surface (seed agentick-gateway-protocol): the gateway
-// protocol of @agentick/gateway, so that its clients work against a hub.
+// Package agentick is the agentick surface (seed
+// agentick-gateway-protocol): the gateway protocol of @agentick/gateway,
+// so that its clients work against a hub.
 //
 //	GET  / (upgrade), /agentick/ws  WebSocket: {type:"connect", clientId} → {type:"connected", …};
 //	                           {type:"req", id, method, params} → {type:"res", id, ok, payload|error};
@@ -46,7 +32,7 @@ import (
 //	close             chat.destroy
 //	apps              mesh.methods: app "chat" when an agent serves chat.send
 //	sessions          chat.list
-//	subscribe         chat.events (tail, then long polls: Hub.FollowChat)
+//	subscribe         chat.events (tail, then long polls: surface.FollowChat)
 //	unsubscribe       the gateway's own subscription: nothing of the session reaches the client after its answer
 //	channel           chat.get_context, then the gateway's own channel fan-out
 //	channel-subscribe chat.get_context, then the gateway's own subscription
@@ -61,6 +47,19 @@ import (
 // (the role table's entry for chat.send guards send, …); on top, the
 // role table may guard an agentick method by the name "agentick.<method>"
 // ("agentick.*" for all).
+//
+// It reaches the hub only through surface.Host; Mount mounts it.
+package agentick
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/surface"
+)
 
 const (
 	agentickVersion = "1.0"
@@ -78,30 +77,6 @@ const (
 
 // agentickKeepAlive is how often an idle SSE stream gets a comment line.
 var agentickKeepAlive = 15 * time.Second
-
-// Error codes of the seed (@agentick/shared).
-const (
-	agNotFoundResource = "NOT_FOUND_RESOURCE"
-	agNotFoundTool     = "NOT_FOUND_TOOL"
-	agGuardDenied      = "GUARD_DENIED"
-	agValidationReq    = "VALIDATION_REQUIRED"
-	agValidationType   = "VALIDATION_TYPE"
-	agStateComplete    = "STATE_ALREADY_COMPLETE"
-	agMethodError      = "METHOD_ERROR"
-	agInternalError    = "INTERNAL_ERROR"
-)
-
-// agentickErrors is the schema's errors record (the seed's descriptions).
-var agentickErrors = map[string]string{
-	agNotFoundResource: "Resource not found (session, method, tool)",
-	agNotFoundTool:     "Tool not found",
-	agGuardDenied:      "Access denied by guard (role, permission)",
-	agValidationReq:    "Required parameter missing",
-	agValidationType:   "Parameter type mismatch",
-	agStateComplete:    "Operation on closed/completed resource",
-	agMethodError:      "Unhandled error in method handler",
-	agInternalError:    "Unexpected internal error",
-}
 
 // agentickEvents are the event types this gateway emits, with their
 // categories.
@@ -129,95 +104,12 @@ func agentickCategory(event string) string {
 	return "gateway"
 }
 
-// agError is an agentick error object. meshCode, when set, is the mesh's
-// code it comes from (its HTTP status answers /invoke).
-type agError struct {
-	Code     string         `json:"code"`
-	Message  string         `json:"message"`
-	Details  map[string]any `json:"details,omitempty"`
-	meshCode envelope.Code
-	fromMesh bool
-}
-
-func (e *agError) Error() string { return e.Code + ": " + e.Message }
-
-func agErr(code, format string, args ...any) *agError {
-	return &agError{Code: code, Message: fmt.Sprintf(format, args...)}
-}
-
-// agentickFromMesh maps a mesh error to the seed's codes; the mesh's code
-// rides in details.meshCode (with retryAfterMs when it has one), as the
-// seed's table has no room for UNAVAILABLE or TIMEOUT.
-func agentickFromMesh(err error, tool bool) *agError {
-	var ae *agError
-	if errors.As(err, &ae) {
-		return ae
-	}
-	e := envelope.AsError(err)
-	code := agInternalError
-	switch e.Code {
-	case envelope.CodeAgentNotFound:
-		code = agNotFoundResource
-	case envelope.CodeMethodNotFound:
-		code = agNotFoundResource
-		if tool {
-			code = agNotFoundTool
-		}
-	case envelope.CodeInvalidParams, envelope.CodeInvalidRequest, envelope.CodeParseError:
-		code = agValidationType
-		if strings.Contains(e.Message, "Missing required parameter") {
-			code = agValidationReq
-		}
-	case envelope.CodePermissionDenied, envelope.CodeUnauthenticated:
-		code = agGuardDenied
-	case envelope.CodeRPCError, envelope.CodeCancelled:
-		code = agMethodError
-	}
-	msg := e.Message
-	if msg == "" {
-		msg = e.Code.String()
-	}
-	ae = &agError{Code: code, Message: msg, meshCode: e.Code, fromMesh: true}
-	switch e.Code {
-	case envelope.CodeAgentNotFound, envelope.CodeMethodNotFound, envelope.CodeInvalidParams, envelope.CodePermissionDenied, envelope.CodeRPCError:
-		// The seed's code says it all.
-	default:
-		ae.Details = map[string]any{"meshCode": e.Code.String()}
-		if ra := e.RetryAfter(); ra > 0 {
-			ae.Details["retryAfterMs"] = ra.Milliseconds()
-		}
-	}
-	return ae
-}
-
-// httpStatus is the status of an /invoke answer failing with e.
-func (e *agError) httpStatus() int {
-	if e.fromMesh && e.meshCode != envelope.CodeOK {
-		return e.meshCode.HTTPStatus()
-	}
-	switch e.Code {
-	case agNotFoundResource, agNotFoundTool:
-		return http.StatusNotFound
-	case agValidationReq, agValidationType:
-		return http.StatusBadRequest
-	case agGuardDenied:
-		return http.StatusForbidden
-	case agStateComplete:
-		return http.StatusConflict
-	}
-	return http.StatusInternalServerError
-}
-
 // ---- the gateway's state ----
 
-// agentickHolder is the Hub's agentick state, made on first use.
-type agentickHolder struct {
-	once sync.Once
-	gw   *agentickGW
-}
-
-type agentickGW struct {
-	h      *Hub
+// gateway is the surface on one hub: the clients connected here, the
+// sessions they follow and the turns started here. Mount makes it.
+type gateway struct {
+	h      surface.Host
 	id     string
 	start  time.Time
 	ctx    context.Context // ends with the hub
@@ -241,26 +133,32 @@ type agSession struct {
 	pending int           // turns started or waiting
 }
 
-func (h *Hub) agentick() *agentickGW {
-	h.ag.once.Do(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		gw := &agentickGW{h: h, id: "gw-" + h.cfg.ID, start: time.Now(), ctx: ctx, cancel: cancel,
-			clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
-		if !h.track(gw) {
-			gw.closed = true
-			cancel()
-		} else {
-			gw.wg.Add(1)
-			go gw.watchDrain()
-		}
-		h.ag.gw = gw
-	})
-	return h.ag.gw
+// Mount serves the agentick surface on h: its WebSocket (an upgrade on
+// GET /, or GET /agentick/ws), GET /events and POST /invoke. The gateway
+// it makes lives with the hub: h closes it at shutdown (Track), and it
+// ends its clients once the hub drains.
+func Mount(h surface.Host) {
+	gw := newGateway(h)
+	gw.routes()
+}
+
+func newGateway(h surface.Host) *gateway {
+	ctx, cancel := context.WithCancel(context.Background())
+	gw := &gateway{h: h, id: "gw-" + h.ID(), start: time.Now(), ctx: ctx, cancel: cancel,
+		clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
+	if !h.Track(gw) {
+		gw.closed = true
+		cancel()
+	} else {
+		gw.wg.Add(1)
+		go gw.watchDrain()
+	}
+	return gw
 }
 
 // watchDrain closes the clients once the hub drains: their long polls
 // would otherwise hold the drain up.
-func (gw *agentickGW) watchDrain() {
+func (gw *gateway) watchDrain() {
 	defer gw.wg.Done()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -269,7 +167,7 @@ func (gw *agentickGW) watchDrain() {
 		case <-gw.ctx.Done():
 			return
 		case <-t.C:
-			if gw.h.draining.Load() {
+			if gw.h.Draining() {
 				gw.killAll()
 				return
 			}
@@ -277,7 +175,7 @@ func (gw *agentickGW) watchDrain() {
 	}
 }
 
-func (gw *agentickGW) killAll() {
+func (gw *gateway) killAll() {
 	gw.mu.Lock()
 	cs := make([]*agClient, 0, len(gw.clients))
 	for _, c := range gw.clients {
@@ -290,7 +188,7 @@ func (gw *agentickGW) killAll() {
 }
 
 // Close ends the clients and the turns, and waits for them.
-func (gw *agentickGW) Close() {
+func (gw *gateway) Close() {
 	gw.mu.Lock()
 	gw.closed = true
 	gw.mu.Unlock()
@@ -299,7 +197,7 @@ func (gw *agentickGW) Close() {
 	gw.wg.Wait()
 }
 
-func (gw *agentickGW) session(id string) *agSession {
+func (gw *gateway) session(id string) *agSession {
 	s := gw.sessions[id]
 	if s == nil {
 		s = &agSession{subs: map[*agSub]struct{}{}, turn: make(chan struct{}, 1)}
@@ -309,7 +207,7 @@ func (gw *agentickGW) session(id string) *agSession {
 }
 
 // tidy forgets a session nothing refers to (gw.mu held).
-func (gw *agentickGW) tidy(id string) {
+func (gw *gateway) tidy(id string) {
 	if s := gw.sessions[id]; s != nil && len(s.subs) == 0 && s.pending == 0 {
 		delete(gw.sessions, id)
 	}
@@ -319,9 +217,9 @@ func (gw *agentickGW) tidy(id string) {
 
 // agClient is one connected client: a WebSocket, or an SSE stream.
 type agClient struct {
-	gw     *agentickGW
+	gw     *gateway
 	id     string
-	who    *Principal
+	who    *auth.Principal
 	ctx    context.Context // carries who; ends with the connection
 	cancel context.CancelFunc
 	push   func([]byte) bool // queues a frame without blocking
@@ -335,29 +233,22 @@ type agClient struct {
 
 // newClient makes client id of who, arriving on connection conn (its
 // remote address, for the per-connection rate limit; "" if unknown).
-func (gw *agentickGW) newClient(conn, id string, who *Principal) *agClient {
-	base := gw.ctx
-	if conn != "" {
-		base = withConn(base, conn)
-	}
-	if who != nil {
-		base = context.WithValue(base, principalKey{}, who)
-	}
-	ctx, cancel := context.WithCancel(base)
+func (gw *gateway) newClient(conn, id string, who *auth.Principal) *agClient {
+	ctx, cancel := context.WithCancel(gw.h.WithCaller(gw.ctx, who, conn))
 	return &agClient{gw: gw, id: id, who: who, ctx: ctx, cancel: cancel, subs: map[string]*agSub{}, channels: map[string]struct{}{}}
 }
 
 // attach makes c the client of its id. A client of that id already
 // connected is replaced (a reconnect that came first) when it is the
 // same caller; another caller's id is refused.
-func (gw *agentickGW) attach(c *agClient) *agError {
+func (gw *gateway) attach(c *agClient) *agError {
 	gw.mu.Lock()
 	if gw.closed {
 		gw.mu.Unlock()
 		return agErr(agInternalError, "hub is shutting down")
 	}
 	old := gw.clients[c.id]
-	if old != nil && gw.h.guard.on() && !sameSubject(old.who, c.who) {
+	if old != nil && gw.h.AuthOn() && !sameSubject(old.who, c.who) {
 		gw.mu.Unlock()
 		return agErr(agGuardDenied, "clientId %q is connected as another caller", c.id)
 	}
@@ -378,7 +269,7 @@ func (c *agClient) kill() {
 }
 
 // detach forgets c and waits for its goroutines (not from one of them).
-func (gw *agentickGW) detach(c *agClient) {
+func (gw *gateway) detach(c *agClient) {
 	c.cancel()
 	gw.mu.Lock()
 	if gw.clients[c.id] == c {
@@ -400,14 +291,19 @@ func (gw *agentickGW) detach(c *agClient) {
 	gw.mu.Unlock()
 }
 
-func (gw *agentickGW) client(id string) *agClient {
+func (gw *gateway) client(id string) *agClient {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	return gw.clients[id]
 }
 
-func (gw *agentickGW) clientCount() int {
+func (gw *gateway) clientCount() int {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	return len(gw.clients)
+}
+
+// sameSubject reports whether a and b are tokens of one subject.
+func sameSubject(a, b *auth.Principal) bool {
+	return a != nil && b != nil && a.Claims != nil && b.Claims != nil && a.Subject == b.Subject
 }

@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // window is too short to hit reliably; TestAgentickUnsubscribe checks
 // the behaviour end to end.)
 func TestAgentickUnsubscribeStopsDelivery(t *testing.T) {
-	gw := &agentickGW{clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
+	gw := &gateway{clients: map[string]*agClient{}, sessions: map[string]*agSession{}, activity: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var mu sync.Mutex

@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentmesh/agentmesh/contract/chat"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/surface"
@@ -22,7 +23,7 @@ type agTraceKey struct{}
 
 // call runs method through the hub's ingress with ctx's caller (and the
 // trace context of /invoke's headers).
-func (gw *agentickGW) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
+func (gw *gateway) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
 	raw, isRaw := params.(json.RawMessage)
 	if params != nil && !isRaw {
 		b, err := json.Marshal(params)
@@ -40,14 +41,14 @@ func (gw *agentickGW) call(ctx context.Context, method string, params any) (json
 			}
 		}
 	}
-	res, err := gw.h.ingress(ctx, req)
+	res, err := gw.h.Invoke(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	return res.Result, nil
 }
 
-func (gw *agentickGW) callInto(ctx context.Context, method string, params, out any) error {
+func (gw *gateway) callInto(ctx context.Context, method string, params, out any) error {
 	raw, err := gw.call(ctx, method, params)
 	if err != nil {
 		return err
@@ -74,19 +75,10 @@ func sessionName(key string) (string, *agError) {
 	return name, nil
 }
 
-type agContext struct {
-	AgentID      string `json:"agent_id"`
-	MessageCount int    `json:"message_count"`
-	HistoryCount int    `json:"history_count"`
-	CreatedAt    string `json:"created_at"`
-	Busy         bool   `json:"busy"`
-	Conversation int    `json:"conversation"` // resets so far
-}
-
 // ensureSession checks that the session exists, creating it when create
 // is set (sessions are made on first use, as agentick's session keys).
-func (gw *agentickGW) ensureSession(ctx context.Context, name string, create bool) (*agContext, *agError) {
-	var info agContext
+func (gw *gateway) ensureSession(ctx context.Context, name string, create bool) (*chat.ContextInfo, *agError) {
+	var info chat.ContextInfo
 	err := gw.callInto(ctx, "chat.get_context", map[string]string{"agentId": name}, &info)
 	if err == nil {
 		return &info, nil
@@ -102,11 +94,11 @@ func (gw *agentickGW) ensureSession(ctx context.Context, name string, create boo
 		// Made meanwhile by another caller: its context, as above.
 		return gw.ensureSession(ctx, name, false)
 	}
-	return &agContext{AgentID: name}, nil
+	return &chat.ContextInfo{AgentID: name}, nil
 }
 
 // apps lists the apps: "chat" when an agent serves chat.send.
-func (gw *agentickGW) apps(ctx context.Context) ([]string, error) {
+func (gw *gateway) apps(ctx context.Context) ([]string, error) {
 	var ms []control.MethodInfo
 	if err := gw.callInto(ctx, "mesh.methods", nil, &ms); err != nil {
 		return nil, err
@@ -119,15 +111,9 @@ func (gw *agentickGW) apps(ctx context.Context) ([]string, error) {
 	return []string{}, nil
 }
 
-type agListed struct {
-	AgentID      string `json:"agent_id"`
-	CreatedAt    string `json:"created_at"`
-	MessageCount int    `json:"message_count"`
-}
-
-func (gw *agentickGW) listSessions(ctx context.Context) ([]agListed, error) {
+func (gw *gateway) listSessions(ctx context.Context) ([]chat.AgentInfo, error) {
 	var l struct {
-		Agents []agListed `json:"agents"`
+		Agents []chat.AgentInfo `json:"agents"`
 	}
 	if err := gw.callInto(ctx, "chat.list", nil, &l); err != nil {
 		return nil, err
@@ -135,7 +121,7 @@ func (gw *agentickGW) listSessions(ctx context.Context) ([]agListed, error) {
 	return l.Agents, nil
 }
 
-func (gw *agentickGW) lastActivity(name, createdAt string) string {
+func (gw *gateway) lastActivity(name, createdAt string) string {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	if t, ok := gw.activity[name]; ok {
@@ -197,13 +183,13 @@ var agentickMethods = []string{"send", "abort", "status", "history", "reset", "c
 
 // invoke runs one method for a caller (ctx carries it); c is its client
 // when it has an event stream here.
-func (gw *agentickGW) invoke(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
+func (gw *gateway) invoke(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
 	if !slices.Contains(agentickMethods, method) {
 		return gw.custom(ctx, method, raw)
 	}
-	if who := PrincipalOf(ctx); !gw.h.guard.mayCall(who, "agentick."+method) {
-		gw.h.metrics().Refused("permission_denied")
-		need, _ := gw.h.guard.roles.lookup("agentick." + method)
+	if who, _ := gw.h.Caller(ctx); !gw.h.MayCall(who, "agentick."+method) {
+		gw.h.Metrics().Refused("permission_denied")
+		need, _ := gw.h.RequiredRoles("agentick." + method)
 		return nil, agErr(agGuardDenied, "%s needs one of the roles %s", method, strings.Join(need, ", "))
 	}
 	p, e := newAgParams(raw)
@@ -279,7 +265,7 @@ func (gw *agentickGW) invoke(ctx context.Context, c *agClient, method string, ra
 
 // custom runs a method the seed does not list: the mesh's method of that
 // name, params passed as they are.
-func (gw *agentickGW) custom(ctx context.Context, method string, raw json.RawMessage) (any, *agError) {
+func (gw *gateway) custom(ctx context.Context, method string, raw json.RawMessage) (any, *agError) {
 	if strings.HasPrefix(method, "agent.") {
 		return nil, agErr(agNotFoundResource, "method not found: %s", method)
 	}
@@ -290,7 +276,7 @@ func (gw *agentickGW) custom(ctx context.Context, method string, raw json.RawMes
 	return res, nil
 }
 
-func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, *agError) {
+func (gw *gateway) send(ctx context.Context, c *agClient, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -344,7 +330,7 @@ func (gw *agentickGW) send(ctx context.Context, c *agClient, p *agParams) (any, 
 // session's conversation when it was sent: after a reset since, the chat
 // agent refuses the send (CANCELLED) instead of running it in the new,
 // empty conversation.
-func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
+func (gw *gateway) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
 	defer gw.wg.Done()
 	defer func() {
 		gw.mu.Lock()
@@ -366,9 +352,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	gw.mu.Unlock()
 	t0, _ := surface.ChatTail(ctx, gw.h, name)
 	gw.emit(name, "execution_start", map[string]any{"messageId": id}, t0)
-	var out struct {
-		Content string `json:"content"`
-	}
+	var out chat.SendResult
 	err := gw.callInto(ctx, "chat.send", map[string]any{"agentId": name, "content": msg, "request_id": id, "conversation": conv}, &out)
 	gw.mu.Lock()
 	s.running = ""
@@ -387,7 +371,7 @@ func (gw *agentickGW) turn(ctx context.Context, s *agSession, name, id, msg stri
 	gw.emit(name, "execution_end", map[string]any{"messageId": id, "ok": err == nil}, t1)
 }
 
-func (gw *agentickGW) abort(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) abort(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -425,7 +409,7 @@ func (gw *agentickGW) abort(ctx context.Context, p *agParams) (any, *agError) {
 // says aborted); sends made after the reset run on the empty history. A
 // closed session (its file remains) is STATE_ALREADY_COMPLETE, an
 // unknown one NOT_FOUND_RESOURCE.
-func (gw *agentickGW) reset(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) reset(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -450,7 +434,7 @@ func (gw *agentickGW) reset(ctx context.Context, p *agParams) (any, *agError) {
 	return map[string]bool{"ok": true}, nil
 }
 
-func (gw *agentickGW) status(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) status(ctx context.Context, p *agParams) (any, *agError) {
 	key, e := p.str("sessionId", false)
 	if e != nil {
 		return nil, e
@@ -480,17 +464,7 @@ func (gw *agentickGW) status(ctx context.Context, p *agParams) (any, *agError) {
 	return out, nil
 }
 
-type agMessagesPage struct {
-	Messages []struct {
-		Role       string          `json:"role"`
-		Content    json.RawMessage `json:"content"`
-		ToolCallID string          `json:"toolCallId"`
-		Timestamp  int64           `json:"timestamp"`
-	} `json:"messages"`
-	Total int `json:"total"`
-}
-
-func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) history(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -516,7 +490,7 @@ func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) 
 		end = n
 	}
 	if end < 0 {
-		var total agMessagesPage
+		var total chat.MessagesPage
 		if err := gw.callInto(ctx, "chat.getAgentMessages", map[string]any{"agentId": name, "offset": 0, "limit": 1}, &total); err != nil {
 			return nil, agentickFromMesh(err, false)
 		}
@@ -525,28 +499,20 @@ func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) 
 	start := max(0, end-limit)
 	msgs := []map[string]any{}
 	if end > start {
-		var page agMessagesPage
+		var page chat.MessagesPage
 		if err := gw.callInto(ctx, "chat.getAgentMessages", map[string]any{"agentId": name, "offset": start, "limit": end - start}, &page); err != nil {
 			return nil, agentickFromMesh(err, false)
 		}
 		for i, m := range page.Messages {
 			role := m.Role
-			if role == "toolResult" {
+			if role == chat.RoleToolResult {
 				role = "tool"
 			}
-			out := map[string]any{"id": "msg-" + strconv.Itoa(start+i), "role": role, "content": contentText(m.Content),
+			out := map[string]any{"id": "msg-" + strconv.Itoa(start+i), "role": role, "content": chat.TextOf(m.Content),
 				"timestamp": time.UnixMilli(m.Timestamp).UTC().Format(time.RFC3339Nano)}
-			var blocks []struct {
-				Type      string          `json:"type"`
-				Name      string          `json:"name"`
-				Arguments json.RawMessage `json:"arguments"`
-			}
-			_ = json.Unmarshal(m.Content, &blocks)
 			var calls []map[string]any
-			for _, b := range blocks {
-				if b.Type == "toolCall" {
-					calls = append(calls, map[string]any{"name": b.Name, "input": b.Arguments})
-				}
+			for _, b := range chat.ToolCalls(m.Content) {
+				calls = append(calls, map[string]any{"name": b.Name, "input": b.Arguments})
 			}
 			if calls != nil {
 				out["toolCalls"] = calls
@@ -557,7 +523,7 @@ func (gw *agentickGW) history(ctx context.Context, p *agParams) (any, *agError) 
 	return map[string]any{"messages": msgs, "hasMore": start > 0}, nil
 }
 
-func (gw *agentickGW) closeSession(ctx context.Context, p *agParams) (any, *agError) {
+func (gw *gateway) closeSession(ctx context.Context, p *agParams) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e
@@ -585,7 +551,7 @@ func (gw *agentickGW) closeSession(ctx context.Context, p *agParams) (any, *agEr
 	return nil, agentickFromMesh(err, false)
 }
 
-func (gw *agentickGW) channel(ctx context.Context, c *agClient, p *agParams, publish bool) (any, *agError) {
+func (gw *gateway) channel(ctx context.Context, c *agClient, p *agParams, publish bool) (any, *agError) {
 	name, e := p.session()
 	if e != nil {
 		return nil, e

@@ -1,11 +1,10 @@
-package hub_test
+package agentick_test
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"reflect"
 	"runtime"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
@@ -29,92 +27,6 @@ import (
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
-// agWS is a test client of the agentick WebSocket.
-type agWS struct {
-	t     *testing.T
-	ws    *websocket.Conn
-	aside []map[string]any // events res read before its res
-}
-
-// dialAgentick connects where the seed says, ws://host:port.
-func dialAgentick(t *testing.T, m *meshtest.Mesh, hdr http.Header) (*agWS, *http.Response, error) {
-	return dialAgentickAt(t, "ws://"+m.Addr, hdr)
-}
-
-func dialAgentickAt(t *testing.T, url string, hdr http.Header) (*agWS, *http.Response, error) {
-	t.Helper()
-	ws, res, err := websocket.DefaultDialer.DialContext(t.Context(), url, hdr)
-	if err != nil {
-		return nil, res, err
-	}
-	c := &agWS{t: t, ws: ws}
-	t.Cleanup(func() { ws.Close() })
-	return c, res, nil
-}
-
-func (c *agWS) write(frame string) {
-	c.t.Helper()
-	if err := c.ws.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
-		c.t.Fatalf("write %s: %v", frame, err)
-	}
-}
-
-// read returns the next frame within 10 s: first the events res set
-// aside while it waited.
-func (c *agWS) read() map[string]any {
-	c.t.Helper()
-	if len(c.aside) > 0 {
-		v := c.aside[0]
-		c.aside = c.aside[1:]
-		return v
-	}
-	_ = c.ws.SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, b, err := c.ws.ReadMessage()
-	if err != nil {
-		c.t.Fatalf("read: %v", err)
-	}
-	var v map[string]any
-	if err := json.Unmarshal(b, &v); err != nil {
-		c.t.Fatalf("frame not a JSON object: %s", b)
-	}
-	return v
-}
-
-// res reads frames until the res of id and returns it. The events that
-// came first (a turn's may precede its send's res) are set aside for read.
-func (c *agWS) res(id string) map[string]any {
-	c.t.Helper()
-	var aside []map[string]any
-	defer func() { c.aside = append(c.aside, aside...) }()
-	for {
-		v := c.read()
-		if v["type"] == "res" && v["id"] == id {
-			return v
-		}
-		if v["type"] != "event" {
-			c.t.Fatalf("waiting for res %s: got %v", id, v)
-		}
-		aside = append(aside, v)
-	}
-}
-
-// call sends a req and returns its res.
-func (c *agWS) call(id, method string, params any) map[string]any {
-	c.t.Helper()
-	b, _ := json.Marshal(map[string]any{"type": "req", "id": id, "method": method, "params": params})
-	c.write(string(b))
-	return c.res(id)
-}
-
-// wantErr checks that res failed with code.
-func wantErr(t *testing.T, what string, res map[string]any, code string) {
-	t.Helper()
-	e, _ := res["error"].(map[string]any)
-	if res["ok"] != false || e == nil || e["code"] != code || e["message"] == "" {
-		t.Errorf("%s: %v; want ok:false, error code %s", what, res, code)
-	}
-}
-
 func payload(t *testing.T, what string, res map[string]any) map[string]any {
 	t.Helper()
 	p, _ := res["payload"].(map[string]any)
@@ -122,31 +34,6 @@ func payload(t *testing.T, what string, res map[string]any) map[string]any {
 		t.Fatalf("%s: %v; want ok:true with a payload", what, res)
 	}
 	return p
-}
-
-// invoke POSTs body to /invoke and decodes the answer.
-func invoke(t *testing.T, m *meshtest.Mesh, tok, body string, hdr ...string) (int, map[string]any) {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, m.HTTP+"/invoke", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	var v map[string]any
-	_ = json.Unmarshal(b, &v)
-	if v == nil {
-		v = map[string]any{"raw": string(b)}
-	}
-	return res.StatusCode, v
 }
 
 // sse is a test client of GET /events.
@@ -245,13 +132,13 @@ var seedBuiltins = []string{"send", "abort", "status", "history", "reset", "clos
 // WebSocket and compares the answers with those the seed shows, ids aside.
 func TestAgentickSeedExamples(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
-	c, _, err := dialAgentick(t, m, nil)
+	c, _, err := testkit.DialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Connection.
-	c.write(`{ "type": "connect", "clientId": "my-client" }`)
-	got := c.read()
+	c.Write(`{ "type": "connect", "clientId": "my-client" }`)
+	got := c.Read()
 	seed := map[string]any{}
 	_ = json.Unmarshal([]byte(`{
 "type": "connected",
@@ -272,8 +159,8 @@ func TestAgentickSeedExamples(t *testing.T) {
 	}
 
 	// Schema discovery.
-	c.write(`{ "type": "req", "id": "req-1", "method": "schema", "params": {} }`)
-	res := c.res("req-1")
+	c.Write(`{ "type": "req", "id": "req-1", "method": "schema", "params": {} }`)
+	res := c.Res("req-1")
 	if !reflect.DeepEqual(testkit.Keys(res), []string{"id", "ok", "payload", "type"}) || res["ok"] != true {
 		t.Fatalf("schema res = %v; want {type, id, ok: true, payload}", res)
 	}
@@ -325,8 +212,8 @@ func TestAgentickSeedExamples(t *testing.T) {
 	}
 
 	// The seed's error shape.
-	c.write(`{ "type": "req", "id": "req-1", "method": "history", "params": { "sessionId": "nope" } }`)
-	res = c.res("req-1")
+	c.Write(`{ "type": "req", "id": "req-1", "method": "history", "params": { "sessionId": "nope" } }`)
+	res = c.Res("req-1")
 	if !reflect.DeepEqual(testkit.Keys(res), []string{"error", "id", "ok", "type"}) || res["ok"] != false {
 		t.Fatalf("error res = %v; want {type, id, ok: false, error}", res)
 	}
@@ -335,16 +222,16 @@ func TestAgentickSeedExamples(t *testing.T) {
 	}
 	// "A send call might return NOT_FOUND_RESOURCE (bad session ID) or
 	// VALIDATION_REQUIRED (missing message)."
-	wantErr(t, "send to an unknown app's session", c.call("req-2", "send", map[string]any{"sessionId": "research:main", "message": "hi"}), "NOT_FOUND_RESOURCE")
-	wantErr(t, "send without message", c.call("req-3", "send", map[string]any{"sessionId": "main"}), "VALIDATION_REQUIRED")
+	testkit.WantAgentickErr(t, "send to an unknown app's session", c.Call("req-2", "send", map[string]any{"sessionId": "research:main", "message": "hi"}), "NOT_FOUND_RESOURCE")
+	testkit.WantAgentickErr(t, "send without message", c.Call("req-3", "send", map[string]any{"sessionId": "main"}), "VALIDATION_REQUIRED")
 
 	// send: {messageId}; the turn's events reach the sending client.
 	// The turn's first events may reach the client before send's res.
-	c.write(`{"type":"req","id":"req-4","method":"send","params":{"sessionId":"main","message":"Hello"}}`)
+	c.Write(`{"type":"req","id":"req-4","method":"send","params":{"sessionId":"main","message":"Hello"}}`)
 	var evs []string
 	res = nil
 	for res == nil || !slices.Contains(evs, "execution_end") {
-		v := c.read()
+		v := c.Read()
 		if v["type"] == "res" && v["id"] == "req-4" && res == nil {
 			res = v
 			mid, _ := payload(t, "send", res)["messageId"].(string)
@@ -366,8 +253,8 @@ func TestAgentickSeedExamples(t *testing.T) {
 		t.Errorf("events %v; want execution_start … content_delta … result, execution_end", evs)
 	}
 	// ping/pong as the gateway's protocol has it.
-	c.write(`{"type":"ping","timestamp":123}`)
-	if v := c.read(); v["type"] != "pong" || v["timestamp"] != 123.0 {
+	c.Write(`{"type":"ping","timestamp":123}`)
+	if v := c.Read(); v["type"] != "pong" || v["timestamp"] != 123.0 {
 		t.Errorf("pong = %v", v)
 	}
 }
@@ -389,11 +276,11 @@ func TestAgentickSSETurn(t *testing.T) {
 	if v := s.next(&comments); v["type"] != "connected" || v["protocolVersion"] != "1.0" {
 		t.Fatalf("first SSE frame %v; want connected", v)
 	}
-	st, r := invoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"s1"},"clientId":"sse-1"}`)
+	st, r := testkit.AgentickInvoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"s1"},"clientId":"sse-1"}`)
 	if st != 200 || r["ok"] != true {
 		t.Fatalf("subscribe: HTTP %d %v", st, r)
 	}
-	st, r = invoke(t, m, "", `{"method":"send","params":{"sessionId":"s1","message":"/long 40"}}`)
+	st, r = testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"s1","message":"/long 40"}}`)
 	if st != 200 || r["ok"] != true {
 		t.Fatalf("send: HTTP %d %v", st, r)
 	}
@@ -473,8 +360,12 @@ func agentickGoroutines() int {
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "mesh.(*agentickGW)") || strings.Contains(g, "mesh.(*agWS)") || strings.Contains(g, "mesh.(*agSub)") ||
-			strings.Contains(g, "serveAgentickEvents") {
+		// The gateway's methods (turns, the SSE handler serveEvents,
+		// followers), a socket's and a subscription's. (Under package
+		// hub these names had gone stale, "mesh.(*agentickGW)": only the
+		// SSE handler was counted, and the wait ended before the turns.)
+		const pkg = "github.com/agentmesh/agentmesh/surface/agentick."
+		if strings.Contains(g, pkg+"(*gateway)") || strings.Contains(g, pkg+"(*agWS)") || strings.Contains(g, pkg+"(*agSub)") {
 			if !strings.Contains(g, "watchDrain") {
 				n++
 			}
@@ -500,7 +391,7 @@ func TestAgentickInvoke(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	ok := func(what, body string) map[string]any {
 		t.Helper()
-		st, r := invoke(t, m, "", body)
+		st, r := testkit.AgentickInvoke(t, m, "", body)
 		if st != 200 || r["ok"] != true || r["type"] != "res" {
 			t.Fatalf("%s: HTTP %d %v", what, st, r)
 		}
@@ -509,8 +400,8 @@ func TestAgentickInvoke(t *testing.T) {
 	}
 	fail := func(what, body string, status int, code string) map[string]any {
 		t.Helper()
-		st, r := invoke(t, m, "", body)
-		wantErr(t, what, r, code)
+		st, r := testkit.AgentickInvoke(t, m, "", body)
+		testkit.WantAgentickErr(t, what, r, code)
 		if st != status {
 			t.Errorf("%s: HTTP %d; want %d", what, st, status)
 		}
@@ -530,7 +421,7 @@ func TestAgentickInvoke(t *testing.T) {
 	}
 	var hist map[string]any
 	meshtest.WaitFor(t, 10*time.Second, func() bool {
-		_, v := invoke(t, m, "", `{"method":"history","params":{"sessionId":"inv"}}`)
+		_, v := testkit.AgentickInvoke(t, m, "", `{"method":"history","params":{"sessionId":"inv"}}`)
 		hist, _ = v["payload"].(map[string]any)
 		msgs, _ := hist["messages"].([]any)
 		return len(msgs) == 2
@@ -577,12 +468,12 @@ func TestAgentickInvoke(t *testing.T) {
 		t.Errorf("tool-dispatch = %v", td)
 	}
 	// Custom method: the mesh's method of that name.
-	st, cr := invoke(t, m, "", `{"method":"chat.get_tokens","params":{"agentId":"inv"}}`)
+	st, cr := testkit.AgentickInvoke(t, m, "", `{"method":"chat.get_tokens","params":{"agentId":"inv"}}`)
 	if p, _ := cr["payload"].(map[string]any); st != 200 || p["budget"] == nil {
 		t.Errorf("custom chat.get_tokens: HTTP %d %v", st, cr)
 	}
 	// The /invoke id is echoed when given.
-	if _, v := invoke(t, m, "", `{"method":"apps","id":"mine"}`); v["id"] != "mine" {
+	if _, v := testkit.AgentickInvoke(t, m, "", `{"method":"apps","id":"mine"}`); v["id"] != "mine" {
 		t.Errorf("invoke id = %v; want mine", v["id"])
 	}
 	ok("channel publish", `{"method":"channel","params":{"sessionId":"inv","channel":"ui","payload":{"x":1}}}`)
@@ -619,11 +510,11 @@ func TestAgentickErrorCodes(t *testing.T) {
 		code       string
 	}
 	// Session e1 with one finished turn.
-	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"e1","message":"hi"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"e1","message":"hi"}}`); st != 200 {
 		t.Fatalf("send e1: %d %v", st, r)
 	}
 	meshtest.WaitFor(t, 10*time.Second, func() bool {
-		_, v := invoke(t, m, "", `{"method":"status","params":{"sessionId":"e1"}}`)
+		_, v := testkit.AgentickInvoke(t, m, "", `{"method":"status","params":{"sessionId":"e1"}}`)
 		p, _ := v["payload"].(map[string]any)
 		s, _ := p["session"].(map[string]any)
 		return s != nil && s["isActive"] == false && s["messageCount"] == 2.0
@@ -648,8 +539,8 @@ func TestAgentickErrorCodes(t *testing.T) {
 		{"reset without sessionId", `{"method":"reset","params":{}}`, 400, "VALIDATION_REQUIRED"},
 		{"mesh unavailable", `{"method":"boom.down"}`, 503, "INTERNAL_ERROR"},
 	} {
-		st, r := invoke(t, m, "", c.body)
-		wantErr(t, c.name, r, c.code)
+		st, r := testkit.AgentickInvoke(t, m, "", c.body)
+		testkit.WantAgentickErr(t, c.name, r, c.code)
 		if st != c.status {
 			t.Errorf("%s: HTTP %d; want %d (%v)", c.name, st, c.status, r)
 		}
@@ -661,45 +552,45 @@ func TestAgentickErrorCodes(t *testing.T) {
 		counts[c.code]++
 	}
 	// abort of a running turn: the turn ends with result ok:false, aborted.
-	c, _, err := dialAgentick(t, m, nil)
+	c, _, err := testkit.DialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.write(`{"type":"req","id":"early","method":"apps","params":{}}`)
-	wantErr(t, "req before connect", c.res("early"), "VALIDATION_REQUIRED")
+	c.Write(`{"type":"req","id":"early","method":"apps","params":{}}`)
+	testkit.WantAgentickErr(t, "req before connect", c.Res("early"), "VALIDATION_REQUIRED")
 	counts["VALIDATION_REQUIRED"]++
-	c.write(`{"type":"connect"}`)
-	if v := c.read(); v["type"] != "error" || v["code"] != "VALIDATION_REQUIRED" {
+	c.Write(`{"type":"connect"}`)
+	if v := c.Read(); v["type"] != "error" || v["code"] != "VALIDATION_REQUIRED" {
 		t.Errorf("connect without clientId: %v", v)
 	}
-	c.write(`not json`)
-	if v := c.read(); v["type"] != "error" || v["code"] != "VALIDATION_TYPE" {
+	c.Write(`not json`)
+	if v := c.Read(); v["type"] != "error" || v["code"] != "VALIDATION_TYPE" {
 		t.Errorf("not JSON: %v", v)
 	}
-	c.write(`{"type":"req","id":"deep","method":"apps","params":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`)
-	wantErr(t, "too deep", c.res("deep"), "VALIDATION_TYPE")
-	c.write(`{"type":"connect","clientId":"errs"}`)
-	if v := c.read(); v["type"] != "connected" {
+	c.Write(`{"type":"req","id":"deep","method":"apps","params":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`)
+	testkit.WantAgentickErr(t, "too deep", c.Res("deep"), "VALIDATION_TYPE")
+	c.Write(`{"type":"connect","clientId":"errs"}`)
+	if v := c.Read(); v["type"] != "connected" {
 		t.Fatalf("connect: %v", v)
 	}
-	c.write(`{"type":"connect","clientId":"errs"}`)
-	if v := c.read(); v["type"] != "error" || v["code"] != "STATE_ALREADY_COMPLETE" {
+	c.Write(`{"type":"connect","clientId":"errs"}`)
+	if v := c.Read(); v["type"] != "error" || v["code"] != "STATE_ALREADY_COMPLETE" {
 		t.Errorf("second connect: %v", v)
 	}
-	res := c.call("s", "send", map[string]any{"sessionId": "essay", "message": "Write a long essay"})
+	res := c.Call("s", "send", map[string]any{"sessionId": "essay", "message": "Write a long essay"})
 	mid := payload(t, "send essay", res)["messageId"]
 	// Wait for its first delta: the turn is running.
 	for {
-		v := c.read()
+		v := c.Read()
 		if v["event"] == "content_delta" {
 			break
 		}
 	}
-	if r := c.call("a", "abort", map[string]any{"sessionId": "essay"}); r["ok"] != true || r["payload"] != nil {
+	if r := c.Call("a", "abort", map[string]any{"sessionId": "essay"}); r["ok"] != true || r["payload"] != nil {
 		t.Errorf("abort = %v; want ok with no payload", r)
 	}
 	for {
-		v := c.read()
+		v := c.Read()
 		if v["event"] == "result" {
 			d := v["data"].(map[string]any)
 			if d["messageId"] != mid || d["ok"] != false || d["aborted"] != true {
@@ -725,36 +616,36 @@ func TestAgentickAuth(t *testing.T) {
 	rt := chat.NewRuntime(chat.Config{DataDir: t.TempDir()}, &chat.Scripted{}, nil)
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	m.RunAgent(t, chat.NewService(rt, agents.WithToken(testkit.Token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
-	if st, _ := invoke(t, m, "", `{"method":"apps"}`); st != http.StatusUnauthorized {
+	if st, _ := testkit.AgentickInvoke(t, m, "", `{"method":"apps"}`); st != http.StatusUnauthorized {
 		t.Errorf("/invoke without a token: HTTP %d; want 401", st)
 	}
 	if _, st := openSSE(t, m, "x", ""); st != http.StatusUnauthorized {
 		t.Errorf("/events without a token: HTTP %d; want 401", st)
 	}
-	if _, res, err := dialAgentick(t, m, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+	if _, res, err := testkit.DialAgentick(t, m, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("WebSocket without a token: %v %v; want 401", res, err)
 	}
 	reader := testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
 	writer := testkit.Token(t, auth.Claims{Subject: "w", Roles: []string{"writer", "tools"}}, time.Hour)
-	st, r := invoke(t, m, reader, `{"method":"send","params":{"sessionId":"a1","message":"hi"}}`)
+	st, r := testkit.AgentickInvoke(t, m, reader, `{"method":"send","params":{"sessionId":"a1","message":"hi"}}`)
 	if st != 200 || r["ok"] != true {
 		t.Fatalf("reader's send: %d %v", st, r)
 	}
-	st, r = invoke(t, m, reader, `{"method":"close","params":{"sessionId":"a1"}}`)
-	wantErr(t, "reader's close (chat.destroy needs writer)", r, "GUARD_DENIED")
+	st, r = testkit.AgentickInvoke(t, m, reader, `{"method":"close","params":{"sessionId":"a1"}}`)
+	testkit.WantAgentickErr(t, "reader's close (chat.destroy needs writer)", r, "GUARD_DENIED")
 	if st != 403 {
 		t.Errorf("reader's close: HTTP %d; want 403", st)
 	}
-	st, r = invoke(t, m, reader, `{"method":"tool-catalog","params":{"sessionId":"a1"}}`)
-	wantErr(t, "reader's tool-catalog (agentick.tool-catalog needs tools)", r, "GUARD_DENIED")
+	st, r = testkit.AgentickInvoke(t, m, reader, `{"method":"tool-catalog","params":{"sessionId":"a1"}}`)
+	testkit.WantAgentickErr(t, "reader's tool-catalog (agentick.tool-catalog needs tools)", r, "GUARD_DENIED")
 	if st != 403 {
 		t.Errorf("reader's tool-catalog: HTTP %d; want 403", st)
 	}
-	if st, r := invoke(t, m, writer, `{"method":"tool-catalog","params":{"sessionId":"a1"}}`); st != 200 || r["ok"] != true {
+	if st, r := testkit.AgentickInvoke(t, m, writer, `{"method":"tool-catalog","params":{"sessionId":"a1"}}`); st != 200 || r["ok"] != true {
 		t.Errorf("writer's tool-catalog: %d %v", st, r)
 	}
 	// The schema shows the roles of the role table.
-	_, sch := invoke(t, m, writer, `{"method":"schema"}`)
+	_, sch := testkit.AgentickInvoke(t, m, writer, `{"method":"schema"}`)
 	methods := sch["payload"].(map[string]any)["methods"].(map[string]any)
 	if roles := methods["tool-catalog"].(map[string]any)["roles"]; !reflect.DeepEqual(roles, []any{"tools"}) {
 		t.Errorf("schema roles of tool-catalog %v; want [tools]", roles)
@@ -772,29 +663,29 @@ func TestAgentickAuth(t *testing.T) {
 		t.Error("schema lists agent.register, which no gateway client can call")
 	}
 	// Over the WebSocket with a token (as a subprotocol, as browsers can).
-	c, _, err := dialAgentick(t, m, http.Header{"Sec-WebSocket-Protocol": {"bearer." + reader}})
+	c, _, err := testkit.DialAgentick(t, m, http.Header{"Sec-WebSocket-Protocol": {"bearer." + reader}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.write(`{"type":"connect","clientId":"rc"}`)
-	if v := c.read(); v["type"] != "connected" || !reflect.DeepEqual(v["sessions"], []any{"a1"}) {
+	c.Write(`{"type":"connect","clientId":"rc"}`)
+	if v := c.Read(); v["type"] != "connected" || !reflect.DeepEqual(v["sessions"], []any{"a1"}) {
 		t.Fatalf("connected %v", v)
 	}
-	wantErr(t, "reader's close over WS", c.call("1", "close", map[string]any{"sessionId": "a1"}), "GUARD_DENIED")
-	if r := c.call("2", "close", map[string]any{"sessionId": "a1"}); r["error"].(map[string]any)["message"] == "" {
+	testkit.WantAgentickErr(t, "reader's close over WS", c.Call("1", "close", map[string]any{"sessionId": "a1"}), "GUARD_DENIED")
+	if r := c.Call("2", "close", map[string]any{"sessionId": "a1"}); r["error"].(map[string]any)["message"] == "" {
 		t.Error("no message")
 	}
 	// Another caller cannot take over a clientId.
 	if _, st := openSSE(t, m, "rc", writer); st != http.StatusForbidden {
 		t.Errorf("writer taking reader's clientId: HTTP %d; want 403", st)
 	}
-	wc, _, err := dialAgentick(t, m, http.Header{"Authorization": {"Bearer " + writer}})
+	wc, _, err := testkit.DialAgentick(t, m, http.Header{"Authorization": {"Bearer " + writer}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc.write(`{"type":"connect","clientId":"wc"}`)
-	wc.read()
-	if r := wc.call("3", "close", map[string]any{"sessionId": "a1"}); r["ok"] != true {
+	wc.Write(`{"type":"connect","clientId":"wc"}`)
+	wc.Read()
+	if r := wc.Call("3", "close", map[string]any{"sessionId": "a1"}); r["ok"] != true {
 		t.Errorf("writer's close: %v", r)
 	}
 }
@@ -806,7 +697,7 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	// Everything running now (the hub, the chat agent) may stay; nothing
 	// the clients start may.
-	invoke(t, m, "", `{"method":"apps"}`) // the hub's agentick state (its drain watcher lives with the hub)
+	testkit.AgentickInvoke(t, m, "", `{"method":"apps"}`) // the hub's agentick state (its drain watcher lives with the hub)
 	http.DefaultClient.CloseIdleConnections()
 	base := goleak.IgnoreCurrent()
 	// Idle workers of the links' worker pools (link.go) and the writers of
@@ -816,19 +707,19 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Link).worker")
 	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Conn).writeLoop")
 	for round := range 3 {
-		c, _, err := dialAgentick(t, m, nil)
+		c, _, err := testkit.DialAgentick(t, m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.write(`{"type":"connect","clientId":"leak"}`)
-		c.read()
-		payload(t, "send", c.call("1", "send", map[string]any{"sessionId": "leak", "message": "/long 2000"}))
-		payload(t, "subscribe", c.call("2", "subscribe", map[string]any{"sessionId": "other"}))
+		c.Write(`{"type":"connect","clientId":"leak"}`)
+		c.Read()
+		payload(t, "send", c.Call("1", "send", map[string]any{"sessionId": "leak", "message": "/long 2000"}))
+		payload(t, "subscribe", c.Call("2", "subscribe", map[string]any{"sessionId": "other"}))
 		s, _ := openSSE(t, m, "leak-sse", "")
 		s.next(nil)
-		invoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"leak"},"clientId":"leak-sse"}`)
+		testkit.AgentickInvoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"leak"},"clientId":"leak-sse"}`)
 		n := agentickGoroutines()
-		c.ws.Close()
+		c.WS.Close()
 		s.close()
 		start := time.Now()
 		waitAgentickGone(t)
@@ -877,7 +768,7 @@ func TestAgentickMetricsLikeNative(t *testing.T) {
 			t.Fatalf("%s native: %v", tc.name, err)
 		}
 		afterNative := count(tc.method, tc.status)
-		if st, r := invoke(t, m, "", tc.agentick); st != tc.wantStatus {
+		if st, r := testkit.AgentickInvoke(t, m, "", tc.agentick); st != tc.wantStatus {
 			t.Fatalf("%s via agentick: HTTP %d %v", tc.name, st, r)
 		}
 		afterAg := count(tc.method, tc.status)
@@ -911,7 +802,7 @@ func TestAgentickTraceLikeNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	if st, r := invoke(t, m, "", `{"method":"sessions"}`, "traceparent", "00-"+agTrace+"-"+parent+"-01"); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"sessions"}`, "traceparent", "00-"+agTrace+"-"+parent+"-01"); st != 200 {
 		t.Fatalf("sessions: HTTP %d %v", st, r)
 	}
 	if err := p.ForceFlush(t.Context()); err != nil {
@@ -928,31 +819,31 @@ func TestAgentickTraceLikeNative(t *testing.T) {
 // to that session's channel, and only them.
 func TestAgentickChannel(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
-	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"room","message":"hi"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"room","message":"hi"}}`); st != 200 {
 		t.Fatalf("send: %d %v", st, r)
 	}
-	a, _, _ := dialAgentick(t, m, nil)
-	b, _, _ := dialAgentick(t, m, nil)
+	a, _, _ := testkit.DialAgentick(t, m, nil)
+	b, _, _ := testkit.DialAgentick(t, m, nil)
 	for _, c := range []struct {
-		ws *agWS
+		ws *testkit.AgentickWS
 		id string
 	}{{a, "A"}, {b, "B"}} {
-		c.ws.write(`{"type":"connect","clientId":"` + c.id + `"}`)
-		c.ws.read()
+		c.ws.Write(`{"type":"connect","clientId":"` + c.id + `"}`)
+		c.ws.Read()
 	}
-	payload(t, "channel-subscribe", a.call("1", "channel-subscribe", map[string]any{"sessionId": "room", "channel": "cursor"}))
-	wantErr(t, "channel-subscribe unknown session", a.call("2", "channel-subscribe", map[string]any{"sessionId": "void", "channel": "cursor"}), "NOT_FOUND_RESOURCE")
-	payload(t, "channel", b.call("3", "channel", map[string]any{"sessionId": "room", "channel": "cursor", "payload": map[string]any{"x": 7}}))
-	payload(t, "channel other", b.call("4", "channel", map[string]any{"sessionId": "room", "channel": "other", "payload": 1}))
-	v := a.read()
+	payload(t, "channel-subscribe", a.Call("1", "channel-subscribe", map[string]any{"sessionId": "room", "channel": "cursor"}))
+	testkit.WantAgentickErr(t, "channel-subscribe unknown session", a.Call("2", "channel-subscribe", map[string]any{"sessionId": "void", "channel": "cursor"}), "NOT_FOUND_RESOURCE")
+	payload(t, "channel", b.Call("3", "channel", map[string]any{"sessionId": "room", "channel": "cursor", "payload": map[string]any{"x": 7}}))
+	payload(t, "channel other", b.Call("4", "channel", map[string]any{"sessionId": "room", "channel": "other", "payload": 1}))
+	v := a.Read()
 	d, _ := v["data"].(map[string]any)
 	if v["type"] != "event" || v["event"] != "channel" || v["category"] != "gateway" || v["sessionId"] != "room" ||
 		d["channel"] != "cursor" || d["from"] != "B" || !reflect.DeepEqual(d["payload"], map[string]any{"x": 7.0}) {
 		t.Errorf("channel event %v", v)
 	}
 	// Nothing else arrives for A (not subscribed to "other").
-	a.ws.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if _, msg, err := a.ws.ReadMessage(); err == nil {
+	a.WS.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, msg, err := a.WS.ReadMessage(); err == nil {
 		t.Errorf("A got %s; want nothing", msg)
 	}
 }
@@ -963,19 +854,19 @@ func TestAgentickChannel(t *testing.T) {
 // surface polls chat.events in pages small enough for the link's limit.
 func TestAgentickLongTurn(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
-	c, _, err := dialAgentick(t, m, nil)
+	c, _, err := testkit.DialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.write(`{"type":"connect","clientId":"long"}`)
-	c.read()
+	c.Write(`{"type":"connect","clientId":"long"}`)
+	c.Read()
 	start := time.Now()
-	payload(t, "send", c.call("1", "send", map[string]any{"sessionId": "long", "message": "/long 1200"}))
+	payload(t, "send", c.Call("1", "send", map[string]any{"sessionId": "long", "message": "/long 1200"}))
 	var text strings.Builder
 	deltas := 0
 	var result string
 	for {
-		v := c.read()
+		v := c.Read()
 		d, _ := v["data"].(map[string]any)
 		switch v["event"] {
 		case "content_delta":
@@ -1002,16 +893,16 @@ func TestAgentickLongTurn(t *testing.T) {
 // closed once the drain starts instead of holding it for a poll's 10 s.
 func TestAgentickDrain(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
-	c, _, err := dialAgentick(t, m, nil)
+	c, _, err := testkit.DialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.write(`{"type":"connect","clientId":"d1"}`)
-	c.read()
-	payload(t, "subscribe", c.call("1", "subscribe", map[string]any{"sessionId": "d"}))
+	c.Write(`{"type":"connect","clientId":"d1"}`)
+	c.Read()
+	payload(t, "subscribe", c.Call("1", "subscribe", map[string]any{"sessionId": "d"}))
 	s, _ := openSSE(t, m, "d2", "")
 	s.next(nil)
-	if st, r := invoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"d"},"clientId":"d2"}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"d"},"clientId":"d2"}`); st != 200 {
 		t.Fatalf("subscribe d2: %d %v", st, r)
 	}
 	time.Sleep(200 * time.Millisecond) // the long polls are waiting
@@ -1031,9 +922,9 @@ func TestAgentickDrain(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("the SSE stream did not end with the hub")
 	}
-	_ = c.ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.WS.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for {
-		if _, _, err := c.ws.ReadMessage(); err != nil {
+		if _, _, err := c.WS.ReadMessage(); err != nil {
 			break
 		}
 	}
@@ -1047,7 +938,7 @@ func TestAgentickSendBound(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	accepted, refused := 0, 0
 	for range 20 {
-		st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"busy","message":"Write a long essay"}}`)
+		st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"busy","message":"Write a long essay"}}`)
 		switch {
 		case st == 200:
 			accepted++
@@ -1062,13 +953,13 @@ func TestAgentickSendBound(t *testing.T) {
 	if accepted != 16 || refused != 4 {
 		t.Errorf("accepted %d, refused %d; want 16 and 4", accepted, refused)
 	}
-	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"free","message":"hi"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"free","message":"hi"}}`); st != 200 {
 		t.Errorf("another session's send: HTTP %d %v", st, r)
 	}
-	if st, r := invoke(t, m, "", `{"method":"abort","params":{"sessionId":"busy"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"abort","params":{"sessionId":"busy"}}`); st != 200 {
 		t.Errorf("abort: HTTP %d %v", st, r)
 	}
-	if st, r := invoke(t, m, "", `{"method":"close","params":{"sessionId":"busy"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"close","params":{"sessionId":"busy"}}`); st != 200 {
 		t.Errorf("close: HTTP %d %v", st, r)
 	}
 	waitAgentickGone(t)
@@ -1080,16 +971,16 @@ func TestAgentickSendBound(t *testing.T) {
 func TestAgentickRoot(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	for _, url := range []string{"ws://" + m.Addr, "ws://" + m.Addr + "/", "ws://" + m.Addr + "/agentick/ws"} {
-		c, res, err := dialAgentickAt(t, url, nil)
+		c, res, err := testkit.DialAgentickAt(t, url, nil)
 		if err != nil {
 			t.Fatalf("dial %s: %v (%v)", url, err, res)
 		}
-		c.write(`{"type":"connect","clientId":"root"}`)
-		if v := c.read(); v["type"] != "connected" || v["protocolVersion"] != "1.0" {
+		c.Write(`{"type":"connect","clientId":"root"}`)
+		if v := c.Read(); v["type"] != "connected" || v["protocolVersion"] != "1.0" {
 			t.Errorf("%s: connect answered %v", url, v)
 		}
-		payload(t, "sessions via "+url, c.call("1", "sessions", nil))
-		c.ws.Close()
+		payload(t, "sessions via "+url, c.Call("1", "sessions", nil))
+		c.WS.Close()
 	}
 	res, err := http.Get("http://" + m.Addr + "/")
 	if err != nil {
@@ -1099,7 +990,7 @@ func TestAgentickRoot(t *testing.T) {
 	if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "POST" {
 		t.Errorf("plain GET / = %d (Allow %q); want 405, Allow: POST", res.StatusCode, res.Header.Get("Allow"))
 	}
-	if st, r := invoke(t, m, "", `{"method":"sessions"}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"sessions"}`); st != 200 {
 		t.Errorf("POST /invoke after: %d %v", st, r)
 	}
 	res, err = http.Post("http://"+m.Addr+"/", "application/json", strings.NewReader(`{"jsonrpc":"2.0","method":"list_agents","id":1}`))

@@ -1,4 +1,4 @@
-package hub_test
+package agentick_test
 
 import (
 	"context"
@@ -35,14 +35,14 @@ func startAgentickWith(t *testing.T, cfg chat.Config, delay time.Duration) (*mes
 }
 
 // connectAg dials the agentick WebSocket and connects as id.
-func connectAg(t *testing.T, m *meshtest.Mesh, id string) *agWS {
+func connectAg(t *testing.T, m *meshtest.Mesh, id string) *testkit.AgentickWS {
 	t.Helper()
-	c, _, err := dialAgentick(t, m, nil)
+	c, _, err := testkit.DialAgentick(t, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.write(`{"type":"connect","clientId":"` + id + `"}`)
-	if v := c.read(); v["type"] != "connected" {
+	c.Write(`{"type":"connect","clientId":"` + id + `"}`)
+	if v := c.Read(); v["type"] != "connected" {
 		t.Fatalf("connect %s: %v", id, v)
 	}
 	return c
@@ -50,11 +50,11 @@ func connectAg(t *testing.T, m *meshtest.Mesh, id string) *agWS {
 
 // untilEnd reads c's frames up to the execution_end of messageId mid and
 // returns the events read; they must all be events of session.
-func untilEnd(t *testing.T, c *agWS, session string, mid any) []map[string]any {
+func untilEnd(t *testing.T, c *testkit.AgentickWS, session string, mid any) []map[string]any {
 	t.Helper()
 	var evs []map[string]any
 	for {
-		v := c.read()
+		v := c.Read()
 		if v["type"] != "event" || v["sessionId"] != session {
 			t.Fatalf("frame %v; want an event of %s", v, session)
 		}
@@ -67,9 +67,9 @@ func untilEnd(t *testing.T, c *agWS, session string, mid any) []map[string]any {
 
 // sendTurn sends message to session over c and returns the turn's
 // messageId and its events, execution_end included.
-func sendTurn(t *testing.T, c *agWS, id, session, message string) (string, []map[string]any) {
+func sendTurn(t *testing.T, c *testkit.AgentickWS, id, session, message string) (string, []map[string]any) {
 	t.Helper()
-	mid, _ := payload(t, "send "+message, c.call(id, "send", map[string]any{"sessionId": session, "message": message}))["messageId"].(string)
+	mid, _ := payload(t, "send "+message, c.Call(id, "send", map[string]any{"sessionId": session, "message": message}))["messageId"].(string)
 	if mid == "" {
 		t.Fatalf("send %q: no messageId", message)
 	}
@@ -97,9 +97,9 @@ func resultOf(t *testing.T, evs []map[string]any, mid any) map[string]any {
 	return nil
 }
 
-func historyOf(t *testing.T, c *agWS, id, session string) []any {
+func historyOf(t *testing.T, c *testkit.AgentickWS, id, session string) []any {
 	t.Helper()
-	h := payload(t, "history", c.call(id, "history", map[string]any{"sessionId": session}))
+	h := payload(t, "history", c.Call(id, "history", map[string]any{"sessionId": session}))
 	msgs, _ := h["messages"].([]any)
 	if msgs == nil || h["hasMore"] != false {
 		t.Fatalf("history of %s = %v", session, h)
@@ -110,16 +110,16 @@ func historyOf(t *testing.T, c *agWS, id, session string) []any {
 // quiet checks that c receives nothing for d: it waits d, then pings,
 // and nothing may come before the pong. (A read deadline would do, but
 // a timed-out read leaves a gorilla connection unusable.)
-func quiet(t *testing.T, c *agWS, what string, d time.Duration) {
+func quiet(t *testing.T, c *testkit.AgentickWS, what string, d time.Duration) {
 	t.Helper()
-	if len(c.aside) > 0 {
-		t.Errorf("%s: got %v; want nothing", what, c.aside)
-		c.aside = nil
+	if len(c.Aside) > 0 {
+		t.Errorf("%s: got %v; want nothing", what, c.Aside)
+		c.Aside = nil
 	}
 	time.Sleep(d)
-	c.write(`{"type":"ping","timestamp":42}`)
+	c.Write(`{"type":"ping","timestamp":42}`)
 	for {
-		v := c.read()
+		v := c.Read()
 		if v["type"] == "pong" && v["timestamp"] == 42.0 {
 			return
 		}
@@ -141,14 +141,14 @@ func TestAgentickReset(t *testing.T) {
 	if h := historyOf(t, c, "2", "rs"); len(h) != 2 {
 		t.Fatalf("history before reset: %v", h)
 	}
-	res := c.call("3", "reset", map[string]any{"sessionId": "rs"})
+	res := c.Call("3", "reset", map[string]any{"sessionId": "rs"})
 	if p := payload(t, "reset", res); !reflect.DeepEqual(p, map[string]any{"ok": true}) {
 		t.Errorf("reset payload %v; want {ok: true}", p)
 	}
 	if h := historyOf(t, c, "4", "rs"); len(h) != 0 {
 		t.Errorf("history after reset: %v; want none", h)
 	}
-	st := payload(t, "status", c.call("5", "status", map[string]any{"sessionId": "rs"}))
+	st := payload(t, "status", c.Call("5", "status", map[string]any{"sessionId": "rs"}))
 	if s := st["session"].(map[string]any); s["messageCount"] != 0.0 || s["isActive"] != false {
 		t.Errorf("status after reset: %v", s)
 	}
@@ -168,28 +168,28 @@ func TestAgentickReset(t *testing.T) {
 		t.Errorf("history after reset and a send: %v", h)
 	}
 	// Errors.
-	wantErr(t, "reset of an unknown session", c.call("8", "reset", map[string]any{"sessionId": "never"}), "NOT_FOUND_RESOURCE")
-	wantErr(t, "reset without sessionId", c.call("9", "reset", map[string]any{}), "VALIDATION_REQUIRED")
-	wantErr(t, "reset of another app's session", c.call("10", "reset", map[string]any{"sessionId": "coding:rs"}), "NOT_FOUND_RESOURCE")
-	payload(t, "close", c.call("11", "close", map[string]any{"sessionId": "rs"}))
-	wantErr(t, "reset of a closed session", c.call("12", "reset", map[string]any{"sessionId": "rs"}), "STATE_ALREADY_COMPLETE")
+	testkit.WantAgentickErr(t, "reset of an unknown session", c.Call("8", "reset", map[string]any{"sessionId": "never"}), "NOT_FOUND_RESOURCE")
+	testkit.WantAgentickErr(t, "reset without sessionId", c.Call("9", "reset", map[string]any{}), "VALIDATION_REQUIRED")
+	testkit.WantAgentickErr(t, "reset of another app's session", c.Call("10", "reset", map[string]any{"sessionId": "coding:rs"}), "NOT_FOUND_RESOURCE")
+	payload(t, "close", c.Call("11", "close", map[string]any{"sessionId": "rs"}))
+	testkit.WantAgentickErr(t, "reset of a closed session", c.Call("12", "reset", map[string]any{"sessionId": "rs"}), "STATE_ALREADY_COMPLETE")
 	// Over /invoke too.
-	if st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"inv","message":"hi"}}`); st != 200 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"inv","message":"hi"}}`); st != 200 {
 		t.Fatalf("send inv: %d %v", st, r)
 	}
 	meshtest.WaitFor(t, 10*time.Second, func() bool {
-		_, v := invoke(t, m, "", `{"method":"status","params":{"sessionId":"inv"}}`)
+		_, v := testkit.AgentickInvoke(t, m, "", `{"method":"status","params":{"sessionId":"inv"}}`)
 		s, _ := v["payload"].(map[string]any)["session"].(map[string]any)
 		return s != nil && s["messageCount"] == 2.0 && s["isActive"] == false
 	})
-	if st, r := invoke(t, m, "", `{"method":"reset","params":{"sessionId":"chat:inv"}}`); st != 200 || !reflect.DeepEqual(r["payload"], map[string]any{"ok": true}) {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"reset","params":{"sessionId":"chat:inv"}}`); st != 200 || !reflect.DeepEqual(r["payload"], map[string]any{"ok": true}) {
 		t.Errorf("reset over /invoke: HTTP %d %v", st, r)
 	}
-	if st, r := invoke(t, m, "", `{"method":"reset","params":{"sessionId":"never"}}`); st != 404 {
+	if st, r := testkit.AgentickInvoke(t, m, "", `{"method":"reset","params":{"sessionId":"never"}}`); st != 404 {
 		t.Errorf("reset of an unknown session over /invoke: HTTP %d %v; want 404", st, r)
 	}
 	// The schema says what reset does now.
-	sch := payload(t, "schema", c.call("13", "schema", nil))
+	sch := payload(t, "schema", c.Call("13", "schema", nil))
 	rm := sch["methods"].(map[string]any)["reset"].(map[string]any)
 	if d, _ := rm["description"].(string); !strings.HasPrefix(d, "Reset session") || strings.Contains(d, "not supported") || !slices.Contains(rm["errors"].([]any), any("NOT_FOUND_RESOURCE")) {
 		t.Errorf("schema of reset: %v", rm)
@@ -209,17 +209,17 @@ func TestAgentickReset(t *testing.T) {
 func TestAgentickResetDuringTurn(t *testing.T) {
 	m, dir := startAgentickWith(t, chat.Config{}, 0)
 	c := connectAg(t, m, "rd")
-	mid1, _ := payload(t, "send essay", c.call("1", "send", map[string]any{"sessionId": "rd", "message": "Write a long essay"}))["messageId"].(string)
-	mid2, _ := payload(t, "send queued", c.call("2", "send", map[string]any{"sessionId": "rd", "message": "queued"}))["messageId"].(string)
+	mid1, _ := payload(t, "send essay", c.Call("1", "send", map[string]any{"sessionId": "rd", "message": "Write a long essay"}))["messageId"].(string)
+	mid2, _ := payload(t, "send queued", c.Call("2", "send", map[string]any{"sessionId": "rd", "message": "queued"}))["messageId"].(string)
 	var evs []map[string]any
 	for {
-		v := c.read()
+		v := c.Read()
 		evs = append(evs, v)
 		if v["event"] == "content_delta" {
 			break // the essay is running
 		}
 	}
-	payload(t, "reset", c.call("3", "reset", map[string]any{"sessionId": "rd"}))
+	payload(t, "reset", c.Call("3", "reset", map[string]any{"sessionId": "rd"}))
 	evs = append(evs, untilEnd(t, c, "rd", mid2)...)
 	t.Logf("events: %v", eventNames(evs))
 	for _, mid := range []string{mid1, mid2} {
@@ -259,23 +259,23 @@ func TestAgentickResetDuringTurn(t *testing.T) {
 func TestAgentickUnsubscribe(t *testing.T) {
 	m, _ := startAgentickWith(t, chat.Config{}, 2*time.Millisecond)
 	a, b := connectAg(t, m, "A"), connectAg(t, m, "B")
-	for _, c := range []*agWS{a, b} {
-		payload(t, "subscribe", c.call("s", "subscribe", map[string]any{"sessionId": "us"}))
+	for _, c := range []*testkit.AgentickWS{a, b} {
+		payload(t, "subscribe", c.Call("s", "subscribe", map[string]any{"sessionId": "us"}))
 	}
-	st, r := invoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"/long 300"}}`)
+	st, r := testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"/long 300"}}`)
 	if st != 200 {
 		t.Fatalf("send: %d %v", st, r)
 	}
 	mid := r["payload"].(map[string]any)["messageId"]
 	// A leaves in the middle of the stream.
 	for {
-		if v := a.read(); v["event"] == "content_delta" {
+		if v := a.Read(); v["event"] == "content_delta" {
 			break
 		}
 	}
-	res := a.call("u", "unsubscribe", map[string]any{"sessionId": "us"})
+	res := a.Call("u", "unsubscribe", map[string]any{"sessionId": "us"})
 	payload(t, "unsubscribe", res)
-	a.aside = nil // events delivered before the answer are fine
+	a.Aside = nil // events delivered before the answer are fine
 	evs := untilEnd(t, b, "us", mid)
 	var text strings.Builder
 	for _, v := range evs {
@@ -288,17 +288,17 @@ func TestAgentickUnsubscribe(t *testing.T) {
 	}
 	quiet(t, a, "A after unsubscribe, during the turn", 300*time.Millisecond)
 	// Another turn: B gets it, A nothing.
-	st, r = invoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"hi"}}`)
+	st, r = testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"hi"}}`)
 	if st != 200 {
 		t.Fatalf("send: %d %v", st, r)
 	}
 	untilEnd(t, b, "us", r["payload"].(map[string]any)["messageId"])
 	quiet(t, a, "A after unsubscribe, next turn", 300*time.Millisecond)
 	// Unsubscribing again, or from a session never followed, is fine.
-	payload(t, "unsubscribe again", a.call("u2", "unsubscribe", map[string]any{"sessionId": "us"}))
+	payload(t, "unsubscribe again", a.Call("u2", "unsubscribe", map[string]any{"sessionId": "us"}))
 	// Subscribed again, A gets the next turn.
-	payload(t, "subscribe again", a.call("s2", "subscribe", map[string]any{"sessionId": "us"}))
-	_, r = invoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"back"}}`)
+	payload(t, "subscribe again", a.Call("s2", "subscribe", map[string]any{"sessionId": "us"}))
+	_, r = testkit.AgentickInvoke(t, m, "", `{"method":"send","params":{"sessionId":"us","message":"back"}}`)
 	mid = r["payload"].(map[string]any)["messageId"]
 	if d := resultOf(t, untilEnd(t, a, "us", mid), mid); d["ok"] != true {
 		t.Errorf("A's turn after subscribing again: %v", d)
@@ -418,17 +418,17 @@ func TestAgentickCompaction(t *testing.T) {
 	if h := historyOf(t, c, "h", "comp"); len(h) != 6 {
 		t.Errorf("history after compaction: %d messages; want all 6", len(h))
 	}
-	st := payload(t, "status", c.call("st", "status", map[string]any{"sessionId": "comp"}))
+	st := payload(t, "status", c.Call("st", "status", map[string]any{"sessionId": "comp"}))
 	if s := st["session"].(map[string]any); s["messageCount"] != 2.0 {
 		t.Errorf("status messageCount %v; want the 2 in context", s["messageCount"])
 	}
 	ctxOf := func(id string) map[string]any {
-		return payload(t, "chat.get_context", c.call(id, "chat.get_context", map[string]any{"agentId": "comp"}))
+		return payload(t, "chat.get_context", c.Call(id, "chat.get_context", map[string]any{"agentId": "comp"}))
 	}
 	if g := ctxOf("g1"); g["compactions"] != 1.0 {
 		t.Errorf("compactions %v; want 1", g["compactions"])
 	}
-	payload(t, "reset", c.call("r", "reset", map[string]any{"sessionId": "comp"}))
+	payload(t, "reset", c.Call("r", "reset", map[string]any{"sessionId": "comp"}))
 	if g := ctxOf("g2"); g["compactions"] != 0.0 || g["message_count"] != 0.0 || g["history_count"] != 0.0 ||
 		g["tokens"].(map[string]any)["messages"] != 0.0 {
 		t.Errorf("context after reset %v; want no compaction, no message, no message tokens", g)

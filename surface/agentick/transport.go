@@ -1,4 +1,4 @@
-package hub
+package agentick
 
 import (
 	"context"
@@ -9,29 +9,31 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
-	"github.com/gorilla/websocket"
 )
 
 // ---- transports ----
 
-// agentickRoutes mounts the agentick surface on mux.
-func (h *Hub) agentickRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /agentick/ws", h.serveAgentickWS)
+// routes mounts the surface's handlers on the hub.
+func (gw *gateway) routes() {
+	gw.h.Handle("GET /agentick/ws", http.HandlerFunc(gw.serveWS))
 	// The seed's clients connect to ws://host:port: a WebSocket upgrade at
 	// the root is agentick's (the root's POST is NEXUS3's; the mesh's own
 	// WebSocket is /ws). A plain GET / is not a method the root serves.
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+	gw.h.Handle("GET /{$}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !websocket.IsWebSocketUpgrade(r) {
 			w.Header().Set("Allow", "POST")
 			http.Error(w, "GET / serves only agentick's WebSocket upgrade; POST / is NEXUS3 JSON-RPC", http.StatusMethodNotAllowed)
 			return
 		}
-		h.serveAgentickWS(w, r)
-	})
-	mux.HandleFunc("GET /events", h.serveAgentickEvents)
-	mux.HandleFunc("POST /invoke", h.serveAgentickInvoke)
+		gw.serveWS(w, r)
+	}))
+	gw.h.Handle("GET /events", http.HandlerFunc(gw.serveEvents))
+	gw.h.Handle("POST /invoke", http.HandlerFunc(gw.serveInvoke))
 }
 
 func writeAgentickJSON(w http.ResponseWriter, status int, b []byte) {
@@ -40,13 +42,15 @@ func writeAgentickJSON(w http.ResponseWriter, status int, b []byte) {
 	_, _ = w.Write(b)
 }
 
-// serveAgentickInvoke is POST /invoke.
-func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admit(w, r)
+// serveInvoke is POST /invoke.
+func (gw *gateway) serveInvoke(w http.ResponseWriter, r *http.Request) {
+	h := gw.h
+	who, ok := h.Admit(w, r)
 	if !ok {
 		return
 	}
-	limit := h.cfg.Conn.Limits.MaxBytes
+	lim := h.ConnConfig().Limits
+	limit := lim.MaxBytes
 	if r.ContentLength > int64(limit) {
 		writeAgentickJSON(w, http.StatusRequestEntityTooLarge, agentickRes("", nil, agErr(agValidationType, "body exceeds the limit of %d bytes", limit)))
 		return
@@ -61,7 +65,7 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 		writeAgentickJSON(w, http.StatusBadRequest, agentickRes("", nil, agErr(agValidationType, "cannot read the request body")))
 		return
 	}
-	f, e := decodeAgentickFrame(data, h.cfg.Conn.Limits, true)
+	f, e := decodeAgentickFrame(data, lim, true)
 	if e == nil && f.Type != "req" {
 		e = agErr(agValidationType, "/invoke takes a request {method, params}")
 	}
@@ -75,21 +79,17 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 	if f.ClientID == "" {
 		f.ClientID = r.URL.Query().Get("clientId")
 	}
-	gw := h.agentick()
 	tc := http.Header{}
 	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
 		if v := r.Header.Get(k); v != "" {
 			tc.Set(k, v)
 		}
 	}
-	ctx := context.WithValue(r.Context(), agTraceKey{}, tc)
-	if who != nil {
-		ctx = context.WithValue(ctx, principalKey{}, who)
-	}
+	ctx := h.WithCaller(context.WithValue(r.Context(), agTraceKey{}, tc), who, "")
 	var c *agClient
 	if f.ClientID != "" {
 		// The client's event stream, if it has one here and is the same caller.
-		if cl := gw.client(f.ClientID); cl != nil && (!h.guard.on() || sameSubject(cl.who, who)) {
+		if cl := gw.client(f.ClientID); cl != nil && (!h.AuthOn() || sameSubject(cl.who, who)) {
 			c = cl
 		}
 	}
@@ -101,11 +101,11 @@ func (h *Hub) serveAgentickInvoke(w http.ResponseWriter, r *http.Request) {
 	writeAgentickJSON(w, status, b)
 }
 
-// serveAgentickEvents is GET /events?clientId=: the client's events as
+// serveEvents is GET /events?clientId=: the client's events as
 // server-sent events, one JSON frame per "data:" line, the first the
 // connected frame; comment lines keep it alive; it ends with the request.
-func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admit(w, r)
+func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
+	who, ok := gw.h.Admit(w, r)
 	if !ok {
 		return
 	}
@@ -114,8 +114,8 @@ func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
 		writeAgentickJSON(w, http.StatusBadRequest, agentickErrorFrame(agErr(agValidationReq, "clientId is required (1 to 128 bytes)")))
 		return
 	}
-	gw := h.agentick()
-	c := gw.newClient(connOf(r.Context()), id, who)
+	_, conn := gw.h.Caller(r.Context())
+	c := gw.newClient(conn, id, who)
 	out := make(chan []byte, agentickQueue)
 	c.push = func(b []byte) bool {
 		select {
@@ -173,24 +173,25 @@ func (h *Hub) serveAgentickEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// serveAgentickWS is GET /agentick/ws.
-func (h *Hub) serveAgentickWS(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admit(w, r)
+// serveWS is GET /agentick/ws (and an upgrade on GET /).
+func (gw *gateway) serveWS(w http.ResponseWriter, r *http.Request) {
+	who, ok := gw.h.Admit(w, r)
 	if !ok {
 		return
 	}
-	ws, err := h.upgrader.Upgrade(w, r, nil)
+	ws, err := gw.h.Upgrade(w, r, nil)
 	if err != nil {
 		return
 	}
-	h.startAgentickWS(ws, who, connOf(r.Context()))
+	_, conn := gw.h.Caller(r.Context())
+	gw.startWS(ws, who, conn)
 }
 
 // agWS is one agentick WebSocket. Until connect it has no client.
 type agWS struct {
-	gw   *agentickGW
+	gw   *gateway
 	c    *link.Conn
-	who  *Principal
+	who  *auth.Principal
 	conn string        // the connection's remote address, for rate limits
 	busy chan struct{} // a token per request in flight
 
@@ -198,10 +199,10 @@ type agWS struct {
 	client *agClient
 }
 
-func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal, conn string) {
-	gw := h.agentick()
-	a := &agWS{gw: gw, c: link.NewConn(ws, h.cfg.Conn), who: who, conn: conn, busy: make(chan struct{}, agentickInFlight)}
-	if !h.track(a) {
+func (gw *gateway) startWS(ws *websocket.Conn, who *auth.Principal, conn string) {
+	h := gw.h
+	a := &agWS{gw: gw, c: link.NewConn(ws, h.ConnConfig()), who: who, conn: conn, busy: make(chan struct{}, agentickInFlight)}
+	if !h.Track(a) {
 		_ = ws.Close()
 		return
 	}
@@ -210,7 +211,7 @@ func (h *Hub) startAgentickWS(ws *websocket.Conn, who *Principal, conn string) {
 	a.c.Start(func(data []byte, _ *envelope.Error) { a.onMessage(data) }, func(error) {
 		go func() {
 			a.end()
-			h.untrack(a)
+			h.Untrack(a)
 		}()
 	})
 }

@@ -109,6 +109,19 @@ func TestOpenBreakersFailFast(t *testing.T) {
 		{"client SDK", bm.m.Client(t)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The control, in the same run: the same client's round trip
+			// to the hub (mesh.ping, a built-in), which is what an answer
+			// "at once" costs on this machine now.
+			ctl := make([]time.Duration, 0, 1000)
+			for range 1000 {
+				start := time.Now()
+				if err := tc.c.Call(t.Context(), "mesh.ping", nil, nil); err != nil {
+					t.Fatalf("mesh.ping: %v", err)
+				}
+				ctl = append(ctl, time.Since(start))
+			}
+			slices.Sort(ctl)
+			ctl99 := ctl[len(ctl)*99/100]
 			lat := make([]time.Duration, 0, 1000)
 			for i := range 1000 {
 				start := time.Now()
@@ -125,9 +138,13 @@ func TestOpenBreakersFailFast(t *testing.T) {
 			}
 			slices.Sort(lat)
 			p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
-			t.Logf("1000 calls, every instance's breaker open: p50 %v p99 %v max %v", p50, p99, worst)
-			if p99 > 5*time.Millisecond {
-				t.Errorf("p99 %v; want <= 5ms: an open circuit is answered at once", p99)
+			t.Logf("1000 calls, every instance's breaker open: p50 %v p99 %v max %v; mesh.ping p99 %v", p50, p99, worst, ctl99)
+			// At once: within 5 ms, or within twice the control's p99
+			// when the machine is slower than that (a CI run under -race
+			// measured 5.6 ms). A retry after the policy's backoff would
+			// take 25 ms at the least.
+			if bound := max(5*time.Millisecond, 2*ctl99); p99 > bound {
+				t.Errorf("p99 %v; want <= %v (5 ms, or 2 x mesh.ping's p99 %v): an open circuit is answered at once", p99, bound, ctl99)
 			}
 		})
 	}

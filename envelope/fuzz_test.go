@@ -7,54 +7,10 @@ import (
 	"testing"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 )
 
-var fuzzLimits = envelope.Limits{MaxBytes: 4096, MaxDepth: 16}
-
-// checkLimits is the property shared by every decoder: input over a limit
-// or not JSON is refused with the right code.
-func checkLimits(t *testing.T, data []byte, err *envelope.Error) {
-	t.Helper()
-	switch {
-	case len(data) > fuzzLimits.MaxBytes:
-		if err == nil || err.Code != envelope.CodeInvalidRequest {
-			t.Fatalf("%d bytes over the limit: err = %v", len(data), err)
-		}
-	case !json.Valid(data) && !deeper(data, fuzzLimits.MaxDepth):
-		// A JSON-RPC batch is refused at its first element past the
-		// limit, before the scan reaches what is broken after it.
-		if err != nil && err.Code == envelope.CodeInvalidRequest && strings.HasPrefix(err.Message, "batch exceeds") {
-			break
-		}
-		if err == nil || err.Code != envelope.CodeParseError {
-			t.Fatalf("invalid JSON %q: err = %v; want PARSE_ERROR", data, err)
-		}
-	}
-}
-
-// deeper is an independent depth count (the decoder has its own).
-func deeper(data []byte, max int) bool {
-	depth, inStr, esc := 0, false, false
-	for _, c := range data {
-		switch {
-		case esc:
-			esc = false
-		case inStr && c == '\\':
-			esc = true
-		case c == '"':
-			inStr = !inStr
-		case inStr:
-		case c == '[' || c == '{':
-			depth++
-			if depth > max {
-				return true
-			}
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return false
-}
+var fuzzLimits = testkit.FuzzLimits
 
 func seedsJSONRPC(f *testing.F) {
 	for _, s := range []string{
@@ -78,7 +34,7 @@ func FuzzDecodeJSONRPC(f *testing.F) {
 	seedsJSONRPC(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		calls, _, err := envelope.DecodeJSONRPC(data, fuzzLimits)
-		checkLimits(t, data, err)
+		testkit.CheckLimits(t, data, err)
 		// The readers' precheck refuses exactly what the decoder refuses
 		// as a whole (S26: refused in the read buffer, never copied).
 		if pre := envelope.PrecheckJSONRPC(data, fuzzLimits); (pre == nil) != (err == nil) || (pre != nil && pre.Code != err.Code) {
@@ -144,7 +100,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		envelope.EachFrame(data, fuzzLimits, func(envelope.Frame, *envelope.Error) {}) // must not panic
 		fr, err := envelope.DecodeFrame(data, fuzzLimits)
-		checkLimits(t, data, err)
+		testkit.CheckLimits(t, data, err)
 		// The precheck of native messages refuses what the limits refuse
 		// (an array may nest one deeper: it is a batch).
 		if pre, chk := envelope.PrecheckFrames(data, fuzzLimits), fuzzLimits.Check(data); (pre == nil) != (chk == nil) && !(pre == nil && chk.Code == envelope.CodeInvalidRequest) {
@@ -213,7 +169,7 @@ func FuzzDecodeJSONRPCResponse(f *testing.F) {
 	f.Add([]byte(`{"jsonrpc":"2.0","error":{"code":1e400,"message":5},"id":null}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rep, err := envelope.DecodeJSONRPCResponse(data, fuzzLimits)
-		checkLimits(t, data, err)
+		testkit.CheckLimits(t, data, err)
 		if err == nil && rep.Err != nil {
 			if !rep.Err.IsWire() || rep.Err.Code == envelope.CodeOK {
 				t.Fatalf("decoded error %+v is not a coded wire error", rep.Err)

@@ -69,7 +69,6 @@ const (
 	agentickQueue = 1024
 	// agentickInFlight bounds the requests in flight per WebSocket client.
 	agentickInFlight = 64
-	agentickMaxID    = 256
 	// agentickMaxTurns bounds the sends of one session started here and
 	// not finished (running or waiting for the running one).
 	agentickMaxTurns = 16

@@ -12,15 +12,15 @@ import (
 // ---- frames ----
 
 // agFrame is a decoded client frame (or /invoke body).
-type agFrame = envelope.AgentickFrame
+type agFrame = Frame
 
 // decodeAgentickFrame decodes one client frame within lim
-// (envelope.DecodeAgentickFrame), its refusals in the seed's codes: a
+// (DecodeFrame), its refusals in the seed's codes: a
 // required member missing is VALIDATION_REQUIRED, anything else
 // VALIDATION_TYPE. On error the frame returned holds what could be read
 // (its id, to answer with).
 func decodeAgentickFrame(data []byte, lim envelope.Limits, invoke bool) (*agFrame, *agError) {
-	f, err := envelope.DecodeAgentickFrame(data, lim, invoke)
+	f, err := DecodeFrame(data, lim, invoke)
 	if err != nil {
 		code := agValidationType
 		if errors.Is(err, envelope.ErrMissing) {

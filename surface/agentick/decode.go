@@ -1,15 +1,17 @@
-package envelope
+package agentick
 
 import (
 	"encoding/json"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// AgentickFrame is a decoded client frame of the agentick gateway
+// Frame is a decoded client frame of the agentick gateway
 // protocol (seed agentick-gateway-protocol), or the body of its POST
 // /invoke.
-type AgentickFrame struct {
+type Frame struct {
 	Type     string          // connect, req, ping
 	ID       string          // a req's id
 	Method   string          // a req's method
@@ -26,32 +28,32 @@ const (
 	agentickMaxClientID = 128
 )
 
-// DecodeAgentickFrame decodes one agentick client frame within lim, in one
+// DecodeFrame decodes one agentick client frame within lim, in one
 // pass: type (connect, req or ping), then what that type needs (connect: a
 // clientId; req: an id, a method, params an object or absent; ping: an
 // optional timestamp). invoke: an /invoke body, whose type is "req" unless
 // it says otherwise and whose id and clientId are optional.
 //
 // Refusals are INVALID_REQUEST (over a limit, not an object, a key given
-// twice, a member of the wrong type; ErrMissing is their cause for a
+// twice, a member of the wrong type; envelope.ErrMissing is their cause for a
 // required member absent, null or empty) or PARSE_ERROR (not JSON, not
 // UTF-8). On a refusal the frame still holds what could be read: a req's
 // id, also from a frame refused as a whole (too deep, broken JSON, a key
 // twice) when its head shows it unambiguously, so that the refusal is
 // answered to the request.
-func DecodeAgentickFrame(data []byte, lim Limits, invoke bool) (AgentickFrame, *Error) {
-	var f AgentickFrame
-	if err := lim.check(data); err != nil {
-		if len(data) <= lim.norm().MaxBytes {
+func DecodeFrame(data []byte, lim envelope.Limits, invoke bool) (Frame, *envelope.Error) {
+	var f Frame
+	if err := lim.Check(data); err != nil {
+		if len(data) <= lim.Normalized().MaxBytes {
 			f.recoverHead(data, invoke)
 		}
 		return f, err
 	}
-	if kindOf(trimValue(data)) != '{' {
-		return f, NewError(CodeInvalidRequest, "frame must be a JSON object")
+	if envelope.KindOf(envelope.TrimValue(data)) != '{' {
+		return f, envelope.NewError(envelope.CodeInvalidRequest, "frame must be a JSON object")
 	}
 	var typ, id, method, params, clientID, stamp []byte
-	err := eachMember(data, func(key string, v []byte) *Error {
+	err := envelope.EachMember(data, func(key string, v []byte) *envelope.Error {
 		switch key {
 		case "type":
 			typ = v
@@ -87,7 +89,7 @@ func DecodeAgentickFrame(data []byte, lim Limits, invoke bool) (AgentickFrame, *
 		return f, nil
 	case "req":
 	default:
-		return f, Errorf(CodeInvalidRequest, "unknown frame type %q", f.Type)
+		return f, envelope.Errorf(envelope.CodeInvalidRequest, "unknown frame type %q", f.Type)
 	}
 	if f.ID, err = agentickString("id", id, !invoke, agentickMaxID); err != nil {
 		return f, err
@@ -100,9 +102,9 @@ func DecodeAgentickFrame(data []byte, lim Limits, invoke bool) (AgentickFrame, *
 	if f.Method, err = agentickString("method", method, true, agentickMaxMethod); err != nil {
 		return f, err
 	}
-	if params != nil && kindOf(params) != 'n' {
-		if kindOf(params) != '{' {
-			return f, NewError(CodeInvalidRequest, "params must be an object")
+	if params != nil && envelope.KindOf(params) != 'n' {
+		if envelope.KindOf(params) != '{' {
+			return f, envelope.NewError(envelope.CodeInvalidRequest, "params must be an object")
 		}
 		f.Params = params
 	}
@@ -111,8 +113,8 @@ func DecodeAgentickFrame(data []byte, lim Limits, invoke bool) (AgentickFrame, *
 
 // recoverHead fills in a req's id from the head of a frame refused as a
 // whole (see recoverStrings).
-func (f *AgentickFrame) recoverHead(data []byte, invoke bool) {
-	v, found := recoverStrings(data, "type", "id")
+func (f *Frame) recoverHead(data []byte, invoke bool) {
+	v, found := envelope.RecoverStrings(data, "type", "id")
 	if (found[0] && v[0] == "req") || (invoke && !found[0]) {
 		f.Type = "req"
 		if found[1] && printable(v[1], agentickMaxID) {
@@ -124,22 +126,22 @@ func (f *AgentickFrame) recoverHead(data []byte, invoke bool) {
 // agentickString reads a string member: absent or null is "" (refused
 // when required, as is ""), else a JSON string of at most maxLen bytes of
 // printable text.
-func agentickString(name string, v []byte, required bool, maxLen int) (string, *Error) {
-	if v == nil || kindOf(v) == 'n' {
+func agentickString(name string, v []byte, required bool, maxLen int) (string, *envelope.Error) {
+	if v == nil || envelope.KindOf(v) == 'n' {
 		if required {
-			return "", missingf(CodeInvalidRequest, "%s is required", name)
+			return "", envelope.Missingf(envelope.CodeInvalidRequest, "%s is required", name)
 		}
 		return "", nil
 	}
-	s, err := stringField(name, v)
+	s, err := envelope.StringField(name, v)
 	if err != nil {
 		return "", err
 	}
 	if required && s == "" {
-		return "", missingf(CodeInvalidRequest, "%s is required", name)
+		return "", envelope.Missingf(envelope.CodeInvalidRequest, "%s is required", name)
 	}
 	if !printable(s, maxLen) {
-		return "", Errorf(CodeInvalidRequest, "%s must be at most %d bytes of printable text", name, maxLen)
+		return "", envelope.Errorf(envelope.CodeInvalidRequest, "%s must be at most %d bytes of printable text", name, maxLen)
 	}
 	return s, nil
 }

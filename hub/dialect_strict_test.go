@@ -89,7 +89,7 @@ func TestDialectDuplicateKeys(t *testing.T) {
 	t.Run("openai", func(t *testing.T) {
 		check := func(what, body, wantCode string) {
 			t.Helper()
-			status, _, b := oaiPost(t, m.HTTP, "", body)
+			status, _, b := testkit.OpenAIPost(t, m.HTTP, "", body)
 			var e struct {
 				Error struct{ Message, Type, Code string } `json:"error"`
 			}

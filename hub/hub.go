@@ -432,7 +432,7 @@ func (h *Hub) ID() string { return h.cfg.ID }
 // Registry returns the hub's registry.
 func (h *Hub) Registry() registry.Registry { return h.reg }
 
-// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /v1 (OpenAI), /healthz, /livez, /readyz.
+// Handler returns the hub's HTTP handler: /rpc, /ws, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /healthz, /livez, /readyz, and the routes the surfaces mounted (Handle: /mcp, /v1 of OpenAI).
 func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
@@ -441,7 +441,6 @@ func (h *Hub) Handler() http.Handler {
 	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
 	h.agentickRoutes(mux)
 	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
-	h.openAIRoutes(mux)                            // GET /v1/models, POST /v1/chat/completions (openai.go)
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

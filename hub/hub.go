@@ -254,8 +254,6 @@ type Hub struct {
 	bindings sync.Map // instance id -> *binding (agents attached here)
 	peers    peers    // links to the other hubs of a cluster
 
-	multica multicaDevices // Multica devices connected here (multica.go)
-
 	mu          sync.Mutex
 	conns       map[closer]struct{}
 	connsClosed bool
@@ -432,7 +430,7 @@ func (h *Hub) ID() string { return h.cfg.ID }
 // Registry returns the hub's registry.
 func (h *Hub) Registry() registry.Registry { return h.reg }
 
-// Handler returns the hub's HTTP handler: /rpc, /ws, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /healthz, /livez, /readyz, and the routes the surfaces mounted (Handle: /mcp, /v1 of OpenAI).
+// Handler returns the hub's HTTP handler: /rpc, /ws, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /healthz, /livez, /readyz, and the routes the surfaces mounted (Handle: /mcp, /multica, /v1 of OpenAI).
 func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
@@ -440,7 +438,6 @@ func (h *Hub) Handler() http.Handler {
 	h.nexus3Routes(mux) // POST / and POST /agent/{id} (nexus3.go)
 	// agentick's WebSocket (GET / upgrade, /agentick/ws), GET /events, POST /invoke (agentick.go)
 	h.agentickRoutes(mux)
-	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

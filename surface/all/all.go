@@ -6,11 +6,13 @@ package all
 import (
 	"github.com/agentmesh/agentmesh/surface"
 	"github.com/agentmesh/agentmesh/surface/mcp"
+	"github.com/agentmesh/agentmesh/surface/multica"
 	"github.com/agentmesh/agentmesh/surface/openai"
 )
 
 // Mount mounts every surface on h.
 func Mount(h surface.Host) {
 	mcp.Mount(h)
+	multica.Mount(h)
 	openai.Mount(h)
 }

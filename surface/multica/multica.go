@@ -1,27 +1,5 @@
-package multica
-
-import (
-	"context"
-	"encoding/json"
-	"errors"
-	"net/http"
-	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
-	"unicode"
-
-	"github.com/gorilla/websocket"
-
-	"github.com/agentmesh/agentmesh/auth"
-	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/surface"
-)
-
 // Package multica is the Multica surface (seeds multica-hub-rpc and
-// multica-client-streaming):
-// Multica's Gateway, where devices (web apps, desktops, the hub itself)
+// multica-client-streaming): Multica's Gateway, where devices (web apps, desktops, the hub itself)
 // exchange RoutedMessages {id, uid, from, to, action, payload} over one
 // WebSocket each, and the hub answers "request"s addressed to it.
 //
@@ -77,6 +55,26 @@ import (
 // deviceId in use replaces the first when it is the same principal (a
 // reconnect), and is refused with 409 otherwise. Devices are those of this
 // hub: a device attached to another hub of a cluster is not reachable.
+package multica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/surface"
+)
 
 const (
 	// multicaSubprotocol may be offered by a browser (beside its

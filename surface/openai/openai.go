@@ -1,21 +1,6 @@
-package openai
-
-import (
-	"context"
-	"encoding/json"
-	"net/http"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/surface"
-	"github.com/agentmesh/agentmesh/telemetry"
-)
-
-// Package openai is the OpenAI surface: the chat-completions API of OpenAI, so that any
-// OpenAI client (SDKs, curl, the chat runtime's own openai provider) can
-// talk to the mesh's chat agents.
+// Package openai is the OpenAI surface: the chat-completions API of
+// OpenAI, so that any OpenAI client (SDKs, curl, the chat runtime's own
+// openai provider) can talk to the mesh's chat agents.
 //
 //	GET  /v1/models                 the models that can be addressed
 //	GET  /v1/models/{model}         one of them
@@ -53,6 +38,20 @@ import (
 // Usage figures are estimates (about 4 bytes a token, the chat runtime's
 // estimate) of the text the request carried and the answer: the provider's
 // own counts do not travel through chat.send.
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/surface"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
 
 // Model is the model name of a transient conversation per request.
 const Model = "agentmesh-chat"

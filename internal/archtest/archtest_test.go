@@ -45,7 +45,17 @@ var rules = []rule{
 	{From: "agents/...", Deny: []string{module + "/internal/cli/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/..."},
 		Why: "the agent SDK never needs the etcd backend or the CLI"},
 	{From: "cmd/...", Allow: []string{"internal/cli"}, Direct: true, Why: "cmd/ is wiring only"},
+	// The surfaces moved out of the hub (M10): each reaches the hub through
+	// surface.Host only, and knows no other surface.
+	{From: "surface/mcp", Allow: surfaceAllow, Why: surfaceWhy},
+	{From: "surface/openai", Allow: surfaceAllow, Why: surfaceWhy},
+	{From: "surface/multica", Allow: surfaceAllow, Why: surfaceWhy},
 }
+
+// What a protocol surface may import of the project, at any depth.
+var surfaceAllow = []string{"surface", "envelope", "link", "auth", "contract/...", "telemetry", "registry", "internal/..."}
+
+const surfaceWhy = "a surface reaches the hub through surface.Host only, never the hub, another surface or an agent"
 
 func match(pattern, path string) bool {
 	if p, ok := strings.CutSuffix(pattern, "/..."); ok {
@@ -143,14 +153,15 @@ func TestRulesCatchViolations(t *testing.T) {
 		{ImportPath: module + "/agents", Deps: []string{"go.etcd.io/etcd/client/v3"}},
 		{ImportPath: module + "/cmd/meshd", Imports: []string{module + "/mesh"}},
 		{ImportPath: module + "/registry/etcd", Imports: []string{module + "/registry", module + "/envelope", module + "/internal/cow"}},
+		{ImportPath: module + "/surface/openai", Deps: []string{module + "/surface", module + "/envelope", module + "/hub"}},
 	}
 	got := violations(pkgs, rules)
-	for _, want := range []string{"envelope imports auth", "auth imports mesh", "agents imports go.etcd.io/etcd/client/v3", "cmd/meshd imports mesh"} {
+	for _, want := range []string{"envelope imports auth", "auth imports mesh", "agents imports go.etcd.io/etcd/client/v3", "cmd/meshd imports mesh", "surface/openai imports hub"} {
 		if !slices.ContainsFunc(got, func(v string) bool { return strings.HasPrefix(v, want+":") }) {
 			t.Errorf("no violation %q reported; got %q", want, got)
 		}
 	}
-	if len(got) != 4 {
-		t.Errorf("%d violations; want 4 (registry/etcd's imports are allowed): %q", len(got), got)
+	if len(got) != 5 {
+		t.Errorf("%d violations; want 5 (registry/etcd's imports are allowed): %q", len(got), got)
 	}
 }

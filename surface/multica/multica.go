@@ -1,7 +1,8 @@
 // Package multica is the Multica surface (seeds multica-hub-rpc and
-// multica-client-streaming): Multica's Gateway, where devices (web apps, desktops, the hub itself)
-// exchange RoutedMessages {id, uid, from, to, action, payload} over one
-// WebSocket each, and the hub answers "request"s addressed to it.
+// multica-client-streaming): Multica's Gateway, where devices (web apps,
+// desktops, the hub itself) exchange RoutedMessages {id, uid, from, to,
+// action, payload} over one WebSocket each, and the hub answers
+// "request"s addressed to it.
 //
 //	GET /multica?deviceId=ID&deviceType=TYPE   (WebSocket; subprotocol "multica" optional)
 //

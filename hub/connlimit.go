@@ -12,7 +12,8 @@ import (
 // by its remote address (ip:port), which names one TCP connection at a
 // time: a link by Link.Remote, any HTTP request by r.RemoteAddr (set in
 // its context by Hub.Handler), a Multica device or an agentick socket by
-// the address of the request that upgraded it. The limit holds with
+// the address of the request that upgraded it (which a surface reads
+// with Host.Caller and gives its socket's context with Host.WithCaller). The limit holds with
 // authentication off, and beside the per-token limit with it on: one
 // token spread over many connections is bounded by the token's limit,
 // one connection carrying many tokens by the connection's.
@@ -76,15 +77,6 @@ func (h *Hub) connContext(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next.ServeHTTP(w, r.WithContext(withConn(r.Context(), r.RemoteAddr)))
 	})
-}
-
-// connBase carries the connection of r into base, the context of a
-// socket's life (Multica devices, agentick sockets), when one is known.
-func connBase(base context.Context, r *http.Request) context.Context {
-	if k := connOf(r.Context()); k != "" {
-		return withConn(base, k)
-	}
-	return base
 }
 
 // newGlobalLimiter returns the hub-wide limiter of cfg, or nil.

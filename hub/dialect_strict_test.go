@@ -55,33 +55,33 @@ func TestDialectDuplicateKeys(t *testing.T) {
 	})
 
 	t.Run("multica", func(t *testing.T) {
-		a, b := connect(t, m, "dup-a"), connect(t, m, "dup-b")
+		a, b := testkit.ConnectDevice(t, m, "dup-a"), testkit.ConnectDevice(t, m, "dup-b")
 		// Routed by the last "to" (the hub) while a peer reading the first
 		// would see a message for dup-b.
-		a.write(`{"id":"m1","uid":"u1","from":"dup-a","to":"dup-b","to":"` + a.hub + `","action":"request","payload":{"requestId":"r1","method":"mesh.ping"}}`)
-		e := a.next("error")
+		a.Write(`{"id":"m1","uid":"u1","from":"dup-a","to":"dup-b","to":"` + a.Hub + `","action":"request","payload":{"requestId":"r1","method":"mesh.ping"}}`)
+		e := a.Next("error")
 		p := e["payload"].(map[string]any)
 		if p["code"] != "INVALID_PARAMS" || p["messageId"] != "m1" || e["uid"] != "u1" || !strings.Contains(p["message"].(string), "duplicate key") {
 			t.Errorf("duplicate to: %v; want error INVALID_PARAMS for m1, uid u1", e)
 		}
 		// In a request to the hub: answered to its requestId.
-		a.write(`{"id":"m2","to":"` + a.hub + `","action":"request","payload":{"requestId":"r2","method":"no.such","method":"mesh.ping"}}`)
-		r := a.next("response")
-		if code, _ := errorCode(t, r["payload"].(map[string]any)); code != "INVALID_PARAMS" || r["payload"].(map[string]any)["requestId"] != "r2" {
+		a.Write(`{"id":"m2","to":"` + a.Hub + `","action":"request","payload":{"requestId":"r2","method":"no.such","method":"mesh.ping"}}`)
+		r := a.Next("response")
+		if code, _ := testkit.MulticaErrorCode(t, r["payload"].(map[string]any)); code != "INVALID_PARAMS" || r["payload"].(map[string]any)["requestId"] != "r2" {
 			t.Errorf("duplicate method: %v; want response INVALID_PARAMS to r2", r)
 		}
-		a.write(`{"id":"m3","to":"` + a.hub + `","action":"request","payload":{"requestId":"r3","method":"mesh.ping","meta":{"ttl":5000,"ttl":1}}}`)
-		r = a.next("response")
-		if code, _ := errorCode(t, r["payload"].(map[string]any)); code != "INVALID_PARAMS" {
+		a.Write(`{"id":"m3","to":"` + a.Hub + `","action":"request","payload":{"requestId":"r3","method":"mesh.ping","meta":{"ttl":5000,"ttl":1}}}`)
+		r = a.Next("response")
+		if code, _ := testkit.MulticaErrorCode(t, r["payload"].(map[string]any)); code != "INVALID_PARAMS" {
 			t.Errorf("duplicate meta.ttl: %v; want response INVALID_PARAMS", r)
 		}
-		a.write(`{"id":"m4","to":"` + a.hub + `","action":"message","payload":{"agentId":"nobody","content":"hi","content":"ho"}}`)
-		if e := a.next("error"); e["payload"].(map[string]any)["code"] != "INVALID_PARAMS" || !strings.Contains(e["payload"].(map[string]any)["message"].(string), "duplicate key") {
+		a.Write(`{"id":"m4","to":"` + a.Hub + `","action":"message","payload":{"agentId":"nobody","content":"hi","content":"ho"}}`)
+		if e := a.Next("error"); e["payload"].(map[string]any)["code"] != "INVALID_PARAMS" || !strings.Contains(e["payload"].(map[string]any)["message"].(string), "duplicate key") {
 			t.Errorf("duplicate content: %v; want error INVALID_PARAMS, duplicate key", e)
 		}
 		// Routing still works, and dup-b got none of the above.
-		a.write(`{"id":"m5","to":"dup-b","action":"chat","payload":{"text":"hi","text":"twice, routed as sent"}}`)
-		if g := b.next("chat"); g["id"] != "m5" {
+		a.Write(`{"id":"m5","to":"dup-b","action":"chat","payload":{"text":"hi","text":"twice, routed as sent"}}`)
+		if g := b.Next("chat"); g["id"] != "m5" {
 			t.Errorf("dup-b got %v; want m5", g)
 		}
 	})
@@ -89,7 +89,7 @@ func TestDialectDuplicateKeys(t *testing.T) {
 	t.Run("openai", func(t *testing.T) {
 		check := func(what, body, wantCode string) {
 			t.Helper()
-			status, _, b := oaiPost(t, m.HTTP, "", body)
+			status, _, b := testkit.OpenAIPost(t, m.HTTP, "", body)
 			var e struct {
 				Error struct{ Message, Type, Code string } `json:"error"`
 			}

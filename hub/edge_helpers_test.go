@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func ms(d time.Duration) float64 { return testkit.Ms(d) }
 
 // openFDs counts this process's open file descriptors (the hub runs in
 // process, so this is the hub's count plus the test's own).

@@ -254,8 +254,6 @@ type Hub struct {
 	bindings sync.Map // instance id -> *binding (agents attached here)
 	peers    peers    // links to the other hubs of a cluster
 
-	multica multicaDevices // Multica devices connected here (multica.go)
-
 	mu          sync.Mutex
 	conns       map[closer]struct{}
 	connsClosed bool
@@ -434,13 +432,11 @@ func (h *Hub) ID() string { return h.cfg.ID }
 // Registry returns the hub's registry.
 func (h *Hub) Registry() registry.Registry { return h.reg }
 
-// Handler returns the hub's HTTP handler: /rpc, /ws, /mcp, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /multica, /v1 (OpenAI), /healthz, /livez, /readyz.
+// Handler returns the hub's HTTP handler: /rpc, /ws, NEXUS3's / and /agent/{id}, agentick's WebSocket (an upgrade on GET /, or /agentick/ws), /events and /invoke, /healthz, /livez, /readyz, and the routes the surfaces mounted (Handle: /mcp, /multica, /v1 of OpenAI).
 func (h *Hub) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/rpc", h.serveRPC)
 	mux.HandleFunc("/ws", h.serveWS)
-	mux.HandleFunc("GET /multica", h.serveMultica) // multica.go
-	h.openAIRoutes(mux)                            // GET /v1/models, POST /v1/chat/completions (openai.go)
 	live := func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

@@ -16,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // Security is the hub's authentication and authorisation. The zero value
@@ -421,16 +422,7 @@ func (t roleTable) lookup(method string) ([]string, bool) {
 }
 
 // refusal names the reason of a refused call for agentmesh_security_refused_total.
-func refusal(err error) string {
-	switch envelope.CodeOf(err) {
-	case envelope.CodeUnauthenticated:
-		return "unauthenticated"
-	case envelope.CodeOverloaded:
-		return "rate_limited"
-	default:
-		return "permission_denied"
-	}
-}
+func refusal(err error) string { return telemetry.RefusalReason(err) }
 
 // authRequest authenticates an HTTP request and returns its context
 // carrying the caller; when it refuses it has answered (401/429) and

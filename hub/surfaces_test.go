@@ -341,7 +341,7 @@ var surfaceRows = []struct {
 	// by the seed's name, getAgentMessages. A chat.send's "stream" messages
 	// come before its response and are skipped.
 	{name: "multica", ops: allOps, open: func(t *testing.T, k *surfaceKit) surfaceCall {
-		d := connect(t, k.m, "surfaces")
+		d := testkit.ConnectDevice(t, k.m, "surfaces")
 		var n atomic.Int64
 		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
 			method := op.method
@@ -349,11 +349,11 @@ var surfaceRows = []struct {
 				method = "getAgentMessages"
 			}
 			rid := fmt.Sprint("surf-", n.Add(1))
-			d.write(testkit.MustJSON(t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request",
+			d.Write(testkit.MustJSON(t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.ID, "to": d.Hub, "action": "request",
 				"payload": map[string]any{"requestId": rid, "method": method, "params": op.params, "meta": map[string]string{"traceparent": tp}}}))
 			dl, _ := ctx.Deadline()
 			for {
-				v, err := d.read(time.Until(dl))
+				v, err := d.Read(time.Until(dl))
 				if err != nil {
 					return 0, err
 				}

@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/agentmesh/agentmesh/envelope"
 )
 
 // Buckets are the OTel semconv advisory buckets for RPC durations, plus
@@ -140,6 +142,21 @@ func (m *Metrics) Expired() {
 func (m *Metrics) Refused(reason string) {
 	if m != nil {
 		m.refused.WithLabelValues(reason).Inc()
+	}
+}
+
+// RefusalReason names the reason of a call refused by its credential or
+// its rate limit, as Refused counts it: "unauthenticated",
+// "rate_limited" (OVERLOADED), else "permission_denied". The hub and the
+// surfaces that answer refusals in their own shape (OpenAI's) share it.
+func RefusalReason(err error) string {
+	switch envelope.CodeOf(err) {
+	case envelope.CodeUnauthenticated:
+		return "unauthenticated"
+	case envelope.CodeOverloaded:
+		return "rate_limited"
+	default:
+		return "permission_denied"
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"github.com/agentmesh/agentmesh/surface"
 	"github.com/agentmesh/agentmesh/surface/agentick"
 	"github.com/agentmesh/agentmesh/surface/mcp"
+	"github.com/agentmesh/agentmesh/surface/multica"
 	"github.com/agentmesh/agentmesh/surface/nexus3"
+	"github.com/agentmesh/agentmesh/surface/openai"
 )
 
 // Mount mounts every surface on h.
@@ -15,4 +17,6 @@ func Mount(h surface.Host) {
 	agentick.Mount(h)
 	mcp.Mount(h)
 	nexus3.Mount(h)
+	multica.Mount(h)
+	openai.Mount(h)
 }

@@ -1,4 +1,4 @@
-package hub_test
+package multica_test
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -30,120 +28,6 @@ import (
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
-
-// device is a Multica device on a real WebSocket to a hub's /multica.
-type device struct {
-	t   *testing.T
-	ws  *websocket.Conn
-	id  string
-	hub string // the hub's deviceId, from the greeting
-}
-
-// dialDevice connects deviceId id to the hub at addr (host:port), with
-// the header given (tokens, Origin, subprotocols).
-func dialDevice(t *testing.T, addr, id, typ string, hdr http.Header) (*device, *http.Response, error) {
-	t.Helper()
-	u := "ws://" + addr + "/multica?" + url.Values{"deviceId": {id}, "deviceType": {typ}}.Encode()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	ws, res, err := websocket.DefaultDialer.DialContext(ctx, u, hdr)
-	if err != nil {
-		return nil, res, err
-	}
-	d := &device{t: t, ws: ws, id: id}
-	t.Cleanup(func() { _ = ws.Close() })
-	return d, res, nil
-}
-
-// connect dials and reads the greeting.
-func connect(t *testing.T, m *meshtest.Mesh, id string) *device {
-	t.Helper()
-	d, _, err := dialDevice(t, m.Addr, id, "client", nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", id, err)
-	}
-	g := d.next("registered")
-	p := g["payload"].(map[string]any)
-	if g["from"] != m.Hub.ID() || g["to"] != id || g["uid"] != nil || p["deviceId"] != id || p["deviceType"] != "client" || p["hubDeviceId"] != m.Hub.ID() {
-		t.Fatalf("greeting = %v", g)
-	}
-	d.hub = m.Hub.ID()
-	return d
-}
-
-// write sends a raw text message.
-func (d *device) write(s string) {
-	d.t.Helper()
-	if err := d.ws.WriteMessage(websocket.TextMessage, []byte(s)); err != nil {
-		d.t.Fatalf("%s: write: %v", d.id, err)
-	}
-}
-
-// read returns the next message, decoded.
-func (d *device) read(timeout time.Duration) (map[string]any, error) {
-	_ = d.ws.SetReadDeadline(time.Now().Add(timeout))
-	_, b, err := d.ws.ReadMessage()
-	if err != nil {
-		return nil, err
-	}
-	var v map[string]any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %s", b)
-	}
-	return v, nil
-}
-
-// next returns the next message, which must have action.
-func (d *device) next(action string) map[string]any {
-	d.t.Helper()
-	v, err := d.read(10 * time.Second)
-	if err != nil {
-		d.t.Fatalf("%s: waiting for %q: %v", d.id, action, err)
-	}
-	if v["action"] != action {
-		d.t.Fatalf("%s: got %v; want action %q", d.id, v, action)
-	}
-	return v
-}
-
-// request sends a request to the hub and returns its response's payload.
-func (d *device) request(requestID, method string, params any) map[string]any {
-	d.t.Helper()
-	p := map[string]any{"requestId": requestID, "method": method}
-	if params != nil {
-		p["params"] = params
-	}
-	d.write(testkit.MustJSON(d.t, map[string]any{"id": envelope.NewID(), "uid": nil, "from": d.id, "to": d.hub, "action": "request", "payload": p}))
-	r := d.next2()
-	for r["action"] == "stream" { // a chat.send's events come first
-		r = d.next2()
-	}
-	if r["action"] != "response" {
-		d.t.Fatalf("%s: got %v; want a response", d.id, r)
-	}
-	if r["from"] != d.hub || r["to"] != d.id {
-		d.t.Fatalf("response %v: want from the hub to %s", r, d.id)
-	}
-	pl := r["payload"].(map[string]any)
-	if pl["requestId"] != requestID {
-		d.t.Fatalf("response %v: want requestId %s", r, requestID)
-	}
-	return pl
-}
-
-// errorCode returns error.code of a failed response payload ("" if ok).
-func errorCode(t *testing.T, p map[string]any) (code, meshCode string) {
-	t.Helper()
-	if p["ok"] == true {
-		return "", ""
-	}
-	e, _ := p["error"].(map[string]any)
-	if p["ok"] != false || e == nil || e["message"] == "" {
-		t.Fatalf("response payload %v: want {requestId, ok: false, error: {code, message}}", p)
-	}
-	mc, _ := e["meshCode"].(string)
-	return e["code"].(string), mc
-}
 
 // normalize applies the streaming seed's rule for historical messages:
 // content as a plain string is [{type: text, text}].
@@ -182,13 +66,13 @@ func TestMulticaSeedRPC(t *testing.T) {
 	if err := c.Call(t.Context(), "chat.send", map[string]any{"agentId": agent, "content": "Hello"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "my-client")
+	d := testkit.ConnectDevice(t, m, "my-client")
 
 	// The seed's example request, as the SDK sends it.
-	d.write(`{"id":"019abc12-0000-7000-8000-0000000000aa","uid":null,"from":"my-client","to":"` + d.hub + `","action":"request",
+	d.Write(`{"id":"019abc12-0000-7000-8000-0000000000aa","uid":null,"from":"my-client","to":"` + d.Hub + `","action":"request",
 		"payload":{"requestId":"019abc12-0000-7000-8000-0000000000a1","method":"getAgentMessages","params":{"agentId":"019abc12-3def-7000-8000-000000000001","offset":0,"limit":10}}}`)
-	r := d.next("response")
-	if id, _ := r["id"].(string); len(id) != 36 || r["uid"] != nil || r["from"] != d.hub || r["to"] != "my-client" || len(r) != 6 {
+	r := d.Next("response")
+	if id, _ := r["id"].(string); len(id) != 36 || r["uid"] != nil || r["from"] != d.Hub || r["to"] != "my-client" || len(r) != 6 {
 		t.Errorf("response envelope %v: want {id (UUIDv7), uid null, from hub, to my-client, action, payload}", r)
 	}
 	got := r["payload"].(map[string]any)
@@ -239,9 +123,9 @@ func TestMulticaSeedRPC(t *testing.T) {
 
 	// The seed's example error.
 	want = nil
-	d.write(`{"id":"019abc12-0000-7000-8000-0000000000ab","uid":null,"from":"my-client","to":"` + d.hub + `","action":"request",
+	d.Write(`{"id":"019abc12-0000-7000-8000-0000000000ab","uid":null,"from":"my-client","to":"` + d.Hub + `","action":"request",
 		"payload":{"requestId":"019abc12-0000-7000-8000-0000000000a2","method":"getAgentMessages","params":{"agentId":"019abc12-bad-id","offset":0,"limit":10}}}`)
-	got = d.next("response")["payload"].(map[string]any)
+	got = d.Next("response")["payload"].(map[string]any)
 	_ = json.Unmarshal([]byte(`{
   "requestId": "019abc12-0000-7000-8000-0000000000a2",
   "ok": false,
@@ -259,7 +143,7 @@ func TestMulticaSeedRPC(t *testing.T) {
 	if err := c.Call(t.Context(), "chat.destroy", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
 	}
-	p := d.request("r3", "getAgentMessages", map[string]any{"agentId": agent})
+	p := d.Request("r3", "getAgentMessages", map[string]any{"agentId": agent})
 	if pl, _ := p["payload"].(map[string]any); p["ok"] != true || pl["total"] != 2.0 || pl["offset"] != 0.0 || pl["limit"] != 50.0 || len(pl["messages"].([]any)) != 2 {
 		t.Errorf("getAgentMessages of a closed agent, no offset or limit: %v", p)
 	}
@@ -274,7 +158,7 @@ func TestMulticaErrorCodes(t *testing.T) {
 	boom := agents.New("boom")
 	boom.Handle("boom.fail", func(context.Context, json.RawMessage) (any, error) { return nil, errors.New("kaput") })
 	m.RunAgent(t, boom)
-	d := connect(t, m, "dev-1")
+	d := testkit.ConnectDevice(t, m, "dev-1")
 	for _, tc := range []struct {
 		name, method   string
 		params         any
@@ -288,8 +172,8 @@ func TestMulticaErrorCodes(t *testing.T) {
 		{"handler failed", "boom.fail", nil, "RPC_ERROR", ""},
 		{"admin built-in on an open hub", "mesh.agents", nil, "", ""},
 	} {
-		p := d.request("req-"+tc.name, tc.method, tc.params)
-		code, mc := errorCode(t, p)
+		p := d.Request("req-"+tc.name, tc.method, tc.params)
+		code, mc := testkit.MulticaErrorCode(t, p)
 		t.Logf("%s: %s", tc.name, testkit.MustJSON(t, p))
 		if code != tc.code || mc != tc.meshCode {
 			t.Errorf("%s: code %q meshCode %q (%v); want %q %q", tc.name, code, mc, p, tc.code, tc.meshCode)
@@ -301,13 +185,13 @@ func TestMulticaErrorCodes(t *testing.T) {
 		{"not JSON", `{"id":`, "INVALID_PARAMS"},
 		{"invalid UTF-8", "{\"id\":\"m0\",\"to\":\"dev-1\",\"action\":\"chat\",\"payload\":\"\xff\xfe\"}", "INVALID_PARAMS"},
 		{"to not a string", `{"id":"m1","from":"dev-1","to":5,"action":"request","payload":{}}`, "INVALID_PARAMS"},
-		{"no requestId", `{"id":"m2","from":"dev-1","to":"` + d.hub + `","action":"request","payload":{"method":"getAgentMessages"}}`, "INVALID_PARAMS"},
-		{"unknown action", `{"id":"m3","from":"dev-1","to":"` + d.hub + `","action":"dance","payload":{}}`, "METHOD_NOT_FOUND"},
-		{"forged from", `{"id":"m4","from":"someone-else","to":"` + d.hub + `","action":"request","payload":{"requestId":"x","method":"mesh.agents"}}`, "INVALID_PARAMS"},
+		{"no requestId", `{"id":"m2","from":"dev-1","to":"` + d.Hub + `","action":"request","payload":{"method":"getAgentMessages"}}`, "INVALID_PARAMS"},
+		{"unknown action", `{"id":"m3","from":"dev-1","to":"` + d.Hub + `","action":"dance","payload":{}}`, "METHOD_NOT_FOUND"},
+		{"forged from", `{"id":"m4","from":"someone-else","to":"` + d.Hub + `","action":"request","payload":{"requestId":"x","method":"mesh.agents"}}`, "INVALID_PARAMS"},
 		{"too deep", `{"id":"m5","to":"x","action":"a","payload":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, "INVALID_PARAMS"},
 	} {
-		d.write(tc.msg)
-		e := d.next("error")
+		d.Write(tc.msg)
+		e := d.Next("error")
 		p := e["payload"].(map[string]any)
 		t.Logf("%s: %s", tc.name, testkit.MustJSON(t, p))
 		if p["code"] != tc.code || p["message"] == "" {
@@ -316,13 +200,13 @@ func TestMulticaErrorCodes(t *testing.T) {
 	}
 	// A request to a device not connected: answered at once, RPC_ERROR
 	// with the mesh's UNAVAILABLE.
-	d.write(`{"id":"m6","uid":"u-7","from":"dev-1","to":"nobody","action":"request","payload":{"requestId":"r6","method":"x"}}`)
-	r := d.next("response")
-	if code, mc := errorCode(t, r["payload"].(map[string]any)); code != "RPC_ERROR" || mc != "UNAVAILABLE" || r["uid"] != "u-7" {
+	d.Write(`{"id":"m6","uid":"u-7","from":"dev-1","to":"nobody","action":"request","payload":{"requestId":"r6","method":"x"}}`)
+	r := d.Next("response")
+	if code, mc := testkit.MulticaErrorCode(t, r["payload"].(map[string]any)); code != "RPC_ERROR" || mc != "UNAVAILABLE" || r["uid"] != "u-7" {
 		t.Errorf("request to an unknown device: %v; want RPC_ERROR, meshCode UNAVAILABLE, uid echoed", r)
 	}
 	// The connection still works.
-	if p := d.request("last", "getAgentMessages", map[string]any{"agentId": "nope"}); p["ok"] != false {
+	if p := d.Request("last", "getAgentMessages", map[string]any{"agentId": "nope"}); p["ok"] != false {
 		t.Errorf("after the errors: %v", p)
 	}
 }
@@ -333,31 +217,31 @@ func TestMulticaErrorCodes(t *testing.T) {
 func TestMulticaRouting(t *testing.T) {
 	m := meshtest.Start(t, hub.Config{Conn: link.Config{QueueSize: 8}})
 	m.RunAgent(t, agents.NewEcho())
-	a, b := connect(t, m, "dev-a"), connect(t, m, "dev-b")
-	a.write(`{"id":"msg-1","uid":"user-9","from":"dev-a","to":"dev-b","action":"chat","payload":{"text":"hi b","n":[1,2,3]}}`)
-	got := b.next("chat")
+	a, b := testkit.ConnectDevice(t, m, "dev-a"), testkit.ConnectDevice(t, m, "dev-b")
+	a.Write(`{"id":"msg-1","uid":"user-9","from":"dev-a","to":"dev-b","action":"chat","payload":{"text":"hi b","n":[1,2,3]}}`)
+	got := b.Next("chat")
 	want := map[string]any{"id": "msg-1", "uid": "user-9", "from": "dev-a", "to": "dev-b", "action": "chat", "payload": map[string]any{"text": "hi b", "n": []any{1.0, 2.0, 3.0}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("b got %v; want %v", got, want)
 	}
 	// from left out is filled in; a device's request to another device
 	// is routed like any message, and so is its response.
-	b.write(`{"id":"msg-2","uid":null,"to":"dev-a","action":"request","payload":{"requestId":"q1","method":"ping"}}`)
-	if got := a.next("request"); got["from"] != "dev-b" || got["uid"] != nil || got["payload"].(map[string]any)["method"] != "ping" {
+	b.Write(`{"id":"msg-2","uid":null,"to":"dev-a","action":"request","payload":{"requestId":"q1","method":"ping"}}`)
+	if got := a.Next("request"); got["from"] != "dev-b" || got["uid"] != nil || got["payload"].(map[string]any)["method"] != "ping" {
 		t.Errorf("a got %v", got)
 	}
-	a.write(`{"id":"msg-3","uid":null,"from":"dev-a","to":"dev-b","action":"response","payload":{"requestId":"q1","ok":true,"payload":"pong"}}`)
-	if got := b.next("response"); got["payload"].(map[string]any)["payload"] != "pong" {
+	a.Write(`{"id":"msg-3","uid":null,"from":"dev-a","to":"dev-b","action":"response","payload":{"requestId":"q1","ok":true,"payload":"pong"}}`)
+	if got := b.Next("response"); got["payload"].(map[string]any)["payload"] != "pong" {
 		t.Errorf("b got %v", got)
 	}
 	// Unknown destination.
-	a.write(`{"id":"msg-4","uid":null,"from":"dev-a","to":"dev-zz","action":"chat","payload":1}`)
-	if e := a.next("error"); e["payload"].(map[string]any)["messageId"] != "msg-4" || e["payload"].(map[string]any)["meshCode"] != "UNAVAILABLE" {
+	a.Write(`{"id":"msg-4","uid":null,"from":"dev-a","to":"dev-zz","action":"chat","payload":1}`)
+	if e := a.Next("error"); e["payload"].(map[string]any)["messageId"] != "msg-4" || e["payload"].(map[string]any)["meshCode"] != "UNAVAILABLE" {
 		t.Errorf("to an unknown device: %v", e)
 	}
 
 	// dev-c never reads. dev-a floods it; dev-b keeps calling the hub.
-	connect(t, m, "dev-c")
+	testkit.ConnectDevice(t, m, "dev-c")
 	big := strings.Repeat("x", 64<<10)
 	stopB := make(chan struct{})
 	bDone := make(chan []time.Duration, 1)
@@ -371,9 +255,9 @@ func TestMulticaRouting(t *testing.T) {
 			default:
 			}
 			start := time.Now()
-			b.write(testkit.MustJSON(t, map[string]any{"id": fmt.Sprint("b", i), "to": b.hub, "action": "request",
+			b.Write(testkit.MustJSON(t, map[string]any{"id": fmt.Sprint("b", i), "to": b.Hub, "action": "request",
 				"payload": map[string]any{"requestId": fmt.Sprint("rb", i), "method": "echo.echo", "params": map[string]any{"i": i}}}))
-			v, err := b.read(5 * time.Second)
+			v, err := b.Read(5 * time.Second)
 			if err != nil || v["action"] != "response" || v["payload"].(map[string]any)["ok"] != true {
 				t.Errorf("b's call %d while c is stuck: %v, %v", i, v, err)
 				bDone <- rtts
@@ -386,7 +270,7 @@ func TestMulticaRouting(t *testing.T) {
 	go func() {
 		defer close(aIn)
 		for {
-			_, msg, err := a.ws.ReadMessage()
+			_, msg, err := a.WS.ReadMessage()
 			if err != nil {
 				return
 			}
@@ -396,7 +280,7 @@ func TestMulticaRouting(t *testing.T) {
 	start := time.Now()
 	sent, refused, why := 0, false, ""
 	for !refused && time.Since(start) < 20*time.Second {
-		a.write(`{"id":"f` + fmt.Sprint(sent) + `","from":"dev-a","to":"dev-c","action":"blob","payload":"` + big + `"}`)
+		a.Write(`{"id":"f` + fmt.Sprint(sent) + `","from":"dev-a","to":"dev-c","action":"blob","payload":"` + big + `"}`)
 		sent++
 
 		select {
@@ -409,20 +293,20 @@ func TestMulticaRouting(t *testing.T) {
 	detect := time.Since(start)
 	close(stopB)
 	rtts := <-bDone
-	_ = a.ws.Close()
+	_ = a.WS.Close()
 	for range aIn {
 	}
 	if !refused {
 		t.Fatalf("dev-c never refused after %d messages of 64 KiB in %v", sent, detect)
 	}
-	a2 := connect(t, m, "dev-a2")
-	a2.write(`{"id":"z","from":"dev-a2","to":"dev-c","action":"chat","payload":1}`)
-	if e := a2.next("error"); e["payload"].(map[string]any)["meshCode"] != "UNAVAILABLE" {
+	a2 := testkit.ConnectDevice(t, m, "dev-a2")
+	a2.Write(`{"id":"z","from":"dev-a2","to":"dev-c","action":"chat","payload":1}`)
+	if e := a2.Next("error"); e["payload"].(map[string]any)["meshCode"] != "UNAVAILABLE" {
 		t.Errorf("after the flood, to dev-c: %v; want it disconnected", e)
 	}
 	p99 := testkit.Pctl(rtts, 99)
-	testkit.PrintSummary(t, map[string]any{"test": "TestMulticaRouting", "flood_messages": sent, "slow_device_cut_after_ms": ms(detect),
-		"refusal": why, "other_device_calls": len(rtts), "other_p50_ms": ms(testkit.Pctl(rtts, 50)), "other_p99_ms": ms(p99), "other_max_ms": ms(testkit.Pctl(rtts, 100))})
+	testkit.PrintSummary(t, map[string]any{"test": "TestMulticaRouting", "flood_messages": sent, "slow_device_cut_after_ms": testkit.Ms(detect),
+		"refusal": why, "other_device_calls": len(rtts), "other_p50_ms": testkit.Ms(testkit.Pctl(rtts, 50)), "other_p99_ms": testkit.Ms(p99), "other_max_ms": testkit.Ms(testkit.Pctl(rtts, 100))})
 	if !strings.Contains(why, "does not read its messages") {
 		t.Errorf("a's refusal %s; want the send-queue policy's (dev-c does not read)", why)
 	}
@@ -443,13 +327,13 @@ func TestMulticaRouting(t *testing.T) {
 // streamEvents reads "stream" messages until a message_end whose
 // stopReason is not tool_use (the turn's last message), checking the
 // envelope of each; it returns their payloads.
-func streamEvents(t *testing.T, d *device, agent string) []map[string]any {
+func streamEvents(t *testing.T, d *testkit.Device, agent string) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	for {
-		v := d.next("stream")
-		if v["from"] != d.hub || v["to"] != d.id || v["uid"] != nil {
-			t.Fatalf("stream message %v: want from the hub to %s", v, d.id)
+		v := d.Next("stream")
+		if v["from"] != d.Hub || v["to"] != d.ID || v["uid"] != nil {
+			t.Fatalf("stream message %v: want from the hub to %s", v, d.ID)
 		}
 		p := v["payload"].(map[string]any)
 		if len(p) != 3 || p["agentId"] != agent || p["streamId"] == "" {
@@ -484,9 +368,9 @@ func TestMulticaStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	const agent = "019def34-0000-7000-8000-000000000001"
-	d := connect(t, m, "web-1")
+	d := testkit.ConnectDevice(t, m, "web-1")
 
-	d.write(`{"id":"s1","uid":null,"from":"web-1","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/long 12"}}`)
+	d.Write(`{"id":"s1","uid":null,"from":"web-1","to":"` + d.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/long 12"}}`)
 	evs := streamEvents(t, d, agent)
 	var types []string
 	for _, p := range evs {
@@ -531,7 +415,7 @@ func TestMulticaStream(t *testing.T) {
 
 	// A request of chat.send with a tool call: the events, tool execution
 	// included, then the response.
-	d.write(`{"id":"s2","uid":null,"from":"web-1","to":"` + d.hub + `","action":"request","payload":{"requestId":"q2","method":"chat.send","params":{"agentId":"` + agent + `","content":"/tool Bash {\"command\":\"ls -la\"}"}}}`)
+	d.Write(`{"id":"s2","uid":null,"from":"web-1","to":"` + d.Hub + `","action":"request","payload":{"requestId":"q2","method":"chat.send","params":{"agentId":"` + agent + `","content":"/tool Bash {\"command\":\"ls -la\"}"}}}`)
 	evs = streamEvents(t, d, agent)
 	types = types[:0]
 	var toolStart, toolEnd map[string]any
@@ -559,13 +443,13 @@ func TestMulticaStream(t *testing.T) {
 	if types[0] != "message_start" || types[len(types)-1] != "message_end" || slices.Index(types, "tool_execution_start") > slices.Index(types, "tool_execution_end") {
 		t.Errorf("events %v: want message_start … tool_execution_start, tool_execution_end … message_end", types)
 	}
-	r := d.next("response")
+	r := d.Next("response")
 	if p := r["payload"].(map[string]any); p["ok"] != true || p["payload"].(map[string]any)["content"] != `Tool Bash returned: unknown tool "Bash"` {
 		t.Errorf("chat.send response = %v", r)
 	}
 	// A message to an unknown agent: an error, no stream.
-	d.write(`{"id":"s3","uid":null,"from":"web-1","to":"` + d.hub + `","action":"message","payload":{"agentId":"nope","content":"hi"}}`)
-	if e := d.next("error"); e["payload"].(map[string]any)["code"] != "AGENT_NOT_FOUND" || e["payload"].(map[string]any)["messageId"] != "s3" {
+	d.Write(`{"id":"s3","uid":null,"from":"web-1","to":"` + d.Hub + `","action":"message","payload":{"agentId":"nope","content":"hi"}}`)
+	if e := d.Next("error"); e["payload"].(map[string]any)["code"] != "AGENT_NOT_FOUND" || e["payload"].(map[string]any)["messageId"] != "s3" {
 		t.Errorf("message to an unknown agent: %v", e)
 	}
 }
@@ -583,10 +467,10 @@ func TestMulticaStreamCompaction(t *testing.T) {
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "compactor")
+	d := testkit.ConnectDevice(t, m, "compactor")
 	var got []map[string]any
 	for i := 0; i < 4 && len(got) == 0; i++ {
-		d.write(`{"id":"c` + fmt.Sprint(i) + `","uid":null,"from":"compactor","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + fmt.Sprint(i) + `"}}`)
+		d.Write(`{"id":"c` + fmt.Sprint(i) + `","uid":null,"from":"compactor","to":"` + d.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + fmt.Sprint(i) + `"}}`)
 		for _, p := range streamEvents(t, d, agent) {
 			if ev := p["event"].(map[string]any); strings.HasPrefix(ev["type"].(string), "compaction_") {
 				got = append(got, p)
@@ -618,19 +502,19 @@ func TestMulticaNoLeak(t *testing.T) {
 	}
 	// Warm up: a first device's whole life, so that lazily started
 	// goroutines (pools, the client's) are there before the baseline.
-	w := connect(t, m, "warm")
-	w.request("w1", "getAgentMessages", map[string]any{"agentId": "essay"})
-	_ = w.ws.Close()
+	w := testkit.ConnectDevice(t, m, "warm")
+	w.Request("w1", "getAgentMessages", map[string]any{"agentId": "essay"})
+	_ = w.WS.Close()
 	time.Sleep(200 * time.Millisecond)
 	base := runtime.NumGoroutine()
 	for i := range 3 {
-		d := connect(t, m, fmt.Sprint("leaver-", i))
-		d.write(`{"id":"e","uid":null,"to":"` + d.hub + `","action":"message","payload":{"agentId":"essay","content":"Write a long essay"}}`)
-		if ev := d.next("stream")["payload"].(map[string]any)["event"].(map[string]any); ev["type"] != "message_start" {
+		d := testkit.ConnectDevice(t, m, fmt.Sprint("leaver-", i))
+		d.Write(`{"id":"e","uid":null,"to":"` + d.Hub + `","action":"message","payload":{"agentId":"essay","content":"Write a long essay"}}`)
+		if ev := d.Next("stream")["payload"].(map[string]any)["event"].(map[string]any); ev["type"] != "message_start" {
 			t.Fatalf("first event %v", ev)
 		}
-		d.next("stream") // "Once upon a time": the turn runs
-		_ = d.ws.Close()
+		d.Next("stream") // "Once upon a time": the turn runs
+		_ = d.WS.Close()
 		// The agent's turn ends (cancelled) before the next device's: its
 		// aborted message is in the history.
 		meshtest.WaitFor(t, 10*time.Second, func() bool {
@@ -665,12 +549,12 @@ func TestMulticaNoLeak(t *testing.T) {
 	})
 	time.Sleep(200 * time.Millisecond)
 	base = runtime.NumGoroutine()
-	d := connect(t, m, "queued")
-	d.write(`{"id":"q","uid":null,"to":"` + d.hub + `","action":"message","payload":{"agentId":"busy","content":"hi"}}`)
-	if v, err := d.read(500 * time.Millisecond); err == nil || !testkit.IsTimeout(err) {
+	d := testkit.ConnectDevice(t, m, "queued")
+	d.Write(`{"id":"q","uid":null,"to":"` + d.Hub + `","action":"message","payload":{"agentId":"busy","content":"hi"}}`)
+	if v, err := d.Read(500 * time.Millisecond); err == nil || !testkit.IsTimeout(err) {
 		t.Fatalf("queued message: got %v, %v; want nothing while the essay runs", v, err)
 	}
-	_ = d.ws.Close()
+	_ = d.WS.Close()
 	settled(t, base, "a device left while its message waited")
 	cancelEssay()
 	if err := <-essay; envelope.CodeOf(err) != envelope.CodeCancelled {
@@ -713,60 +597,60 @@ func settled(t *testing.T, base int, what string) {
 // identity; roles apply to the calls.
 func TestMulticaAuth(t *testing.T) {
 	m := testkit.SecuredHub(t, hub.Security{Origins: []string{"https://app.example"}, Roles: map[string][]string{"mesh.agents": {"admin"}}})
-	if _, res, err := dialDevice(t, m.Addr, "d1", "client", nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+	if _, res, err := testkit.DialDevice(t, m.Addr, "d1", "client", nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("no token: %v, %v; want 401", res, err)
 	}
 	bad := http.Header{"Authorization": {"Bearer abc.def.ghi"}}
-	if _, res, err := dialDevice(t, m.Addr, "d1", "client", bad); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+	if _, res, err := testkit.DialDevice(t, m.Addr, "d1", "client", bad); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 		t.Errorf("bad token: %v, %v; want 401", res, err)
 	}
 	alice := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
 	evil := http.Header{"Authorization": {"Bearer " + alice}, "Origin": {"https://evil.example"}}
-	if _, res, err := dialDevice(t, m.Addr, "d1", "client", evil); err == nil || res == nil || res.StatusCode != http.StatusForbidden {
+	if _, res, err := testkit.DialDevice(t, m.Addr, "d1", "client", evil); err == nil || res == nil || res.StatusCode != http.StatusForbidden {
 		t.Errorf("foreign origin: %v, %v; want 403", res, err)
 	}
-	d, _, err := dialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + alice}})
+	d, _, err := testkit.DialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + alice}})
 	if err != nil {
 		t.Fatalf("bearer header: %v", err)
 	}
-	d.hub = d.next("registered")["payload"].(map[string]any)["hubDeviceId"].(string)
+	d.Hub = d.Next("registered")["payload"].(map[string]any)["hubDeviceId"].(string)
 	// A browser: the allowed origin, the token as a subprotocol.
 	br := http.Header{"Origin": {"https://app.example"}, "Sec-WebSocket-Protocol": {"multica, " + auth.ProtocolPrefix + alice}}
-	d2, _, err := dialDevice(t, m.Addr, "d2", "client", br)
+	d2, _, err := testkit.DialDevice(t, m.Addr, "d2", "client", br)
 	if err != nil {
 		t.Fatalf("subprotocol token: %v", err)
 	}
-	if d2.ws.Subprotocol() != "multica" {
-		t.Errorf("subprotocol %q; want multica", d2.ws.Subprotocol())
+	if d2.WS.Subprotocol() != "multica" {
+		t.Errorf("subprotocol %q; want multica", d2.WS.Subprotocol())
 	}
-	d2.next("registered")
+	d2.Next("registered")
 	// Another identity cannot take d1; alice reconnecting can.
 	bob := testkit.Token(t, auth.Claims{Subject: "bob"}, time.Hour)
-	if _, res, err := dialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + bob}}); err == nil || res == nil || res.StatusCode != http.StatusConflict {
+	if _, res, err := testkit.DialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + bob}}); err == nil || res == nil || res.StatusCode != http.StatusConflict {
 		t.Errorf("bob taking alice's d1: %v, %v; want 409", res, err)
 	}
 	// Roles: mesh.agents needs admin.
-	p := d.request("r1", "mesh.agents", nil)
-	if code, mc := errorCode(t, p); code != "RPC_ERROR" || mc != "PERMISSION_DENIED" {
+	p := d.Request("r1", "mesh.agents", nil)
+	if code, mc := testkit.MulticaErrorCode(t, p); code != "RPC_ERROR" || mc != "PERMISSION_DENIED" {
 		t.Errorf("alice's mesh.agents: %v; want RPC_ERROR, meshCode PERMISSION_DENIED", p)
 	}
-	d1b, _, err := dialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + alice}})
+	d1b, _, err := testkit.DialDevice(t, m.Addr, "d1", "client", http.Header{"Authorization": {"Bearer " + alice}})
 	if err != nil {
 		t.Fatalf("alice reconnecting d1: %v", err)
 	}
-	d1b.next("registered")
-	if _, err := d.read(5 * time.Second); err == nil || testkit.IsTimeout(err) {
+	d1b.Next("registered")
+	if _, err := d.Read(5 * time.Second); err == nil || testkit.IsTimeout(err) {
 		t.Errorf("the replaced d1 connection: %v; want it closed", err)
 	}
 	// A device is disconnected when its token expires.
 	short := testkit.Token(t, auth.Claims{Subject: "carol"}, time.Second)
-	d3, _, err := dialDevice(t, m.Addr, "d3", "client", http.Header{"Authorization": {"Bearer " + short}})
+	d3, _, err := testkit.DialDevice(t, m.Addr, "d3", "client", http.Header{"Authorization": {"Bearer " + short}})
 	if err != nil {
 		t.Fatalf("short token: %v", err)
 	}
-	d3.next("registered")
+	d3.Next("registered")
 	start := time.Now()
-	_, err = d3.read(10 * time.Second)
+	_, err = d3.Read(10 * time.Second)
 	t.Logf("device with a 1 s token closed after %v: %v", time.Since(start), err)
 	if err == nil || testkit.IsTimeout(err) {
 		t.Errorf("device with an expiring token: %v; want closed", err)
@@ -784,7 +668,7 @@ func TestMulticaMetricsLikeNative(t *testing.T) {
 	if err := c.Call(t.Context(), "chat.create", map[string]any{"agent_id": "w"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "metrics-dev")
+	d := testkit.ConnectDevice(t, m, "metrics-dev")
 	count := func(method, status string) uint64 {
 		return testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method, "rpc_response_status_code": status})
 	}
@@ -800,7 +684,7 @@ func TestMulticaMetricsLikeNative(t *testing.T) {
 		before := count(tc.method, tc.status)
 		nerr := c.Call(t.Context(), tc.method, tc.params, nil)
 		afterNative := count(tc.method, tc.status)
-		p := d.request("m-"+tc.name, tc.seedMethod, tc.params)
+		p := d.Request("m-"+tc.name, tc.seedMethod, tc.params)
 		afterMultica := count(tc.method, tc.status)
 		t.Logf("%s: %s{status=%q} count %d → native %d (%v) → Multica %d (%s)", tc.name, tc.method, tc.status, before, afterNative, nerr, afterMultica, testkit.MustJSON(t, p))
 		if afterNative-before != 1 || afterMultica-afterNative != 1 {
@@ -823,7 +707,7 @@ func TestMulticaTraceLikeNative(t *testing.T) {
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": "tr"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "trace-dev")
+	d := testkit.ConnectDevice(t, m, "trace-dev")
 	const parent = "00f067aa0ba902b7"
 	for i, tc := range []struct{ method, seedMethod, params string }{
 		{"chat.getAgentMessages", "getAgentMessages", `{"agentId":"tr","limit":3}`},
@@ -838,10 +722,10 @@ func TestMulticaTraceLikeNative(t *testing.T) {
 			t.Fatal(err)
 		}
 		res.Body.Close()
-		d.write(`{"id":"t` + fmt.Sprint(i) + `","uid":null,"from":"trace-dev","to":"` + d.hub + `","action":"request","payload":{"requestId":"rq` + fmt.Sprint(i) +
+		d.Write(`{"id":"t` + fmt.Sprint(i) + `","uid":null,"from":"trace-dev","to":"` + d.Hub + `","action":"request","payload":{"requestId":"rq` + fmt.Sprint(i) +
 			`","method":"` + tc.seedMethod + `","params":` + tc.params + `,"meta":{"traceparent":"00-` + multicaTrace + `-` + parent + `-01"}}}`)
 		for {
-			if v := d.next2(); v["action"] == "response" {
+			if v := d.NextAny(); v["action"] == "response" {
 				break
 			}
 		}
@@ -854,16 +738,6 @@ func TestMulticaTraceLikeNative(t *testing.T) {
 			t.Errorf("spans of the native call %v, of the Multica call %v; want the same, with the %s server span", native, viaMultica, tc.method)
 		}
 	}
-}
-
-// next2 returns the next message, whatever its action.
-func (d *device) next2() map[string]any {
-	d.t.Helper()
-	v, err := d.read(10 * time.Second)
-	if err != nil {
-		d.t.Fatalf("%s: %v", d.id, err)
-	}
-	return v
 }
 
 // TestMulticaTurnsNotCrossed: turns of one chat agent started back to back
@@ -880,9 +754,9 @@ func TestMulticaTurnsNotCrossed(t *testing.T) {
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d, e := connect(t, m, "twice"), connect(t, m, "once")
-	msg := func(dev *device, id string) {
-		dev.write(`{"id":"` + id + `","uid":null,"from":"` + dev.id + `","to":"` + dev.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + id + `"}}`)
+	d, e := testkit.ConnectDevice(t, m, "twice"), testkit.ConnectDevice(t, m, "once")
+	msg := func(dev *testkit.Device, id string) {
+		dev.Write(`{"id":"` + id + `","uid":null,"from":"` + dev.ID + `","to":"` + dev.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"turn ` + id + `"}}`)
 	}
 	for i := range 3 {
 		msg(d, fmt.Sprint("d", 2*i))
@@ -890,14 +764,14 @@ func TestMulticaTurnsNotCrossed(t *testing.T) {
 		msg(d, fmt.Sprint("d", 2*i+1))
 	}
 	// Read each device until it has been quiet for a second.
-	count := func(dev *device) (starts, ends, compactions int) {
+	count := func(dev *testkit.Device) (starts, ends, compactions int) {
 		for {
-			v, err := dev.read(time.Second)
+			v, err := dev.Read(time.Second)
 			if err != nil {
 				return
 			}
 			if v["action"] != "stream" {
-				t.Fatalf("%s: got %v; want only stream messages", dev.id, v)
+				t.Fatalf("%s: got %v; want only stream messages", dev.ID, v)
 			}
 			ev := v["payload"].(map[string]any)["event"].(map[string]any)
 			switch ev["type"] {
@@ -962,9 +836,9 @@ func TestMulticaStreamSeedExamples(t *testing.T) {
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "web-2")
+	d := testkit.ConnectDevice(t, m, "web-2")
 
-	d.write(`{"id":"t1","uid":null,"from":"web-2","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/tool Bash {\"command\":\"ls -la\"}"}}`)
+	d.Write(`{"id":"t1","uid":null,"from":"web-2","to":"` + d.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/tool Bash {\"command\":\"ls -la\"}"}}`)
 	var start, end map[string]any
 	for _, p := range streamEvents(t, d, agent) {
 		switch ev := p["event"].(map[string]any); ev["type"] {
@@ -990,7 +864,7 @@ func TestMulticaStreamSeedExamples(t *testing.T) {
 		t.Errorf("tool_execution_end = %v; want the seed's %v", end, wantEnd)
 	}
 
-	d.write(`{"id":"t2","uid":null,"from":"web-2","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/think Let me consider..."}}`)
+	d.Write(`{"id":"t2","uid":null,"from":"web-2","to":"` + d.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/think Let me consider..."}}`)
 	withThinking := 0
 	for _, p := range streamEvents(t, d, agent) {
 		ev := p["event"].(map[string]any)
@@ -1036,10 +910,10 @@ func TestMulticaStreamCompactionTokens(t *testing.T) {
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": agent}, nil); err != nil {
 		t.Fatal(err)
 	}
-	d := connect(t, m, "compactor-t")
+	d := testkit.ConnectDevice(t, m, "compactor-t")
 	var got []map[string]any
 	for i := 0; i < 12 && len(got) == 0; i++ {
-		d.write(`{"id":"k` + fmt.Sprint(i) + `","uid":null,"from":"compactor-t","to":"` + d.hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/long 60"}}`)
+		d.Write(`{"id":"k` + fmt.Sprint(i) + `","uid":null,"from":"compactor-t","to":"` + d.Hub + `","action":"message","payload":{"agentId":"` + agent + `","content":"/long 60"}}`)
 		for _, p := range streamEvents(t, d, agent) {
 			if ev := p["event"].(map[string]any); strings.HasPrefix(ev["type"].(string), "compaction_") {
 				got = append(got, p)

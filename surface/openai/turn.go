@@ -1,4 +1,4 @@
-package hub
+package openai
 
 import (
 	"context"
@@ -19,20 +19,21 @@ import (
 // openAITurn is one completion being served.
 type openAITurn struct {
 	c         *openAICall
-	req       *OpenAIRequest
+	req       *envelope.OpenAIRequest
 	agentID   string
 	transient bool
 	content   string // what chat.send sends
 	prompt    string // the text the request carried (for the usage estimate)
 }
 
-// serveOpenAICompletions is POST /v1/chat/completions.
-func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
-	ctx, ok := h.openAIAuth(w, r)
+// serveCompletions is POST /v1/chat/completions.
+func (s *server) serveCompletions(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := s.auth(w, r)
 	if !ok {
 		return
 	}
-	limit := h.cfg.Conn.Limits.MaxBytes
+	lim := s.h.ConnConfig().Limits
+	limit := lim.MaxBytes
 	tooBig := func() {
 		e := envelope.Errorf(envelope.CodeInvalidRequest, "body exceeds the limit of %d bytes", limit)
 		_, oe := openAIErrorOf(e)
@@ -55,12 +56,12 @@ func (h *Hub) serveOpenAICompletions(w http.ResponseWriter, r *http.Request) {
 	// The body is read: a turn may outlast the server's ReadTimeout, whose
 	// deadline would otherwise cancel the request's context under it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	req, derr := envelope.DecodeOpenAIRequest(data, h.cfg.Conn.Limits)
+	req, derr := envelope.DecodeOpenAIRequest(data, lim)
 	if derr != nil {
 		writeOpenAIError(w, derr)
 		return
 	}
-	t := &openAITurn{c: h.newOpenAICall(r), req: req}
+	t := &openAITurn{c: s.newCall(r), req: req}
 	if err := t.open(ctx); err != nil {
 		writeOpenAIError(w, envelope.AsError(err))
 		return
@@ -129,7 +130,7 @@ func (t *openAITurn) open(ctx context.Context) error {
 	last := msgs[len(msgs)-1]
 	t.content = last.Text
 	switch {
-	case t.req.Model == OpenAIModel:
+	case t.req.Model == Model:
 		var system []string
 		var transcript strings.Builder
 		for _, m := range msgs[:len(msgs)-1] {
@@ -171,7 +172,7 @@ func (t *openAITurn) open(ctx context.Context) error {
 		t.prompt = t.content
 		return nil
 	}
-	return envelope.Errorf(envelope.CodeAgentNotFound, "The model '%s' does not exist: use %s or chat/AGENT_ID (GET /v1/models)", t.req.Model, OpenAIModel)
+	return envelope.Errorf(envelope.CodeAgentNotFound, "The model '%s' does not exist: use %s or chat/AGENT_ID (GET /v1/models)", t.req.Model, Model)
 }
 
 // close destroys a transient agent, even when the caller has gone.

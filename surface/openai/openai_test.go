@@ -1,4 +1,4 @@
-package hub_test
+package openai_test
 
 import (
 	"bufio"
@@ -20,32 +20,9 @@ import (
 	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/surface/openai"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
-
-// oaiPost posts body to the hub's /v1/chat/completions (with a bearer
-// token when tok is set) and returns the status, headers and body.
-func oaiPost(t *testing.T, base, tok, body string) (int, http.Header, []byte) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, res.Header, b
-}
 
 // oaiCompletion is a chat.completion object.
 type oaiCompletion struct {
@@ -127,14 +104,14 @@ func chatAgents(t *testing.T, c *mesh.Client) []string {
 func TestOpenAICompletion(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	c := m.Client(t)
-	status, _, b := oaiPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]}`)
+	status, _, b := testkit.OpenAIPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]}`)
 	got := completion(t, "transient", status, b)
 	if want := `You said: "Hello" (1 messages in context)`; got.Choices[0].Message.Content != want || got.Model != "agentmesh-chat" {
 		t.Errorf("transient: content %q model %q; want %q, agentmesh-chat", got.Choices[0].Message.Content, got.Model, want)
 	}
 	t.Logf("transient: %s", b)
 	// Earlier turns and content parts.
-	status, _, b = oaiPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"},{"role":"user","content":[{"type":"text","text":"How "},{"type":"text","text":"are you?"}]}]}`)
+	status, _, b = testkit.OpenAIPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"},{"role":"user","content":[{"type":"text","text":"How "},{"type":"text","text":"are you?"}]}]}`)
 	if got := completion(t, "with history", status, b); got.Choices[0].Message.Content != `You said: "How are you?" (1 messages in context)` {
 		t.Errorf("with history: %q", got.Choices[0].Message.Content)
 	}
@@ -147,7 +124,7 @@ func TestOpenAICompletion(t *testing.T) {
 	}
 	for i, want := range []string{`You said: "one" (1 messages in context)`, `You said: "two" (3 messages in context)`} {
 		word := []string{"one", "two"}[i]
-		status, _, b := oaiPost(t, m.HTTP, "", `{"model":"chat/pal","messages":[{"role":"user","content":"`+word+`"}]}`)
+		status, _, b := testkit.OpenAIPost(t, m.HTTP, "", `{"model":"chat/pal","messages":[{"role":"user","content":"`+word+`"}]}`)
 		if got := completion(t, "chat/pal", status, b); got.Choices[0].Message.Content != want || got.Model != "chat/pal" {
 			t.Errorf("chat/pal turn %d: %q (model %q); want %q", i+1, got.Choices[0].Message.Content, got.Model, want)
 		}
@@ -297,7 +274,7 @@ func TestOpenAIStreamToolTurn(t *testing.T) {
 	if want := "Using nosuch.\n\n" + last; !done || text.String() != want || finishes != 1 {
 		t.Errorf("streamed tool turn: %q, %d finish chunks, done %v; want %q, one finish, [DONE]", text.String(), finishes, done, want)
 	}
-	status, _, b := oaiPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"/tool nosuch {}"}]}`)
+	status, _, b := testkit.OpenAIPost(t, m.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"/tool nosuch {}"}]}`)
 	if got := completion(t, "tool turn", status, b); got.Choices[0].Message.Content != last {
 		t.Errorf("non-streamed tool turn: %q; want %q", got.Choices[0].Message.Content, last)
 	}
@@ -309,7 +286,7 @@ func TestOpenAIStreamToolTurn(t *testing.T) {
 // the chat agent's.
 func TestOpenAIProviderRoundTrip(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
-	p, err := chat.NewOpenAI(chat.OpenAIConfig{BaseURL: m.HTTP + "/v1", Model: hub.OpenAIModel, APIKey: "unused", IdleTimeout: 10 * time.Second})
+	p, err := chat.NewOpenAI(chat.OpenAIConfig{BaseURL: m.HTTP + "/v1", Model: openai.Model, APIKey: "unused", IdleTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +309,7 @@ func TestOpenAIProviderRoundTrip(t *testing.T) {
 	}
 	t.Logf("provider: %d updates, text %q, thinking %q, model %s, stop %s, usage %+v", updates, chat.TextOf(msg.Content), thinking, msg.Model, msg.StopReason, msg.Usage)
 	if want := `You said: "round trip" (1 messages in context)`; chat.TextOf(msg.Content) != want || thinking != "The user asks: round trip" ||
-		msg.StopReason != chat.StopEndTurn || msg.Model != hub.OpenAIModel || msg.Usage == nil || msg.Usage.TotalTokens == 0 || updates < 3 {
+		msg.StopReason != chat.StopEndTurn || msg.Model != openai.Model || msg.Usage == nil || msg.Usage.TotalTokens == 0 || updates < 3 {
 		t.Errorf("provider's message %+v after %d updates; want %q with its thinking, end_turn, usage", msg, updates, want)
 	}
 	// Its error path: an unknown model is the provider's coded error.
@@ -414,7 +391,7 @@ func TestOpenAIErrors(t *testing.T) {
 	m := testkit.StartNexus3(t, nil)
 	check := func(what, body string, wantStatus int, wantType, wantCode string) {
 		t.Helper()
-		status, _, b := oaiPost(t, m.HTTP, "", body)
+		status, _, b := testkit.OpenAIPost(t, m.HTTP, "", body)
 		msg, typ, code := oaiError(t, b)
 		t.Logf("%s: HTTP %d %s/%s: %s", what, status, typ, code, msg)
 		if status != wantStatus || typ != wantType || code != wantCode {
@@ -435,7 +412,7 @@ func TestOpenAIErrors(t *testing.T) {
 	check("unknown agent, streamed", `{"model":"chat/nobody","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 404, "invalid_request_error", "model_not_found")
 
 	huge := `{"model":"agentmesh-chat","messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<20) + `"}]}`
-	if status, _, b := oaiPost(t, m.HTTP, "", huge); status != http.StatusRequestEntityTooLarge {
+	if status, _, b := testkit.OpenAIPost(t, m.HTTP, "", huge); status != http.StatusRequestEntityTooLarge {
 		t.Errorf("a body over the limit: HTTP %d %.200s; want 413", status, b)
 	} else if _, typ, _ := oaiError(t, b); typ != "invalid_request_error" {
 		t.Errorf("a body over the limit: %s", b)
@@ -468,7 +445,7 @@ func TestOpenAIErrors(t *testing.T) {
 		return map[string]string{"content": "too late"}, nil
 	})
 	slow.RunAgent(t, late)
-	status, _, b := oaiPost(t, slow.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"Write a long essay"}]}`)
+	status, _, b := testkit.OpenAIPost(t, slow.HTTP, "", `{"model":"agentmesh-chat","messages":[{"role":"user","content":"Write a long essay"}]}`)
 	t.Logf("turn past its deadline: HTTP %d %s", status, b)
 	if _, typ, code := oaiError(t, b); status != 504 || typ != "server_error" || code != "timeout" {
 		t.Errorf("turn past its deadline: HTTP %d %s; want 504 timeout", status, b)
@@ -480,15 +457,15 @@ func TestOpenAIErrors(t *testing.T) {
 	t.Cleanup(func() { srt.Close(context.Background()) })
 	sec.RunAgent(t, chat.NewService(srt, agents.WithToken(testkit.Token(t, auth.Claims{Subject: "chat", Serve: []string{"chat.*"}}, time.Hour))))
 	body := `{"model":"agentmesh-chat","messages":[{"role":"user","content":"hi"}]}`
-	status, hdr, b := oaiPost(t, sec.HTTP, "", body)
+	status, hdr, b := testkit.OpenAIPost(t, sec.HTTP, "", body)
 	if _, typ, code := oaiError(t, b); status != 401 || typ != "authentication_error" || code != "unauthenticated" || hdr.Get("WWW-Authenticate") == "" {
 		t.Errorf("no token: HTTP %d %v %s; want 401 authentication_error with WWW-Authenticate", status, hdr, b)
 	}
-	if status, _, b := oaiPost(t, sec.HTTP, "not-a-token", body); status != 401 {
+	if status, _, b := testkit.OpenAIPost(t, sec.HTTP, "not-a-token", body); status != 401 {
 		t.Errorf("bad token: HTTP %d %s; want 401", status, b)
 	}
 	reader := testkit.Token(t, auth.Claims{Subject: "r", Roles: []string{"reader"}}, time.Hour)
-	status, _, b = oaiPost(t, sec.HTTP, reader, `{"model":"chat/x","messages":[{"role":"user","content":"hi"}]}`)
+	status, _, b = testkit.OpenAIPost(t, sec.HTTP, reader, `{"model":"chat/x","messages":[{"role":"user","content":"hi"}]}`)
 	if _, typ, code := oaiError(t, b); status != 403 || typ != "permission_error" || code != "permission_denied" {
 		t.Errorf("reader's send: HTTP %d %s; want 403 permission_error", status, b)
 	}
@@ -497,7 +474,7 @@ func TestOpenAIErrors(t *testing.T) {
 	// a burst of 2 at 0.5/s runs out within the first.
 	var got429 bool
 	for i := 0; i < 3 && !got429; i++ {
-		status, hdr, b := oaiPost(t, sec.HTTP, writer, body)
+		status, hdr, b := testkit.OpenAIPost(t, sec.HTTP, writer, body)
 		if status == 429 {
 			got429 = true
 			_, typ, code := oaiError(t, b)
@@ -656,7 +633,7 @@ func FuzzDecodeOpenAIRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		req, err := hub.DecodeOpenAIRequest(data)
+		req, err := envelope.DecodeOpenAIRequest(data, envelope.DefaultLimits())
 		if err != nil {
 			if req != nil || (err.Code != envelope.CodeInvalidRequest && err.Code != envelope.CodeInvalidParams) || err.Code.HTTPStatus() != 400 {
 				t.Fatalf("refusal %v with request %v; want a 400 code and no request", err, req)

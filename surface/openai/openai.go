@@ -1,19 +1,6 @@
-package hub
-
-import (
-	"context"
-	"encoding/json"
-	"net/http"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/agentmesh/agentmesh/envelope"
-)
-
-// The OpenAI surface: the chat-completions API of OpenAI, so that any
-// OpenAI client (SDKs, curl, the chat runtime's own openai provider) can
-// talk to the mesh's chat agents.
+// Package openai is the OpenAI surface: the chat-completions API of
+// OpenAI, so that any OpenAI client (SDKs, curl, the chat runtime's own
+// openai provider) can talk to the mesh's chat agents.
 //
 //	GET  /v1/models                 the models that can be addressed
 //	GET  /v1/models/{model}         one of them
@@ -37,7 +24,7 @@ import (
 // authorised per method, and each step is traced (the W3C traceparent of
 // the HTTP request) and counted as the native call of that method.
 //
-// Streaming follows the agent's events (Hub.FollowChat, chat.events long
+// Streaming follows the agent's events (surface.FollowChat, chat.events long
 // polls) while chat.send runs: each message_update becomes a delta of its
 // text (content) and of its thinking (reasoning_content, as vLLM and
 // DeepSeek stream it); a turn that calls tools streams each assistant
@@ -51,9 +38,23 @@ import (
 // Usage figures are estimates (about 4 bytes a token, the chat runtime's
 // estimate) of the text the request carried and the answer: the provider's
 // own counts do not travel through chat.send.
+package openai
 
-// OpenAIModel is the model name of a transient conversation per request.
-const OpenAIModel = "agentmesh-chat"
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/surface"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// Model is the model name of a transient conversation per request.
+const Model = "agentmesh-chat"
 
 // openAIAgentPrefix prefixes the model name of an existing chat agent.
 const openAIAgentPrefix = "chat/"
@@ -70,33 +71,26 @@ var openAIEpoch = time.Now().Unix()
 // comment, so that clients with an idle timeout keep waiting.
 const openAIKeepAlive = 15 * time.Second
 
-// openAIRoutes mounts the OpenAI surface on mux.
-func (h *Hub) openAIRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/models", h.serveOpenAIModels)
-	mux.HandleFunc("GET /v1/models/{model...}", h.serveOpenAIModels)
-	mux.HandleFunc("POST /v1/chat/completions", h.serveOpenAICompletions)
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+// Mount serves the OpenAI surface on h: GET /v1/models,
+// GET /v1/models/{model}, POST /v1/chat/completions, and OpenAI's answer
+// to any other path under /v1/.
+func Mount(h surface.Host) {
+	s := &server{h: h}
+	h.Handle("GET /v1/models", http.HandlerFunc(s.serveModels))
+	h.Handle("GET /v1/models/{model...}", http.HandlerFunc(s.serveModels))
+	h.Handle("POST /v1/chat/completions", http.HandlerFunc(s.serveCompletions))
+	h.Handle("/v1/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Any other path or method, as OpenAI answers it.
 		e := envelope.Errorf(envelope.CodeInvalidRequest, "Invalid URL (%s %s)", r.Method, r.URL.Path)
 		_, oe := openAIErrorOf(e)
 		oe.Code = "unknown_url"
 		writeOpenAIErrorStatus(w, e, http.StatusNotFound, oe)
-	})
+	}))
 }
 
-// OpenAIRequest is the part of a chat-completions request the surface
-// reads (envelope.OpenAIRequest).
-type OpenAIRequest = envelope.OpenAIRequest
-
-// OpenAIMessage is one message of a request (envelope.OpenAIMessage).
-type OpenAIMessage = envelope.OpenAIMessage
-
-// DecodeOpenAIRequest decodes and checks a chat-completions request body
-// within the default limits (envelope.DecodeOpenAIRequest; the surface
-// applies the hub's own). Errors are INVALID_REQUEST (not a JSON object,
-// a key given twice) or INVALID_PARAMS.
-func DecodeOpenAIRequest(data []byte) (*OpenAIRequest, *envelope.Error) {
-	return envelope.DecodeOpenAIRequest(data, envelope.DefaultLimits())
+// server is the surface mounted on one hub.
+type server struct {
+	h surface.Host
 }
 
 // openAIError is OpenAI's error object.
@@ -162,31 +156,29 @@ func writeOpenAIErrorStatus(w http.ResponseWriter, e *envelope.Error, status int
 	_, _ = w.Write(b)
 }
 
-// openAIAuth authenticates a request as authRequest does, answering a
-// refusal in OpenAI's shape.
-func (h *Hub) openAIAuth(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
-	who, aerr := h.guard.authenticate(r)
+// auth authenticates a request as the hub's /rpc does (Host.Authenticate,
+// the refusal counted), answering a refusal in OpenAI's shape.
+func (s *server) auth(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	who, aerr := s.h.Authenticate(r)
 	if aerr != nil {
-		h.metrics().Refused(refusal(aerr))
+		if m := s.h.Metrics(); m != nil {
+			m.Refused(telemetry.RefusalReason(aerr))
+		}
 		writeOpenAIError(w, aerr)
 		return nil, false
 	}
-	ctx := r.Context()
-	if who != nil {
-		ctx = context.WithValue(ctx, principalKey{}, who)
-	}
-	return ctx, true
+	return s.h.WithCaller(r.Context(), who, ""), true
 }
 
 // openAICall is one step of the surface: a call of a chat method through
 // the ingress, carrying the HTTP request's W3C trace context.
 type openAICall struct {
-	h     *Hub
+	h     surface.Host
 	trace envelope.Headers
 }
 
-func (h *Hub) newOpenAICall(r *http.Request) *openAICall {
-	c := &openAICall{h: h}
+func (s *server) newCall(r *http.Request) *openAICall {
+	c := &openAICall{h: s.h}
 	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
 		if v := r.Header.Get(k); v != "" && len(v) <= 512 {
 			c.trace.Set(k, v)
@@ -202,7 +194,7 @@ func (c *openAICall) call(ctx context.Context, method string, params any, out an
 	}
 	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: p, Headers: c.trace,
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
-	res, err := c.h.ingress(ctx, req)
+	res, err := c.h.Invoke(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -221,9 +213,9 @@ type openAIModel struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// openAIModels lists the models (chat.list through the ingress): none
+// listModels lists the models (chat.list through the ingress): none
 // when no chat agent runs.
-func (h *Hub) openAIModels(ctx context.Context, c *openAICall) ([]openAIModel, error) {
+func listModels(ctx context.Context, c *openAICall) ([]openAIModel, error) {
 	var list struct {
 		Agents []struct {
 			AgentID   string `json:"agent_id"`
@@ -236,7 +228,7 @@ func (h *Hub) openAIModels(ctx context.Context, c *openAICall) ([]openAIModel, e
 		}
 		return nil, err
 	}
-	out := []openAIModel{{ID: OpenAIModel, Object: "model", Created: openAIEpoch, OwnedBy: "agentmesh"}}
+	out := []openAIModel{{ID: Model, Object: "model", Created: openAIEpoch, OwnedBy: "agentmesh"}}
 	for _, a := range list.Agents {
 		created := openAIEpoch
 		if t, err := time.Parse(time.RFC3339Nano, a.CreatedAt); err == nil {
@@ -247,13 +239,13 @@ func (h *Hub) openAIModels(ctx context.Context, c *openAICall) ([]openAIModel, e
 	return out, nil
 }
 
-// serveOpenAIModels is GET /v1/models and GET /v1/models/{model}.
-func (h *Hub) serveOpenAIModels(w http.ResponseWriter, r *http.Request) {
-	ctx, ok := h.openAIAuth(w, r)
+// serveModels is GET /v1/models and GET /v1/models/{model}.
+func (s *server) serveModels(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := s.auth(w, r)
 	if !ok {
 		return
 	}
-	models, err := h.openAIModels(ctx, h.newOpenAICall(r))
+	models, err := listModels(ctx, s.newCall(r))
 	if err != nil {
 		writeOpenAIError(w, envelope.AsError(err))
 		return

@@ -1,25 +1,8 @@
-package hub
-
-import (
-	"context"
-	"encoding/json"
-	"errors"
-	"net/http"
-	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
-	"unicode"
-
-	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/surface"
-)
-
-// The Multica surface (seeds multica-hub-rpc and multica-client-streaming):
-// Multica's Gateway, where devices (web apps, desktops, the hub itself)
-// exchange RoutedMessages {id, uid, from, to, action, payload} over one
-// WebSocket each, and the hub answers "request"s addressed to it.
+// Package multica is the Multica surface (seeds multica-hub-rpc and
+// multica-client-streaming): Multica's Gateway, where devices (web apps,
+// desktops, the hub itself) exchange RoutedMessages {id, uid, from, to,
+// action, payload} over one WebSocket each, and the hub answers
+// "request"s addressed to it.
 //
 //	GET /multica?deviceId=ID&deviceType=TYPE   (WebSocket; subprotocol "multica" optional)
 //
@@ -29,7 +12,7 @@ import (
 //
 //	{id, uid: null, from: HUB, to: ID, action: "registered", payload: {deviceId, deviceType, hubDeviceId: HUB}}
 //
-// where HUB, the hub's deviceId, is its hub id (Config.ID). Then:
+// where HUB, the hub's deviceId, is its hub id (Host.ID). Then:
 //
 //   - A message to another connected device is delivered to it as sent (its
 //     six fields, re-encoded; "from" must be the sender's own deviceId or
@@ -55,7 +38,7 @@ import (
 //     {agentId, content}, runs a turn of that chat agent and streams the
 //     agent's events to the sender from the moment it is sent until the
 //     turn's last, each as a "stream" message with the seed's
-//     StreamPayload {streamId, agentId, event} (Hub.FollowChat), before
+//     StreamPayload {streamId, agentId, event} (surface.FollowChat), before
 //     the request's response. (A turn queued behind another caller's turn
 //     of the same agent streams that one's events too, under their own
 //     streamId.) A "message" gets no answer but the stream, or an "error"
@@ -73,6 +56,26 @@ import (
 // deviceId in use replaces the first when it is the same principal (a
 // reconnect), and is refused with 409 otherwise. Devices are those of this
 // hub: a device attached to another hub of a cluster is not reachable.
+package multica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/surface"
+)
 
 const (
 	// multicaSubprotocol may be offered by a browser (beside its
@@ -95,8 +98,9 @@ var multicaMethods = map[string]string{
 
 var errMulticaSlow = errors.New("multica device does not read: send queue full")
 
-// multicaDevices is the hub's table of connected devices by deviceId. The
-// zero value is ready.
+// multicaDevices is the table of the devices connected to one hub, by
+// deviceId (the surface's own state, made by Mount). The zero value is
+// ready.
 type multicaDevices struct {
 	mu sync.Mutex
 	m  map[string]*multicaDevice
@@ -133,10 +137,10 @@ func (t *multicaDevices) get(id string) *multicaDevice {
 
 // multicaDevice is one connected device.
 type multicaDevice struct {
-	h      *Hub
+	s      *server
 	id     string
 	typ    string
-	who    *Principal
+	who    *auth.Principal
 	c      *link.Conn
 	ctx    context.Context // ends when the device disconnects
 	cancel context.CancelFunc
@@ -170,38 +174,60 @@ func validDeviceID(s string) bool {
 	return true
 }
 
-// serveMultica is GET /multica.
-func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
-	who, ok := h.admit(w, r) // as /ws: origin, draining, credential
+// Mount serves the Multica surface on h at GET /multica, with a table
+// of devices of its own.
+func Mount(h surface.Host) {
+	s := &server{h: h}
+	s.up = websocket.Upgrader{
+		Subprotocols: []string{multicaSubprotocol},
+		// The hub's origin policy and buffers, as its own upgrader's
+		// (Host.Upgrade), but selecting Multica's subprotocol.
+		CheckOrigin:     h.CheckOrigin,
+		ReadBufferSize:  1024,
+		WriteBufferPool: &sync.Pool{},
+	}
+	h.Handle("GET /multica", http.HandlerFunc(s.serve))
+}
+
+// server is the surface mounted on one hub.
+type server struct {
+	h       surface.Host
+	up      websocket.Upgrader
+	devices multicaDevices
+}
+
+// serve is GET /multica.
+func (s *server) serve(w http.ResponseWriter, r *http.Request) {
+	h := s.h
+	who, ok := h.Admit(w, r) // as /ws: origin, draining, credential
 	if !ok {
 		return
 	}
 	q := r.URL.Query()
 	id, typ := q.Get("deviceId"), q.Get("deviceType")
-	if !validDeviceID(id) || id == h.cfg.ID || len(typ) > 64 {
+	if !validDeviceID(id) || id == h.ID() || len(typ) > 64 {
 		w.Header().Set("Content-Type", "application/json")
-		writeRPCError(w, http.StatusBadRequest, envelope.Errorf(envelope.CodeInvalidParams,
-			"deviceId (query) must be 1..%d bytes without control characters, not the hub's, and deviceType at most 64 bytes", multicaMaxID))
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write(envelope.AppendJSONRPCError(nil, nil, envelope.Errorf(envelope.CodeInvalidParams,
+			"deviceId (query) must be 1..%d bytes without control characters, not the hub's, and deviceType at most 64 bytes", multicaMaxID)))
 		return
 	}
-	replace := func(old *multicaDevice) bool { return !h.guard.on() || sameSubject(old.who, who) }
-	if old := h.multica.get(id); old != nil && !replace(old) {
+	replace := func(old *multicaDevice) bool { return !h.AuthOn() || sameSubject(old.who, who) }
+	if old := s.devices.get(id); old != nil && !replace(old) {
 		http.Error(w, "deviceId "+strconv.Quote(id)+" is connected with another identity", http.StatusConflict)
 		return
 	}
-	up := h.upgrader
-	up.Subprotocols = []string{multicaSubprotocol}
-	ws, err := up.Upgrade(w, r, nil)
+	ws, err := s.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
 	}
-	base := connBase(context.Background(), r)
-	if who != nil {
-		base = context.WithValue(base, principalKey{}, who)
-	}
-	d := &multicaDevice{h: h, id: id, typ: typ, who: who, c: link.NewConn(ws, h.cfg.Conn)}
+	// The device's calls run in a context of the socket's life, naming
+	// the device's principal and the connection it came over.
+	_, conn := h.Caller(r.Context())
+	base := h.WithCaller(context.Background(), who, conn)
+	d := &multicaDevice{s: s, id: id, typ: typ, who: who, c: link.NewConn(ws, h.ConnConfig())}
 	d.ctx, d.cancel = context.WithCancel(base)
-	if !h.track(d) {
+	if !h.Track(d) {
 		d.cancel()
 		_ = ws.Close()
 		return
@@ -210,12 +236,12 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	// surface decodes and refuses its frames itself.
 	d.c.Start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) {
 		d.cancel()
-		h.multica.remove(d)
-		h.untrack(d)
+		s.devices.remove(d)
+		h.Untrack(d)
 	})
 	// In the table once running, so that whoever closes it (a newer
 	// connection of the same device) runs its onClose.
-	old, ok := h.multica.add(d, replace)
+	old, ok := s.devices.add(d, replace)
 	if !ok {
 		// Another identity took the id between the check and now.
 		d.c.Shutdown(errors.New("deviceId in use"))
@@ -227,7 +253,7 @@ func (h *Hub) serveMultica(w http.ResponseWriter, r *http.Request) {
 	// Greeted once routable: a device told it is registered can be sent to
 	// at once (greeted before, a message sent to it on its greeting could
 	// find no such device).
-	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.cfg.ID})
+	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.ID()})
 	d.send(d.fromHub("registered", nil, greeting))
 	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
 		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
@@ -246,7 +272,7 @@ func (d *multicaDevice) Close() {
 
 // fromHub builds a message from the hub to the device.
 func (d *multicaDevice) fromHub(action string, uid, payload json.RawMessage) *multicaWire {
-	return &multicaWire{ID: envelope.NewID(), UID: uid, From: d.h.cfg.ID, To: d.id, Action: action, Payload: payload}
+	return &multicaWire{ID: envelope.NewID(), UID: uid, From: d.s.h.ID(), To: d.id, Action: action, Payload: payload}
 }
 
 // send queues m for the device without waiting; a device whose queue is
@@ -372,11 +398,11 @@ func (d *multicaDevice) onMessage(data []byte) {
 		d.sendError(m, envelope.Errorf(envelope.CodeInvalidParams, "from must be your deviceId %q", d.id))
 		return
 	}
-	if m.To == d.h.cfg.ID {
+	if m.To == d.s.h.ID() {
 		d.toHub(m)
 		return
 	}
-	to := d.h.multica.get(m.To)
+	to := d.s.devices.get(m.To)
 	if to == nil {
 		err := envelope.Errorf(envelope.CodeUnavailable, "device %q is not connected", m.To)
 		if m.Action == "request" {
@@ -412,7 +438,7 @@ func (d *multicaDevice) toHub(m *multicaMsg) {
 			if agent, ok := chatSendAgent(rp.req); ok {
 				res, err = d.turn(rp.req, agent)
 			} else {
-				res, err = d.h.ingress(d.ctx, rp.req)
+				res, err = d.s.h.Invoke(d.ctx, rp.req)
 			}
 			var result json.RawMessage
 			if err == nil {
@@ -462,6 +488,7 @@ func (d *multicaDevice) spawn(m *multicaMsg, requestID string, fn func()) {
 	}()
 }
 
+// mustQuote is s as a JSON string.
 func mustQuote(s string) json.RawMessage {
 	b, _ := json.Marshal(s)
 	return b
@@ -490,12 +517,12 @@ func chatSendAgent(req *envelope.Request) (string, bool) {
 // "stream" message, before it returns. The follower goroutine ends with
 // the turn, or with the device's connection.
 func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Response, error) {
-	tail, err := surface.ChatTail(d.ctx, d.h, agent)
+	tail, err := surface.ChatTail(d.ctx, d.s.h, agent)
 	if envelope.CodeOf(err) == envelope.CodeAgentNotFound {
 		// No agent, no events to follow: the call itself answers, so that
 		// it is chat.send's answer, traced and counted under chat.send as
 		// natively (not chat.events' under no trace).
-		return d.h.ingress(d.ctx, req)
+		return d.s.h.Invoke(d.ctx, req)
 	}
 	if err != nil {
 		return nil, err
@@ -511,7 +538,7 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
-		_, _ = surface.FollowChat(fctx, d.h, agent, tail, func(e surface.ChatEvent) bool {
+		_, _ = surface.FollowChat(fctx, d.s.h, agent, tail, func(e surface.ChatEvent) bool {
 			sent := true
 			if rid == "" || e.RequestID == rid {
 				p, _ := json.Marshal(struct {
@@ -528,10 +555,10 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 			return sent && !end
 		})
 	}()
-	res, err := d.h.ingress(d.ctx, req)
+	res, err := d.s.h.Invoke(d.ctx, req)
 	// Every event of the turn is in the agent's log before its answer:
 	// the follower stops once it has passed the log's end as it is now.
-	end, terr := surface.ChatTail(d.ctx, d.h, agent)
+	end, terr := surface.ChatTail(d.ctx, d.s.h, agent)
 	mu.Lock()
 	if terr != nil || last >= end {
 		stop()
@@ -543,6 +570,12 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	<-followed
 	t.Stop()
 	return res, err
+}
+
+// sameSubject reports whether a and b are tokens of one subject (a
+// reconnect of the same device may replace its earlier connection).
+func sameSubject(a, b *auth.Principal) bool {
+	return a != nil && b != nil && a.Claims != nil && b.Claims != nil && a.Subject == b.Subject
 }
 
 // requestIDOf digs the requestId out of a request's payload, if any (as

@@ -1,4 +1,4 @@
-package hub
+package multica
 
 import (
 	"encoding/json"

@@ -633,7 +633,7 @@ func FuzzDecodeOpenAIRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		req, err := envelope.DecodeOpenAIRequest(data, envelope.DefaultLimits())
+		req, err := openai.DecodeRequest(data, envelope.DefaultLimits())
 		if err != nil {
 			if req != nil || (err.Code != envelope.CodeInvalidRequest && err.Code != envelope.CodeInvalidParams) || err.Code.HTTPStatus() != 400 {
 				t.Fatalf("refusal %v with request %v; want a 400 code and no request", err, req)

@@ -19,7 +19,7 @@ import (
 // openAITurn is one completion being served.
 type openAITurn struct {
 	c         *openAICall
-	req       *envelope.OpenAIRequest
+	req       *Request
 	agentID   string
 	transient bool
 	content   string // what chat.send sends
@@ -56,7 +56,7 @@ func (s *server) serveCompletions(w http.ResponseWriter, r *http.Request) {
 	// The body is read: a turn may outlast the server's ReadTimeout, whose
 	// deadline would otherwise cancel the request's context under it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	req, derr := envelope.DecodeOpenAIRequest(data, lim)
+	req, derr := DecodeRequest(data, lim)
 	if derr != nil {
 		writeOpenAIError(w, derr)
 		return

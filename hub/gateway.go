@@ -206,7 +206,7 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 
 func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 	lctx, ref := linkContext()
-	l := link.New(ws, h.cfg.Conn,
+	opts := []link.Option{
 		link.WithHandler(h.ingress),
 		link.WithLogger(h.log),
 		link.WithOwner(who),
@@ -215,7 +215,13 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		link.WithOnClose(func(l *link.Link, err error) { h.linkClosed(l, err) }),
 		link.Accepted(),
 		func(l *link.Link) { ref.l = l }, // before its reader starts
-	)
+	}
+	if who.Peer() {
+		// A peer hub's link carries every caller of that hub, each
+		// bounded there: one of them must not refuse the others' calls.
+		opts = append(opts, link.WithoutCallBound())
+	}
+	l := link.New(ws, h.cfg.Conn, opts...)
 	if !h.track(l) {
 		go l.Close()
 		return

@@ -123,7 +123,7 @@ func (h *Hub) RequiredRoles(method string) ([]string, bool) {
 	if !h.guard.on() {
 		return nil, false
 	}
-	return h.guard.roles.lookup(method)
+	return h.guard.roles.Lookup(method)
 }
 
 // Refuse answers a refused edge request and counts the refusal.

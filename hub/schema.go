@@ -170,7 +170,7 @@ func (h *Hub) rolesOf(m string, declared []string) []string {
 	if adminMethods[m] {
 		return []string{auth.RoleAdmin}
 	}
-	if r, ok := h.guard.roles.lookup(m); ok {
+	if r, ok := h.guard.roles.Lookup(m); ok {
 		return r
 	}
 	return nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -95,7 +94,7 @@ type guard struct {
 	peers    *auth.Peers // the peer handshake (nil: the hub authenticates nobody)
 	verifier *auth.Verifier
 	key      atomic.Pointer[auth.Key] // signs the hub's peer tokens
-	roles    roleTable
+	roles    auth.RoleTable
 	origins  *auth.Origins
 	limiter  *ratelimit.Limiter
 	failures *ratelimit.Limiter // failed authentications per source address
@@ -135,8 +134,8 @@ func newGuard(s *Security) (*guard, error) {
 			return nil, fmt.Errorf("mesh: failed-authentication limit: %w", err)
 		}
 	}
-	if g.roles, err = newRoleTable(s.Roles); err != nil {
-		return nil, err
+	if g.roles, err = auth.NewRoleTable(s.Roles); err != nil {
+		return nil, fmt.Errorf("mesh: %w", err)
 	}
 	if s.RatePerToken > 0 {
 		if g.limiter, err = ratelimit.New(ratelimit.Config{Rate: s.RatePerToken, Burst: max(s.BurstPerToken, 1)}); err != nil {
@@ -234,7 +233,7 @@ func (g *guard) authorize(p *Principal, req *envelope.Request) error {
 	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
 		return envelope.Errorf(envelope.CodePermissionDenied, "%s needs the %s role", m, auth.RoleAdmin)
 	}
-	if need, ok := g.roles.lookup(m); ok && !auth.Allowed(p.Roles, need) {
+	if need, ok := g.roles.Lookup(m); ok && !auth.Allowed(p.Roles, need) {
 		return envelope.Errorf(envelope.CodePermissionDenied, "%s needs one of the roles %s", m, strings.Join(need, ", "))
 	}
 	if g.limiter != nil && !isAgentControl(m) {
@@ -376,51 +375,6 @@ func expireLink(l *link.Link, p *Principal) {
 	context.AfterFunc(l.Context(), func() { t.Stop() })
 }
 
-// roleTable maps method patterns to the roles that may call them.
-type roleTable struct {
-	exact    map[string][]string
-	prefixes []rolePrefix // longest first
-	any      []string     // "*"
-}
-
-type rolePrefix struct {
-	prefix string
-	roles  []string
-}
-
-func newRoleTable(m map[string][]string) (roleTable, error) {
-	t := roleTable{exact: map[string][]string{}}
-	if err := auth.CheckRoleTable(m); err != nil {
-		return t, fmt.Errorf("mesh: %w", err)
-	}
-	for pat, roles := range m {
-		switch {
-		case pat == "*":
-			t.any = roles
-		case strings.HasSuffix(pat, ".*"):
-			t.prefixes = append(t.prefixes, rolePrefix{strings.TrimSuffix(pat, "*"), roles})
-		default:
-			t.exact[pat] = roles
-		}
-	}
-	slices.SortStableFunc(t.prefixes, func(a, b rolePrefix) int { return len(b.prefix) - len(a.prefix) })
-	return t, nil
-}
-
-// lookup returns the roles guarding method: exact, then the longest
-// prefix, then "*".
-func (t roleTable) lookup(method string) ([]string, bool) {
-	if r, ok := t.exact[method]; ok {
-		return r, true
-	}
-	for _, p := range t.prefixes {
-		if strings.HasPrefix(method, p.prefix) {
-			return p.roles, true
-		}
-	}
-	return t.any, t.any != nil
-}
-
 // refusal names the reason of a refused call for agentmesh_security_refused_total.
 func refusal(err error) string { return telemetry.RefusalReason(err) }
 
@@ -470,6 +424,6 @@ func (g *guard) mayCall(p *Principal, m string) bool {
 	if adminMethods[m] && !hasRole(p.Roles, auth.RoleAdmin) {
 		return false
 	}
-	need, ok := g.roles.lookup(m)
+	need, ok := g.roles.Lookup(m)
 	return !ok || auth.Allowed(p.Roles, need)
 }

@@ -311,3 +311,39 @@ func TestBoundedLinkKeepsCarryingAnswers(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestPeerLinkHasNoCallBound: an accepted link marked WithoutCallBound
+// (a peer hub's: it carries every caller of that hub, each bounded there)
+// admits calls past MaxUnwrittenCalls instead of refusing them
+// OVERLOADED, so that one caller of the peer cannot refuse the others'.
+func TestPeerLinkHasNoCallBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sws, cws := pipeWS(t)
+		hold := make(chan struct{})
+		hub := New(sws, Config{MaxUnwrittenCalls: 2, MaxUnwrittenBytes: -1, PingInterval: time.Hour},
+			Accepted(), WithoutCallBound(),
+			WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+				<-hold
+				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`"done"`)}, nil
+			}))
+		peer := New(cws, Config{PingInterval: time.Hour})
+		defer hub.Close()
+		defer peer.Close()
+		var wg sync.WaitGroup
+		for range 4 { // twice the bound
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if _, err := peer.Call(ctx, &envelope.Request{ID: envelope.NewID(), Method: "forwarded.call", Version: envelope.Version}); err != nil {
+					t.Errorf("a forwarded call past the bound: %v; want it served", err)
+				}
+			})
+		}
+		synctest.Wait()
+		if n := hub.Serving(); n != 4 {
+			t.Errorf("%d calls running; want all 4", n)
+		}
+		close(hold)
+		wg.Wait()
+	})
+}

@@ -21,7 +21,7 @@ import (
 // context cancelled.
 type Link struct {
 	c       *Conn
-	serve   Handler // handles incoming requests; nil refuses them
+	serve   func(context.Context, *Link, *envelope.Request) (*envelope.Response, error) // handles incoming requests; nil refuses them
 	log     *slog.Logger
 	backend string
 
@@ -81,13 +81,6 @@ func WithLogger(lg *slog.Logger) Option { return func(l *Link) { l.log = lg } }
 // WithOnClose sets a hook called once, after the link closed and its
 // pending calls were failed.
 func WithOnClose(f func(*Link, error)) Option { return func(l *Link) { l.onClose = f } }
-
-// Handler serves one request that arrived on l; it is given the link
-// explicitly (the link is per-connection state, not a context value).
-type Handler func(ctx context.Context, l *Link, req *envelope.Request) (*envelope.Response, error)
-
-// WithServer sets the handler that serves requests arriving on the link.
-func WithServer(h Handler) Option { return func(l *Link) { l.serve = h } }
 
 // WithOwner attaches v to the link, for whoever accepted or dialled it
 // (a hub keeps the peer's principal there): Owner returns it.

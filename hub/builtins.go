@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,50 +72,11 @@ func (h *Hub) runBuiltin(ctx context.Context, req *envelope.Request, b builtin) 
 	}, nil
 }
 
-// decodeParams decodes the params of a built-in method strictly: an
-// object, no unknown fields, and a message naming the field at fault.
-func decodeParams(method string, params json.RawMessage, v any) error {
-	if len(params) == 0 || string(params) == "null" {
-		params = []byte("{}")
-	}
-	dec := json.NewDecoder(bytes.NewReader(params))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te) && te.Field != "":
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s: field %q must be %s, not %s", method, te.Field, kindName(te.Type.Kind().String()), te.Value)
-		case errors.As(err, &te):
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s: params must be an object, not %s", method, te.Value)
-		case strings.HasPrefix(err.Error(), "json: unknown field"):
-			return envelope.Errorf(envelope.CodeInvalidParams, "%s: %s", method, strings.TrimPrefix(err.Error(), "json: "))
-		}
-		return envelope.Errorf(envelope.CodeInvalidParams, "%s: invalid params", method)
-	}
-	return nil
-}
-
-func kindName(k string) string {
-	switch k {
-	case "slice", "array":
-		return "an array"
-	case "struct", "map":
-		return "an object"
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "float64", "int", "int64", "uint64", "uint32", "int32":
-		return "a number"
-	}
-	return k
-}
-
 var validIntents = map[string]bool{"serve": true, "consume": true, "coordinate": true, "monitor": true, "backup": true}
 
 func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.RegisterParams
-	if err := decodeParams("agent.register", raw, &p); err != nil {
+	if err := envelope.DecodeParams("agent.register", raw, &p); err != nil {
 		return nil, err
 	}
 	if l == nil {
@@ -213,7 +173,7 @@ func (h *Hub) agentOfLink(method, id string, l *link.Link) error {
 
 func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.HeartbeatParams
-	if err := decodeParams("agent.heartbeat", raw, &p); err != nil {
+	if err := envelope.DecodeParams("agent.heartbeat", raw, &p); err != nil {
 		return nil, err
 	}
 	if err := h.agentOfLink("agent.heartbeat", p.AgentID, l); err != nil {
@@ -237,7 +197,7 @@ func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMess
 
 func (h *Hub) agentDeregister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.DeregisterParams
-	if err := decodeParams("agent.deregister", raw, &p); err != nil {
+	if err := envelope.DecodeParams("agent.deregister", raw, &p); err != nil {
 		return nil, err
 	}
 	if err := h.agentOfLink("agent.deregister", p.AgentID, l); err != nil {
@@ -269,7 +229,7 @@ func (h *Hub) meshPing(ctx context.Context, _ *link.Link, raw json.RawMessage) (
 }
 
 func (h *Hub) meshAgents(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := decodeParams("mesh.agents", raw, &struct{}{}); err != nil {
+	if err := envelope.DecodeParams("mesh.agents", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	snap := h.reg.Snapshot()
@@ -285,7 +245,7 @@ func (h *Hub) meshAgents(ctx context.Context, _ *link.Link, raw json.RawMessage)
 }
 
 func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := decodeParams("mesh.methods", raw, &struct{}{}); err != nil {
+	if err := envelope.DecodeParams("mesh.methods", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	out := []control.MethodInfo{}
@@ -304,7 +264,7 @@ func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage
 }
 
 func (h *Hub) meshBreakers(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := decodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
+	if err := envelope.DecodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return h.breakers.List(), nil

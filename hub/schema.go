@@ -177,14 +177,14 @@ func (h *Hub) rolesOf(m string, declared []string) []string {
 }
 
 func (h *Hub) meshSchema(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := decodeParams("schema", raw, &struct{}{}); err != nil {
+	if err := envelope.DecodeParams("schema", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return h.Schema(), nil
 }
 
 func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := decodeParams("rpc.discover", raw, &struct{}{}); err != nil {
+	if err := envelope.DecodeParams("rpc.discover", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return openrpc.FromSchema(h.Schema()), nil

@@ -40,6 +40,11 @@ type Link struct {
 	base context.Context
 	wg   sync.WaitGroup // workers serving incoming requests
 	work chan task      // hands a request to an idle worker
+	// results pools the calls' answer channels. It is the link's own, not
+	// a package-wide pool: a channel made inside a testing/synctest bubble
+	// belongs to that bubble, and one handed to a link of another bubble
+	// (or of none) is a fatal error there; a link lives in one bubble.
+	results sync.Pool
 
 	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
 	goaway     chan struct{} // closed when the peer sent a goaway frame
@@ -106,6 +111,7 @@ func NewLink(ws *websocket.Conn, cfg ConnConfig, opts ...LinkOption) *Link {
 		goaway:     make(chan struct{}),
 		Remote:     ws.RemoteAddr().String(),
 	}
+	l.results.New = newResultChan
 	for _, o := range opts {
 		o(l)
 	}
@@ -189,18 +195,19 @@ func (l *Link) Close() {
 	l.wg.Wait()
 }
 
-var resultChans = sync.Pool{New: func() any { return make(chan linkResult, 1) }}
+// newResultChan makes a call's answer channel (Link.results pools them).
+func newResultChan() any { return make(chan linkResult, 1) }
 
 // Call sends req over the link and waits for its answer, the link's loss,
 // or ctx's end. The time left on ctx travels in the ttl header; when ctx
 // ends first, the peer is told to cancel.
 func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 	seq := l.seq.Add(1)
-	ch := resultChans.Get().(chan linkResult)
+	ch := l.results.Get().(chan linkResult)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		resultChans.Put(ch)
+		l.results.Put(ch)
 		return nil, unavailableNotSent("link closed")
 	}
 	l.pending[seq] = ch
@@ -219,7 +226,7 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 	}
 	select {
 	case res := <-ch:
-		resultChans.Put(ch)
+		l.results.Put(ch)
 		if res.err != nil {
 			return nil, res.err
 		}
@@ -231,7 +238,7 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 			if r := <-ch; !r.lost {
 				l.lateResponse()
 			}
-			resultChans.Put(ch)
+			l.results.Put(ch)
 		}
 		cb := getBuf()
 		*cb = envelope.AppendCancelFrame(*cb, seq)
@@ -249,7 +256,7 @@ func (l *Link) forget(seq uint64, ch chan linkResult) (mine bool) {
 	delete(l.pending, seq)
 	l.mu.Unlock()
 	if mine {
-		resultChans.Put(ch)
+		l.results.Put(ch)
 	}
 	return mine
 }

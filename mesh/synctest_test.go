@@ -100,6 +100,7 @@ func TestSynctestHeartbeatExpiry(t *testing.T) {
 
 		expired := <-left
 		<-callDone
+		synctest.Wait() // the raw link's end has seen the hub close it
 		after := expired.Sub(registered)
 		t.Logf("silent agent expired %v after registering (TTL %v, checked every %v); pending call failed %v after that: %v",
 			after, ttl, memoryExpiryCheck, failed.Sub(expired), callErr)
@@ -626,6 +627,7 @@ func TestSynctestDrain(t *testing.T) {
 				t.Errorf("Serve returned %v after the drain began; want after the call in flight (%v) and within DrainTimeout %v",
 					took, slowAt.Sub(drained), drainTimeout)
 			}
+			synctest.Wait() // the link's end has seen the hub close it
 			select {
 			case <-raw.Done():
 			default:

@@ -3,8 +3,11 @@ package mesh_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +47,9 @@ func startMemMesh(t *testing.T, cfg mesh.HubConfig, opts ...mesh.HubOption) *mem
 	if cfg.WarmUp == 0 {
 		cfg.WarmUp = -1
 	}
+	// The hub logs to the test (shown when it fails): which link closed,
+	// which instance left, and why.
+	opts = append([]mesh.HubOption{mesh.WithLogger(testLogger(t))}, opts...)
 	h, err := mesh.NewHub(cfg, opts...)
 	if err != nil {
 		t.Fatalf("NewHub: %v", err)
@@ -142,4 +148,25 @@ func (m *memMesh) HTTPRPCClient(t *testing.T, opts ...mesh.ClientOption) *mesh.C
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// testLogger logs to t, at debug level, until the test's cleanups have
+// run (registered before the hub's, this one runs after it): a goroutine
+// still ending then must not log to a finished test.
+func testLogger(t *testing.T) *slog.Logger {
+	w := &testLogWriter{t: t}
+	t.Cleanup(func() { w.done.Store(true) })
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testLogWriter struct {
+	t    *testing.T
+	done atomic.Bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	if !w.done.Load() {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
 }

@@ -456,6 +456,9 @@ func TestSynctestBreakerRecovery(t *testing.T) {
 				if err := call(); err != nil {
 					t.Fatalf("probe %d after recovery = %v; want OK", i, err)
 				}
+				if tr = transitions(); i == 0 && (len(tr) != 4 || tr[3].to != "half-open") {
+					t.Fatalf("transitions after one successful probe = %+v; want half-open still (SuccessThreshold 2)", tr)
+				}
 			}
 			tr = transitions()
 			if len(tr) != 5 || tr[3].to != "half-open" || tr[4].to != "closed" {

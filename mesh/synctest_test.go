@@ -367,7 +367,7 @@ func startFlaky(t *testing.T, m *memMesh, id string, failing *atomic.Bool, execs
 	m.RunAgent(t, a)
 }
 
-// flakyPolicy is one attempt per call, so that each call is one outcome
+// flakyConfig gives flaky.* one attempt per call, so that each call is one outcome
 // for the breakers.
 func flakyConfig(cb reliability.BreakerConfig) reliability.Config {
 	rc := reliability.DefaultConfig()

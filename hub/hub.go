@@ -670,7 +670,11 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 		snap := h.reg.Snapshot()
 		h.bindings.Range(func(k, v any) bool {
 			b := v.(*binding)
-			if b.ready.Load() && snap.Instance(b.id) == nil {
+			// ready is set once the registry has published the instance;
+			// snap may predate that (a registration that completed since
+			// it was taken), so a miss is checked against a snapshot taken
+			// after ready was seen.
+			if b.ready.Load() && snap.Instance(b.id) == nil && h.reg.Snapshot().Instance(b.id) == nil {
 				h.log.Info("instance left the registry; closing its link", "agent", b.id)
 				h.metrics().Expired()
 				h.bindings.CompareAndDelete(k, v)

@@ -281,12 +281,16 @@ func (d *deadline) wait() chan struct{} {
 	return d.ch
 }
 
+// stop stops the timer for good (on Close). It leaves no stopped timer
+// behind: set takes Stop's false for a timer that fired, and would wait
+// for ever for a stopped one to close ch.
 func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.timer != nil {
-		d.timer.Stop()
+	if d.timer != nil && !d.timer.Stop() {
+		<-d.ch // the timer fired: wait for it to close ch, as set does
 	}
+	d.timer = nil
 }
 
 func isClosed(ch chan struct{}) bool {

@@ -73,6 +73,36 @@ func TestWriteDeadlineInBubble(t *testing.T) {
 	})
 }
 
+// TestDeadlineAfterClose: setting a deadline on a closed connection
+// whose deadline timer was pending returns at once (a WebSocket reader
+// moves its read deadline after every message, so it may do so just as
+// another goroutine closes the connection). Close used to stop the
+// timer and leave it set; the next SetReadDeadline took Stop's false
+// for a timer that had fired and waited for ever for it to close the
+// deadline's channel (a hub's Shutdown hung on it, waiting for that
+// reader).
+func TestDeadlineAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := memnet.Pipe(64, memnet.Addr("a"), memnet.Addr("b"))
+		defer b.Close()
+		_ = a.SetReadDeadline(time.Now().Add(time.Minute))
+		_ = a.SetWriteDeadline(time.Now().Add(time.Minute))
+		a.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = a.SetReadDeadline(time.Now().Add(time.Minute))
+			_ = a.SetDeadline(time.Time{})
+		}()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("SetReadDeadline on a closed connection blocks")
+		}
+	})
+}
+
 // TestCloseSemantics: after one end closes, the other reads what was
 // written and then EOF, and its writes fail.
 func TestCloseSemantics(t *testing.T) {

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/memnet"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -25,7 +27,7 @@ import (
 // synctest.Test waits for the bubble's goroutines), so that no goroutine
 // outlives the bubble.
 type memMesh struct {
-	Hub *mesh.Hub
+	Hub *hub.Hub
 	ln  *memnet.Listener
 	WS  string // the hub's /ws on the in-memory network
 
@@ -42,15 +44,15 @@ const memHubURL = "ws://memhub/ws"
 // startMemMesh runs a hub with cfg on a new in-memory listener until the
 // test (its bubble) ends. As meshtest.Start, no warm-up unless cfg sets
 // one.
-func startMemMesh(t *testing.T, cfg mesh.HubConfig, opts ...mesh.HubOption) *memMesh {
+func startMemMesh(t *testing.T, cfg hub.Config, opts ...hub.Option) *memMesh {
 	t.Helper()
 	if cfg.WarmUp == 0 {
 		cfg.WarmUp = -1
 	}
 	// The hub logs to the test (shown when it fails): which link closed,
 	// which instance left, and why.
-	opts = append([]mesh.HubOption{mesh.WithLogger(testLogger(t))}, opts...)
-	h, err := mesh.NewHub(cfg, opts...)
+	opts = append([]hub.Option{hub.WithLogger(testLogger(t))}, opts...)
+	h, err := hub.New(cfg, opts...)
 	if err != nil {
 		t.Fatalf("NewHub: %v", err)
 	}
@@ -87,7 +89,7 @@ func (m *memMesh) stop() (err error) {
 }
 
 // Conn returns cc with its Dial set to the in-memory network.
-func (m *memMesh) Conn(cc mesh.ConnConfig) mesh.ConnConfig {
+func (m *memMesh) Conn(cc link.Config) link.Config {
 	cc.Dial = m.ln.DialContext
 	return cc
 }
@@ -123,14 +125,14 @@ func (m *memMesh) RunAgent(t *testing.T, a *agents.Agent) (stop func()) {
 // AgentConn is the agents option that puts an agent's link on the
 // in-memory network.
 func (m *memMesh) AgentConn() agents.Option {
-	return agents.WithConnConfig(m.Conn(mesh.ConnConfig{}))
+	return agents.WithConnConfig(m.Conn(link.Config{}))
 }
 
 // Client returns a WebSocket client of the hub over the in-memory
 // network, closed when the test ends.
 func (m *memMesh) Client(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
 	t.Helper()
-	c, err := mesh.NewClient([]string{m.WS}, append([]mesh.ClientOption{mesh.WithConnConfig(m.Conn(mesh.ConnConfig{}))}, opts...)...)
+	c, err := mesh.NewClient([]string{m.WS}, append([]mesh.ClientOption{mesh.WithConnConfig(m.Conn(link.Config{}))}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}

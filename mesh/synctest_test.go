@@ -16,8 +16,11 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/memnet"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/reliability"
 )
@@ -29,9 +32,9 @@ import (
 // and the tests take no real time.
 
 // registerRaw registers a hand-made agent over l: it never heartbeats.
-func registerRaw(t *testing.T, l *mesh.Link, id string, caps ...string) {
+func registerRaw(t *testing.T, l *link.Link, id string, caps ...string) {
 	t.Helper()
-	reg, _ := json.Marshal(mesh.RegisterParams{AgentID: id, Capabilities: caps})
+	reg, _ := json.Marshal(control.RegisterParams{AgentID: id, Capabilities: caps})
 	if _, err := l.Call(t.Context(), &envelope.Request{ID: envelope.NewID(), Method: "agent.register", Params: reg}); err != nil {
 		t.Fatalf("agent.register: %v", err)
 	}
@@ -51,11 +54,11 @@ func TestSynctestHeartbeatExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const beat = time.Second
 		ttl := 3 * beat
-		m := startMemMesh(t, mesh.HubConfig{HeartbeatInterval: beat})
+		m := startMemMesh(t, hub.Config{HeartbeatInterval: beat})
 		m.RunAgent(t, agents.NewEcho(agents.WithID("live-1"), m.AgentConn()))
 
 		served := make(chan struct{}, 1)
-		l, err := mesh.DialLink(t.Context(), m.WS, m.Conn(mesh.ConnConfig{}), mesh.WithLinkHandler(
+		l, err := link.Dial(t.Context(), m.WS, m.Conn(link.Config{}), link.WithHandler(
 			func(ctx context.Context, _ *envelope.Request) (*envelope.Response, error) {
 				served <- struct{}{}
 				<-ctx.Done()
@@ -157,7 +160,7 @@ type probeSeen struct {
 func TestSynctestDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const hubDefault = 7 * time.Second
-		m := startMemMesh(t, mesh.HubConfig{DefaultTimeout: hubDefault})
+		m := startMemMesh(t, hub.Config{DefaultTimeout: hubDefault})
 		seen := make(chan probeSeen, 1)
 		a := agents.New("probe", agents.WithID("probe-1"), m.AgentConn())
 		a.Handle("probe.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
@@ -171,7 +174,7 @@ func TestSynctestDeadlines(t *testing.T) {
 		m.RunAgent(t, a)
 		bare := m.Client(t, mesh.WithoutReliability(), mesh.WithTimeout(4*time.Second))
 		sdk := m.Client(t) // the default reliability chain
-		raw, err := mesh.DialLink(t.Context(), m.WS, m.Conn(mesh.ConnConfig{}))
+		raw, err := link.Dial(t.Context(), m.WS, m.Conn(link.Config{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +244,7 @@ func TestSynctestPingTimeout(t *testing.T) {
 
 	t.Run("hub closes a deaf client", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, mesh.HubConfig{Conn: mesh.ConnConfig{PingInterval: ping}})
+			m := startMemMesh(t, hub.Config{Conn: link.Config{PingInterval: ping}})
 			d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}, NetDialContext: m.ln.DialContext}
 			ws, _, err := d.DialContext(t.Context(), m.WS, nil)
 			if err != nil {
@@ -315,7 +318,7 @@ func TestSynctestPingTimeout(t *testing.T) {
 			go func() { defer close(served); _ = srv.Serve(ln) }()
 			defer func() { close(end); _ = srv.Close(); <-served }()
 
-			l, err := mesh.DialLink(t.Context(), "ws://deafhub/ws", mesh.ConnConfig{PingInterval: ping, Dial: ln.DialContext})
+			l, err := link.Dial(t.Context(), "ws://deafhub/ws", link.Config{PingInterval: ping, Dial: ln.DialContext})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -390,7 +393,7 @@ func TestSynctestBreakerRecovery(t *testing.T) {
 			var mu sync.Mutex
 			var trans []transition
 			rc := flakyConfig(reliability.BreakerConfig{FailureThreshold: 3, RecoveryTimeout: recovery, SuccessThreshold: 2})
-			m := startMemMesh(t, mesh.HubConfig{Reliability: &rc}, mesh.WithBreakerHook(func(k reliability.BreakerKey, _, to string) {
+			m := startMemMesh(t, hub.Config{Reliability: &rc}, hub.WithBreakerHook(func(k reliability.BreakerKey, _, to string) {
 				if k.Method == "flaky.work" {
 					mu.Lock()
 					trans = append(trans, transition{k.Instance, to, time.Now()})
@@ -486,7 +489,7 @@ func TestSynctestBreakerRecovery(t *testing.T) {
 			// The hub's breakers would need a thousand failures: what
 			// opens here is the client's.
 			hubRC := flakyConfig(reliability.BreakerConfig{FailureThreshold: 1000, RecoveryTimeout: time.Hour, SuccessThreshold: 1})
-			m := startMemMesh(t, mesh.HubConfig{Reliability: &hubRC})
+			m := startMemMesh(t, hub.Config{Reliability: &hubRC})
 			var failing atomic.Bool
 			var execs atomic.Int64
 			failing.Store(true)
@@ -547,7 +550,7 @@ func TestSynctestDrain(t *testing.T) {
 	const drainAt = time.Second // after the slow call began
 	t.Run("in-flight call finishes", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, mesh.HubConfig{DrainTimeout: drainTimeout})
+			m := startMemMesh(t, hub.Config{DrainTimeout: drainTimeout})
 			echo := agents.NewEcho(agents.WithID("echo-1"), m.AgentConn())
 			m.RunAgent(t, echo)
 			c := m.Client(t, mesh.WithoutReliability())
@@ -556,7 +559,7 @@ func TestSynctestDrain(t *testing.T) {
 				t.Fatalf("HTTP call before the drain: %v", err)
 			}
 			// A hand-made agent's link: it sees the goaway frame itself.
-			raw, err := mesh.DialLink(t.Context(), m.WS, m.Conn(mesh.ConnConfig{}))
+			raw, err := link.Dial(t.Context(), m.WS, m.Conn(link.Config{}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -646,7 +649,7 @@ func TestSynctestDrain(t *testing.T) {
 
 	t.Run("stuck call bounded by DrainTimeout", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, mesh.HubConfig{DrainTimeout: drainTimeout})
+			m := startMemMesh(t, hub.Config{DrainTimeout: drainTimeout})
 			a := agents.New("stuck", agents.WithID("stuck-1"), m.AgentConn(), agents.WithDrainTimeout(time.Second))
 			a.Handle("stuck.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
 				<-ctx.Done()
@@ -693,12 +696,12 @@ func TestSynctestDrain(t *testing.T) {
 func TestSynctestRegisterDuringRegistryChange(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, n = 5, 100
-		m := startMemMesh(t, mesh.HubConfig{})
+		m := startMemMesh(t, hub.Config{})
 		lost := 0
 		for r := range rounds {
-			links := make([]*mesh.Link, n)
+			links := make([]*link.Link, n)
 			for i := range links {
-				l, err := mesh.DialLink(t.Context(), m.WS, m.Conn(mesh.ConnConfig{}))
+				l, err := link.Dial(t.Context(), m.WS, m.Conn(link.Config{}))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -12,12 +12,10 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
-
-// payload128 is the 128-byte params of the benchmarks.
-var payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)
 
 // BenchmarkRoutedCall measures one call client → hub → echo agent → hub →
 // client over real loopback WebSockets (and over HTTP for comparison).
@@ -30,15 +28,15 @@ func BenchmarkRoutedCall(b *testing.B) {
 	run := func(c *mesh.Client) func(b *testing.B) {
 		return func(b *testing.B) {
 			var out json.RawMessage
-			if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+			if err := c.Call(ctx, "echo.echo", testkit.Payload128, &out); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			reportCPU(b)
-			b.SetBytes(int64(len(payload128)))
+			b.SetBytes(int64(len(testkit.Payload128)))
 			b.ResetTimer()
 			for b.Loop() {
-				if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+				if err := c.Call(ctx, "echo.echo", testkit.Payload128, &out); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -48,12 +46,12 @@ func BenchmarkRoutedCall(b *testing.B) {
 		return func(b *testing.B) {
 			b.ReportAllocs()
 			reportCPU(b)
-			b.SetBytes(int64(len(payload128)))
+			b.SetBytes(int64(len(testkit.Payload128)))
 			b.SetParallelism(8) // 8 × GOMAXPROCS callers share the one connection
 			b.RunParallel(func(pb *testing.PB) {
 				var out json.RawMessage
 				for pb.Next() {
-					if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+					if err := c.Call(ctx, "echo.echo", testkit.Payload128, &out); err != nil {
 						b.Error(err)
 						return
 					}
@@ -95,9 +93,9 @@ func BenchmarkBaselineWSEcho(b *testing.B) {
 	}
 	defer c.Close()
 	b.ReportAllocs()
-	b.SetBytes(int64(len(payload128)))
+	b.SetBytes(int64(len(testkit.Payload128)))
 	for b.Loop() {
-		if err := c.WriteMessage(websocket.TextMessage, payload128); err != nil {
+		if err := c.WriteMessage(websocket.TextMessage, testkit.Payload128); err != nil {
 			b.Fatal(err)
 		}
 		if _, _, err := c.ReadMessage(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -62,7 +63,7 @@ func BenchmarkTelemetry(b *testing.B) {
 				inv := tel.Server(tel.Client(tel.Attempt(func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
 					return &envelope.Response{ID: req.ID, Result: req.Params}, nil
 				})))
-				req := &envelope.Request{ID: "r", Method: "echo.echo", Params: payload128}
+				req := &envelope.Request{ID: "r", Method: "echo.echo", Params: testkit.Payload128}
 				b.ReportAllocs()
 				for b.Loop() {
 					if _, err := inv(context.Background(), req); err != nil {
@@ -78,7 +79,7 @@ func BenchmarkTelemetry(b *testing.B) {
 			b.Run("routed", func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
-					if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+					if err := c.Call(ctx, "echo.echo", testkit.Payload128, &out); err != nil {
 						b.Fatal(err)
 					}
 				}

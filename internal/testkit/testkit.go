@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -243,3 +244,6 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+b.tok)
 	return b.next.RoundTrip(r)
 }
+
+// Payload128 is the 128-byte params of the benchmarks.
+var Payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)

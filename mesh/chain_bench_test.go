@@ -1,4 +1,4 @@
-package hub_test
+package mesh_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -25,7 +26,7 @@ func BenchmarkClientChain(b *testing.B) {
 			var out json.RawMessage
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := c.Call(ctx, "echo.echo", payload128, &out); err != nil {
+				if err := c.Call(ctx, "echo.echo", testkit.Payload128, &out); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package hub_test
+package mesh_test
 
 import (
 	"context"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/rawhttp"
 	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -27,10 +28,10 @@ func s29Call(method, id string) string {
 // readAll reads every response the hub sends on rc until it closes the
 // connection or stays silent for quiet; it returns the statuses and
 // bodies, and whether the connection was closed.
-func readAll(rc *rawConn, quiet time.Duration) (statuses []int, bodies []string, closed bool) {
+func readAll(rc *rawhttp.Conn, quiet time.Duration) (statuses []int, bodies []string, closed bool) {
 	for {
-		_ = rc.c.SetReadDeadline(time.Now().Add(quiet))
-		res, err := http.ReadResponse(rc.br, nil)
+		_ = rc.Net().SetReadDeadline(time.Now().Add(quiet))
+		res, err := http.ReadResponse(rc.Reader(), nil)
 		if err != nil {
 			return statuses, bodies, !testkit.IsTimeout(err)
 		}
@@ -63,13 +64,13 @@ func TestS29FramingProbes(t *testing.T) {
 
 	probe := func(name string, req func(io.Writer) error, want ...int) {
 		t.Helper()
-		rc, err := dialRaw(t.Context(), m.Addr)
+		rc, err := rawhttp.Dial(t.Context(), m.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rc.c.Close()
+		defer rc.Close()
 		start := time.Now()
-		status, body, closed, err := rc.exchangeFunc(req, 10*time.Second)
+		status, body, closed, err := rc.ExchangeFunc(req, 10*time.Second)
 		d := time.Since(start)
 		got := fmt.Sprint(status)
 		if err != nil {
@@ -132,15 +133,15 @@ func TestS29FramingProbes(t *testing.T) {
 		{"CL+TE (CL.TE smuggle)", clTE, "count.third"},
 	} {
 		hit0, third0 := hit.Load(), third.Load()
-		rc, err := dialRaw(t.Context(), m.Addr)
+		rc, err := rawhttp.Dial(t.Context(), m.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.WriteString(rc.c, c.raw); err != nil {
+		if _, err := io.WriteString(rc.Net(), c.raw); err != nil {
 			t.Fatal(err)
 		}
 		statuses, bodies, closed := readAll(rc, time.Second)
-		rc.c.Close()
+		rc.Close()
 		time.Sleep(100 * time.Millisecond) // let a wrongly smuggled call land before counting
 		ran := hit.Load() - hit0
 		if c.method == "count.third" {

@@ -1,11 +1,9 @@
 package s26
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -16,6 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/rawhttp"
 )
 
 // Target is where the attackers aim.
@@ -103,10 +102,10 @@ func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func Once(ctx context.Context, m Target, corpus []*Item) *Stats {
 	st := NewStats()
 	for _, it := range corpus {
-		var rc *rawConn
+		var rc *rawhttp.Conn
 		sendHTTP(ctx, m.Addr, &rc, it, st)
 		if rc != nil {
-			rc.c.Close()
+			rc.Close()
 		}
 		var ws *websocket.Conn
 		sendWS(ctx, m, &ws, it, st, false)
@@ -139,11 +138,11 @@ func Attack(ctx context.Context, m Target, corpus []*Item, st *Stats) {
 		wg.Go(func() {
 			tk := time.NewTicker(10 * time.Millisecond)
 			defer tk.Stop()
-			var rc *rawConn
+			var rc *rawhttp.Conn
 			var ws *websocket.Conn
 			defer func() {
 				if rc != nil {
-					rc.c.Close()
+					rc.Close()
 				}
 				if ws != nil {
 					ws.Close()
@@ -180,9 +179,9 @@ func ctxOver(ctx context.Context) bool {
 
 // sendHTTP sends one item over HTTP; *rcp is reused while the server
 // keeps the connection open.
-func sendHTTP(ctx context.Context, addr string, rcp **rawConn, it *Item, st *Stats) {
+func sendHTTP(ctx context.Context, addr string, rcp **rawhttp.Conn, it *Item, st *Stats) {
 	if *rcp == nil {
-		rc, err := dialRaw(ctx, addr)
+		rc, err := rawhttp.Dial(ctx, addr)
 		if err != nil {
 			if !ctxOver(ctx) { // not the attack's end cutting a dial short
 				st.record(it, "http", 0, "dial error", err)
@@ -192,7 +191,7 @@ func sendHTTP(ctx context.Context, addr string, rcp **rawConn, it *Item, st *Sta
 		*rcp = rc
 	}
 	start := time.Now()
-	status, body, closed, err := (*rcp).exchange(it.httpRequest(false), 10*time.Second)
+	status, body, closed, err := (*rcp).ExchangeFunc(it.httpRequest(false), 10*time.Second)
 	d := time.Since(start)
 	if closed {
 		*rcp = nil
@@ -248,7 +247,7 @@ func sendWS(ctx context.Context, m Target, wsp **websocket.Conn, it *Item, st *S
 		tr = "native"
 	}
 	if it.header {
-		rc, err := dialRaw(ctx, m.Addr)
+		rc, err := rawhttp.Dial(ctx, m.Addr)
 		if err != nil {
 			if !ctxOver(ctx) {
 				st.record(it, tr, 0, "dial error", err)
@@ -256,9 +255,9 @@ func sendWS(ctx context.Context, m Target, wsp **websocket.Conn, it *Item, st *S
 			return
 		}
 		start := time.Now()
-		status, _, _, err := rc.exchange(it.httpRequest(true), 10*time.Second)
+		status, _, _, err := rc.ExchangeFunc(it.httpRequest(true), 10*time.Second)
 		d := time.Since(start)
-		_ = rc.c.Close()
+		_ = rc.Close()
 		if err == nil && status != http.StatusRequestHeaderFieldsTooLarge {
 			err = fmt.Errorf("upgrade with a 16 MiB header: HTTP %d; want 431", status)
 		}
@@ -351,53 +350,4 @@ func sendWS(ctx context.Context, m Target, wsp **websocket.Conn, it *Item, st *S
 		st.routed()
 	}
 	st.record(it, tr, d, outcome, err)
-}
-
-// rawConn is an HTTP/1.1 connection driven by hand, for requests a
-// well-behaved client would never send. (mesh's edge tests have their
-// own, for S27 and S29.)
-type rawConn struct {
-	c  net.Conn
-	br *bufio.Reader
-}
-
-func dialRaw(ctx context.Context, addr string) (*rawConn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	return &rawConn{c: c, br: bufio.NewReader(c)}, nil
-}
-
-// exchange writes a request with write (on its own goroutine: the server
-// may answer and stop reading before the request is fully sent) and
-// reads one response. closed reports that the connection is no longer
-// usable (the server closed it, or the write did not finish); the conn
-// is then closed.
-func (rc *rawConn) exchange(write func(io.Writer) error, timeout time.Duration) (status int, body []byte, closed bool, err error) {
-	_ = rc.c.SetDeadline(time.Now().Add(timeout))
-	werr := make(chan error, 1)
-	go func() { werr <- write(rc.c) }()
-	res, err := http.ReadResponse(rc.br, nil)
-	if err != nil {
-		_ = rc.c.Close()
-		<-werr
-		return 0, nil, true, err
-	}
-	body, _ = io.ReadAll(res.Body)
-	_ = res.Body.Close()
-	if res.Close {
-		// The server answered before (or instead of) reading everything:
-		// closing unblocks the writer.
-		_ = rc.c.Close()
-		<-werr
-		return res.StatusCode, body, true, nil
-	}
-	if e := <-werr; e != nil {
-		_ = rc.c.Close()
-		return res.StatusCode, body, true, nil
-	}
-	_ = rc.c.SetDeadline(time.Time{})
-	return res.StatusCode, body, false, nil
 }

@@ -213,6 +213,12 @@ func MulticaRequestID(payload []byte) string {
 		}
 		return nil
 	}) != nil {
+		// A key given twice: the requestId when the head shows one, given
+		// once, as DecodeCheckedMulticaRequest answers to.
+		v, found := recoverStrings(payload, "requestId")
+		if found[0] && v[0] != "" && len(v[0]) <= MulticaMaxID {
+			return v[0]
+		}
 		return ""
 	}
 	id, _ := multicaRequestID(rid)

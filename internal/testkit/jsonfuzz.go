@@ -12,7 +12,7 @@ import (
 // Helpers of the dialect decoders' fuzz tests: they judge an input
 // against encoding/json, the decoder each replaced.
 
-// topKeys returns the keys of the top-level object of data (valid JSON)
+// TopKeys returns the keys of the top-level object of data (valid JSON)
 // in order, decoded by encoding/json, or ok false if it is not an object.
 func TopKeys(data []byte) (keys []string, ok bool) {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -33,7 +33,7 @@ func TopKeys(data []byte) (keys []string, ok bool) {
 	return keys, true
 }
 
-// anyDup reports whether any object anywhere in data (valid JSON) has a
+// AnyDup reports whether any object anywhere in data (valid JSON) has a
 // key twice, or a key that equals one of fold but for case.
 func AnyDup(data []byte, fold ...string) bool {
 	dec := json.NewDecoder(bytes.NewReader(data))

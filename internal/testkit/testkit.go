@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -29,8 +31,27 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// histCount returns the sample count of the histogram series with labels.
+// HistCount returns the sample count of the histogram series with labels.
 func HistCount(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) uint64 {
+	t.Helper()
+	if s := series(t, m, name, labels); s != nil {
+		return s.GetHistogram().GetSampleCount()
+	}
+	return 0
+}
+
+// GaugeValue returns the value of the gauge series with labels.
+func GaugeValue(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) float64 {
+	t.Helper()
+	if s := series(t, m, name, labels); s != nil {
+		return s.GetGauge().GetValue()
+	}
+	return 0
+}
+
+// series returns the first series of the metric name whose labels
+// include labels, or nil.
+func series(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	fams, err := m.Registry.Gather()
 	if err != nil {
@@ -47,10 +68,10 @@ func HistCount(t *testing.T, m *telemetry.Metrics, name string, labels map[strin
 					continue next
 				}
 			}
-			return s.GetHistogram().GetSampleCount()
+			return s
 		}
 	}
-	return 0
+	return nil
 }
 
 func Keys(m map[string]any) []string {
@@ -68,7 +89,7 @@ func SecuredHub(t *testing.T, sec hub.Security) *meshtest.Mesh {
 		hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 }
 
-// spanShapes lists the spans of one trace as "name/kind/status", sorted,
+// SpanShapes lists the spans of one trace as "name/kind/status", sorted,
 // and checks that its server span is a child of the caller's span parent:
 // what the tests comparing a surface's trace with the native call's
 // compare.
@@ -88,7 +109,7 @@ func SpanShapes(t *testing.T, exp *tracetest.InMemoryExporter, trace, parent str
 	return out
 }
 
-// startNexus3 runs a hub with a chat agent (scripted provider, sessions in
+// StartNexus3 runs a hub with a chat agent (scripted provider, sessions in
 // a temporary directory).
 func StartNexus3(t *testing.T, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
 	t.Helper()
@@ -100,7 +121,7 @@ func StartNexus3With(t *testing.T, p chat.Provider, hb **hub.Hub, opts ...hub.Op
 	return StartChatHub(t, p, nil, hb, opts...)
 }
 
-// startChatHub runs a hub with a chat agent of provider p and tools.
+// StartChatHub runs a hub with a chat agent of provider p and tools.
 func StartChatHub(t *testing.T, p chat.Provider, tools *chat.Tools, hb **hub.Hub, opts ...hub.Option) *meshtest.Mesh {
 	t.Helper()
 	m := meshtest.Start(t, hub.Config{}, opts...)
@@ -153,7 +174,7 @@ func WantCode(t *testing.T, what string, err error, code envelope.Code) {
 	}
 }
 
-// countingAgent serves methods and counts the calls it executed.
+// CountingAgent serves methods and counts the calls it executed.
 func CountingAgent(name string, n *atomic.Int64, tok string, methods ...string) *agents.Agent {
 	a := agents.New(name, agents.WithToken(tok))
 	for _, m := range methods {
@@ -189,7 +210,7 @@ func (p *EssayProvider) Stream(ctx context.Context, req *chat.Request, update fu
 
 var TestKey = []byte("0123456789abcdef0123456789abcdef-test-key")
 
-// pctl returns the p-th percentile (0..100) of ds, or 0 for none.
+// Pctl returns the p-th percentile (0..100) of ds, or 0 for none.
 func Pctl(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -200,7 +221,7 @@ func Pctl(ds []time.Duration, p float64) time.Duration {
 	return s[i]
 }
 
-// printSummary prints a scenario's figures as one JSON line.
+// PrintSummary prints a scenario's figures as one JSON line.
 func PrintSummary(t *testing.T, v map[string]any) {
 	t.Helper()
 	b, err := json.Marshal(v)

@@ -489,30 +489,6 @@ func TestOpenAIErrors(t *testing.T) {
 	}
 }
 
-// gaugeValue returns the value of the gauge series with labels.
-func gaugeValue(t *testing.T, m *telemetry.Metrics, name string, labels map[string]string) float64 {
-	t.Helper()
-	fams, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, s := range f.Metric {
-			for _, lp := range s.Label {
-				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
-					continue next
-				}
-			}
-			return s.GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
 // TestOpenAIDisconnectCancels: a client that goes away in the middle of a
 // streamed answer cancels the turn: the surface calls chat.cancel with
 // the send's request id, the agent records the answer as aborted and is
@@ -557,7 +533,7 @@ func TestOpenAIDisconnectCancels(t *testing.T) {
 		var freed time.Duration
 		meshtest.WaitFor(t, 10*time.Second, func() bool {
 			return count("chat.cancel", "") > cancelsBefore && count("chat.send", "-32006") > cancelledBefore &&
-				gaugeValue(t, metrics, "agentmesh_rpc_inflight_requests", map[string]string{"side": "server"}) == 0
+				testkit.GaugeValue(t, metrics, "agentmesh_rpc_inflight_requests", map[string]string{"side": "server"}) == 0
 		})
 		freed = time.Since(start)
 		t.Logf("%s: disconnected; chat.cancel +%d, chat.send CANCELLED +%d, no call in flight after %v", model,
@@ -611,7 +587,7 @@ func TestOpenAIDisconnectCancels(t *testing.T) {
 	}
 	meshtest.WaitFor(t, 10*time.Second, func() bool {
 		return count("chat.cancel", "") > cancelsBefore && count("chat.send", "-32006") > cancelledBefore && !busy() &&
-			gaugeValue(t, metrics, "agentmesh_rpc_inflight_requests", map[string]string{"side": "server"}) == 0
+			testkit.GaugeValue(t, metrics, "agentmesh_rpc_inflight_requests", map[string]string{"side": "server"}) == 0
 	})
 	t.Logf("not streamed: disconnected; turn cancelled and nothing in flight after %v", time.Since(start))
 	if a := chatAgents(t, c); fmt.Sprint(a) != "[essayist]" {

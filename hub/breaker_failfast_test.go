@@ -139,12 +139,13 @@ func TestOpenBreakersFailFast(t *testing.T) {
 			slices.Sort(lat)
 			p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
 			t.Logf("1000 calls, every instance's breaker open: p50 %v p99 %v max %v; mesh.ping p99 %v", p50, p99, worst, ctl99)
-			// At once: within 5 ms, or within twice the control's p99
-			// when the machine is slower than that (a CI run under -race
-			// measured 5.6 ms). A retry after the policy's backoff would
-			// take 25 ms at the least.
-			if bound := max(5*time.Millisecond, 2*ctl99); p99 > bound {
-				t.Errorf("p99 %v; want <= %v (5 ms, or 2 x mesh.ping's p99 %v): an open circuit is answered at once", p99, bound, ctl99)
+			// At once: within 5 ms (a retry after the policy's backoff
+			// would take 25 ms at the least). The control says what an
+			// answer at once costs on this machine now: a failure with a
+			// control near 5 ms is the machine's, not the hub's (seen once
+			// at 5.6 ms, with four other test runs sharing the 2 vCPUs).
+			if p99 > 5*time.Millisecond {
+				t.Errorf("p99 %v; want <= 5ms: an open circuit is answered at once (control: mesh.ping p99 %v)", p99, ctl99)
 			}
 		})
 	}

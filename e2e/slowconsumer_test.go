@@ -184,6 +184,7 @@ func TestSlowConsumer(t *testing.T) {
 	// close frame.
 	_ = attacker.SetReadDeadline(time.Now().Add(10 * time.Second))
 	answered := map[string]int{}
+	refused := map[string]int{} // id -> the JSON-RPC code of its error
 	var closeErr error
 	for {
 		_, msg, err := attacker.ReadMessage()
@@ -192,10 +193,16 @@ func TestSlowConsumer(t *testing.T) {
 			break
 		}
 		var res struct {
-			ID json.RawMessage `json:"id"`
+			ID    json.RawMessage `json:"id"`
+			Error *struct {
+				Code int `json:"code"`
+			} `json:"error"`
 		}
 		_ = json.Unmarshal(msg, &res)
 		answered[string(res.ID)]++
+		if res.Error != nil {
+			refused[string(res.ID)] = res.Error.Code
+		}
 	}
 	// The peak over the attack, the hub's close and the reads.
 	peakAttack := peak.Load()
@@ -260,9 +267,21 @@ func TestSlowConsumer(t *testing.T) {
 			t.Errorf("request %s answered %d times", id, n)
 		}
 	}
-	if len(answered) > len(runs) {
-		t.Errorf("%d answers for %d runs", len(answered), len(runs))
+	// An answer is a run's result, or a refusal of a call past the
+	// connection's bound (OVERLOADED, not sent: --link-max-unwritten-bytes),
+	// whose call never ran.
+	for id, code := range refused {
+		if code != envelope.CodeOverloaded.JSONRPC() {
+			t.Errorf("request %s refused with JSON-RPC code %d; want OVERLOADED (%d)", id, code, envelope.CodeOverloaded.JSONRPC())
+		}
+		if runs["a"+id] > 0 {
+			t.Errorf("request %s was refused, yet count.echo ran it", id)
+		}
 	}
+	if results := len(answered) - len(refused); results > len(runs) {
+		t.Errorf("%d results (%d answers, %d refusals) for %d runs", results, len(answered), len(refused), len(runs))
+	}
+	t.Logf("%d answers read: %d results, %d refused OVERLOADED", len(answered), len(answered)-len(refused), len(refused))
 }
 
 // vmRSS is a process's resident set, in bytes, from /proc/PID/status.

@@ -15,10 +15,6 @@ import (
 // every other ingress, precise codes. Seeds: agentick-gateway-protocol,
 // multica-hub-rpc, multica-client-streaming (field names).
 
-var dialectLimits = envelope.Limits{MaxBytes: 1024, MaxDepth: 8}
-
-func nest(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
-
 func TestMulticaMessageStrict(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -34,8 +30,8 @@ func TestMulticaMessageStrict(t *testing.T) {
 		{"duplicate id: no id to answer", `{"id":"m","id":"n","to":"b","action":"a"}`, envelope.CodeInvalidRequest, "", "", ""},
 		{"duplicate payload", `{"id":"m","to":"b","action":"a","payload":1,"payload":2}`, envelope.CodeInvalidRequest, "m", "", ""},
 		{"duplicate inside payload: routed as sent", `{"id":"m","to":"b","action":"a","payload":{"x":1,"x":2}}`, envelope.CodeOK, "m", "", "b"},
-		{"depth at the limit", `{"id":"m","to":"b","action":"a","payload":` + nest(7) + `}`, envelope.CodeOK, "m", "", "b"},
-		{"depth past the limit", `{"id":"m","to":"b","action":"a","payload":` + nest(8) + `}`, envelope.CodeInvalidRequest, "", "", ""},
+		{"depth at the limit", `{"id":"m","to":"b","action":"a","payload":` + testkit.Nest(7) + `}`, envelope.CodeOK, "m", "", "b"},
+		{"depth past the limit", `{"id":"m","to":"b","action":"a","payload":` + testkit.Nest(8) + `}`, envelope.CodeInvalidRequest, "", "", ""},
 		{"invalid UTF-8", "{\"id\":\"m\",\"to\":\"b\",\"action\":\"a\",\"payload\":\"\xff\"}", envelope.CodeParseError, "", "", ""},
 		{"not JSON", `{"id":`, envelope.CodeParseError, "", "", ""},
 		{"not an object", `[1]`, envelope.CodeInvalidRequest, "", "", ""},
@@ -44,7 +40,7 @@ func TestMulticaMessageStrict(t *testing.T) {
 		{"uid a number", `{"id":"m","uid":5,"to":"b","action":"a"}`, envelope.CodeInvalidParams, "m", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := envelope.DecodeMulticaMessage([]byte(tc.data), dialectLimits)
+			m, err := envelope.DecodeMulticaMessage([]byte(tc.data), testkit.DialectLimits)
 			if tc.code == envelope.CodeOK {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -153,7 +149,7 @@ func FuzzDecodeMulticaMessage(f *testing.F) {
 		`{"id":5,"to":"b","action":"a"}`, `{"id":"m","uid":7,"to":"b","action":"a"}`,
 		`{"id":"` + strings.Repeat("i", 256) + `","to":"b","action":"a"}`, `{"id":"m","to":"` + strings.Repeat("t", 257) + `","action":"a"}`,
 		`[1,2,3]`, `"str"`, `null`, `{`, `{"to":"\u0000","action":"\ud800"}`,
-		`{"to":"b","action":"a","payload":` + nest(20) + `}`,
+		`{"to":"b","action":"a","payload":` + testkit.Nest(20) + `}`,
 	} {
 		f.Add([]byte(s))
 	}

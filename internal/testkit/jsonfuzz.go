@@ -151,3 +151,9 @@ func CheckLimits(t *testing.T, data []byte, err *envelope.Error) {
 		}
 	}
 }
+
+// DialectLimits bound the dialect decoders in their strict tests.
+var DialectLimits = envelope.Limits{MaxBytes: 1024, MaxDepth: 8}
+
+// Nest is n nested empty JSON arrays: a value n levels deep.
+func Nest(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }

@@ -12,11 +12,6 @@ import (
 	"github.com/agentmesh/agentmesh/surface/agentick"
 )
 
-// dialectLimits bound the decoder in these tests.
-var dialectLimits = envelope.Limits{MaxBytes: 1024, MaxDepth: 8}
-
-func nest(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
-
 func TestAgentickFrameStrict(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -38,8 +33,8 @@ func TestAgentickFrameStrict(t *testing.T) {
 		{"duplicate clientId", `{"type":"connect","clientId":"a","clientId":"b"}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
 		{"duplicate in invoke body", `{"method":"apps","method":"send"}`, true, envelope.CodeInvalidRequest, false, "req", "", "", ""},
 		{"duplicate inside params: theirs", `{"type":"req","id":"a","method":"m","params":{"x":1,"x":2}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
-		{"depth at the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + nest(6) + `}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
-		{"depth past the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + nest(7) + `}}`, false, envelope.CodeInvalidRequest, false, "req", "a", "", ""},
+		{"depth at the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + testkit.Nest(6) + `}}`, false, envelope.CodeOK, false, "req", "a", "m", ""},
+		{"depth past the limit", `{"type":"req","id":"a","method":"m","params":{"x":` + testkit.Nest(7) + `}}`, false, envelope.CodeInvalidRequest, false, "req", "a", "", ""},
 		{"broken JSON", `{"type":"req","id":"a","method":`, false, envelope.CodeParseError, false, "req", "a", "", ""},
 		{"invalid UTF-8", "{\"type\":\"req\",\"id\":\"a\",\"method\":\"m\",\"params\":{\"x\":\"\xff\"}}", false, envelope.CodeParseError, false, "req", "a", "", ""},
 		{"over the size limit", `{"type":"req","id":"a","method":"m","params":{"x":"` + strings.Repeat("x", 1024) + `"}}`, false, envelope.CodeInvalidRequest, false, "", "", "", ""},
@@ -54,7 +49,7 @@ func TestAgentickFrameStrict(t *testing.T) {
 		{"invoke", `{"method":"apps","clientId":"c"}`, true, envelope.CodeOK, false, "req", "", "apps", "c"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, err := agentick.DecodeFrame([]byte(tc.data), dialectLimits, tc.invoke)
+			f, err := agentick.DecodeFrame([]byte(tc.data), testkit.DialectLimits, tc.invoke)
 			switch {
 			case tc.code == envelope.CodeOK && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -88,7 +83,7 @@ func FuzzDecodeFrame(f *testing.F) {
 		`{"type":"req","id":"1","method":"m","params":[1]}`,
 		`{"type":"req","id":"a","method":"m","method":"n"}`, `{"type":"req","id":"a","\u0069d":"b","method":"m"}`,
 		`[[[[[]]]]]`, `"x"`, `null`, `{"type":7}`, `{"type":"connect","clientId":"a\u0000b"}`,
-		`{"type":"req","id":"deep","method":"m","params":{"a":` + nest(20) + `}}`,
+		`{"type":"req","id":"deep","method":"m","params":{"a":` + testkit.Nest(20) + `}}`,
 		`{"type":"connect","clientId":"` + strings.Repeat("c", 128) + `"}`, `{"type":"connect","clientId":"` + strings.Repeat("c", 129) + `"}`,
 		`{"type":"req","id":"` + strings.Repeat("i", 256) + `","method":"m"}`, `{"type":"req","id":"` + strings.Repeat("i", 257) + `","method":"m"}`,
 	} {

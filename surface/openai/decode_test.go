@@ -11,11 +11,6 @@ import (
 	"github.com/agentmesh/agentmesh/surface/openai"
 )
 
-// dialectLimits bound the decoder in these tests.
-var dialectLimits = envelope.Limits{MaxBytes: 1024, MaxDepth: 8}
-
-func nest(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
-
 func TestOpenAIRequestStrict(t *testing.T) {
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
 	for _, tc := range []struct {
@@ -31,8 +26,8 @@ func TestOpenAIRequestStrict(t *testing.T) {
 		{"duplicate include_usage", `{"model":"m","stream_options":{"include_usage":true,"include_usage":false},` + msgs + `}`, envelope.CodeInvalidRequest},
 		{"duplicate in an unread member: not read", `{"model":"m","metadata":{"a":1,"a":2},` + msgs + `}`, envelope.CodeOK},
 		{"keys are exact", `{"Model":"m",` + msgs + `}`, envelope.CodeInvalidParams},
-		{"depth at the limit", `{"model":"m","metadata":` + nest(7) + `,` + msgs + `}`, envelope.CodeOK},
-		{"depth past the limit", `{"model":"m","metadata":` + nest(8) + `,` + msgs + `}`, envelope.CodeInvalidRequest},
+		{"depth at the limit", `{"model":"m","metadata":` + testkit.Nest(7) + `,` + msgs + `}`, envelope.CodeOK},
+		{"depth past the limit", `{"model":"m","metadata":` + testkit.Nest(8) + `,` + msgs + `}`, envelope.CodeInvalidRequest},
 		{"not JSON", `{"model":`, envelope.CodeInvalidRequest},
 		{"invalid UTF-8", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", envelope.CodeInvalidRequest},
 		{"not an object", `[]`, envelope.CodeInvalidRequest},
@@ -43,7 +38,7 @@ func TestOpenAIRequestStrict(t *testing.T) {
 		{"no tools", `{"model":"m","tools":[ ],"n":1,"stream":null,` + msgs + `}`, envelope.CodeOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, err := openai.DecodeRequest([]byte(tc.data), dialectLimits)
+			req, err := openai.DecodeRequest([]byte(tc.data), testkit.DialectLimits)
 			if tc.code == envelope.CodeOK {
 				if err != nil || req.Model != "m" || len(req.Messages) != 1 || req.Messages[0].Text != "hi" {
 					t.Fatalf("%+v, %v; want accepted", req, err)

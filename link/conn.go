@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -129,18 +130,40 @@ func (c Config) WithDefaults() Config {
 
 // closeError ends a connection with its WebSocket close code and text.
 type closeError struct {
-	code int
-	text string
+	code       int
+	text       string
+	notReading bool
 }
 
 func (e *closeError) Error() string { return e.text }
+
+func (e *closeError) Unwrap() error {
+	if e.notReading {
+		return ErrNotReading
+	}
+	return nil
+}
+
+// ErrNotReading is the cause, wrapped, of every close of a peer that
+// stopped reading its messages: a slow consumer, a full send queue.
+var ErrNotReading = errors.New("peer does not read")
+
+// NotReading is a cause for Shutdown: the peer does not read (its send
+// queue is full, say); the connection closes 1008 with text. The close
+// frame is sent only when the writer kept room for it in the kernel's
+// buffer (WithBackpressure): otherwise the writer is stuck on the
+// peer's full buffer and the frame would not arrive, nor would Shutdown
+// return before the close frame's deadline.
+func NotReading(text string) error {
+	return &closeError{code: websocket.ClosePolicyViolation, text: text, notReading: true}
+}
 
 var (
 	errConnClosed   = errors.New("connection closed")
 	errTooManyPings = errors.New("peer pings too often: too many pings")
 	// errSlowConsumer: the peer took none of the bytes written to it for
 	// WriteTimeout (or left its send queue full that long).
-	errSlowConsumer = errors.New("peer does not read: slow consumer")
+	errSlowConsumer = fmt.Errorf("%w: slow consumer", ErrNotReading)
 )
 
 // pingBurst is how many pings a peer may send at once; past that it must
@@ -222,6 +245,7 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
+	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
 	credit      int         // bytes the kernel can take without a new look (writer only)
 	lingering   atomic.Bool // closed as a slow consumer: the reader lingers, then closes
 	quit        chan struct{}
@@ -260,6 +284,7 @@ func NewConn(ws *websocket.Conn, cfg Config) *Conn {
 func (c *Conn) WithBackpressure() {
 	c.bp = true
 	c.raw = rawConn(c.ws.NetConn())
+	c.roomKept.Store(c.raw != nil)
 }
 
 // tryAdmit counts calls read from the peer, of n bytes, until release,
@@ -593,16 +618,20 @@ func (c *Conn) Shutdown(err error) {
 			code, text = ce.code, ce.text
 		}
 		// No close frame to a peer that went silent (read deadline) or
-		// stopped taking bytes (write timeout): it would not arrive, and
-		// WriteControl waits up to its deadline for the writer, which is
-		// stuck on the full socket buffer of a blackholed link, delaying
+		// stopped taking bytes (write timeout), nor to one that does not
+		// read when the writer kept no room for the frame: it would not
+		// arrive, and WriteControl waits up to its deadline for the
+		// writer, which is stuck on the full socket buffer, delaying
 		// onClose (the pending calls' UNAVAILABLE) by that second
-		// (measured in the netns lab, S05: detection 3.5 s, not 2.5 s).
+		// (measured in the netns lab, S05: detection 3.5 s, not 2.5 s),
+		// and whoever called Shutdown (a Multica sender, measured: the
+		// refusal of its message to a stuck device came 1 s late).
 		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		if !timedOut && (!errors.Is(err, ErrNotReading) || c.roomKept.Load()) {
 			werr := c.ws.WriteControl(websocket.CloseMessage,
 				websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
-			if werr == nil && errors.Is(err, errSlowConsumer) && c.raw != nil {
+			if werr == nil && errors.Is(err, ErrNotReading) {
 				// The writer handed the kernel whole frames only, with
 				// room to spare (waitSendRoom): the close frame follows
 				// the last of them. The reader discards what the peer

@@ -101,3 +101,59 @@ func TestSlowConsumerCloseFrame(t *testing.T) {
 		t.Error("the peer read no frame before the close")
 	}
 }
+
+// TestShutdownNotReadingDoesNotWait: Shutdown starts closing without
+// waiting, even for a peer that stopped reading on a connection that
+// keeps no room for a close frame (no backpressure), whose writer is
+// stuck on the peer's full socket buffer. Sending the close frame there
+// waited for the writer until the frame's 1 s deadline, and whoever
+// called Shutdown with it (a Multica sender whose message found a
+// device's queue full) was held that second.
+func TestShutdownNotReadingDoesNotWait(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *websocket.Conn, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err == nil {
+			got <- ws
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	cws, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cws.Close()
+	c := NewConn(<-got, Config{QueueSize: 4})
+	closed := make(chan error, 1)
+	c.Start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
+	defer c.Close()
+	// Frames until the queue stays full: the writer is stuck in the
+	// kernel, on the peer's full buffer (it would otherwise drain it).
+	big := strings.Repeat("x", 60<<10)
+	var full time.Time
+	for full.IsZero() || time.Since(full) < 200*time.Millisecond {
+		b := GetBuf()
+		*b = append((*b)[:0], big...)
+		if c.TrySend(b) {
+			full = time.Time{}
+			continue
+		}
+		if full.IsZero() {
+			full = time.Now()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	c.Shutdown(NotReading("send queue full"))
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("Shutdown took %v: it waited for the stuck writer (the close frame's deadline is 1 s)", took)
+	}
+	if err := <-closed; !errors.Is(err, ErrNotReading) {
+		t.Errorf("closed with %v; want ErrNotReading", err)
+	}
+}

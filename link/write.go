@@ -5,7 +5,6 @@ package link
 // into few writes.
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -201,6 +200,7 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 		q, size, ok := sendQueue(c.raw)
 		if !ok {
 			c.raw = nil // not a socket that says: write as before
+			c.roomKept.Store(false)
 			return t != nil, nil
 		}
 		room := size/2 - q - closeReserve
@@ -313,7 +313,7 @@ func (c *Conn) Send(b *[]byte) bool {
 			if c.bp {
 				c.Shutdown(fmt.Errorf("%w: send queue full", errSlowConsumer))
 			} else {
-				c.Shutdown(errors.New("peer does not read: send queue full"))
+				c.Shutdown(fmt.Errorf("%w: send queue full", ErrNotReading))
 			}
 			PutBuf(b)
 			return false

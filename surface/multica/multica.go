@@ -96,7 +96,11 @@ var multicaMethods = map[string]string{
 	"getAgentMessages": "chat.getAgentMessages",
 }
 
-var errMulticaSlow = errors.New("multica device does not read: send queue full")
+// errMulticaSlow closes a device whose send queue is full: 1008, after
+// the frames already written whole (the device's link keeps room for
+// the close frame, WithBackpressure), and without blocking the sender
+// that found the queue full.
+var errMulticaSlow = link.NotReading("send queue full")
 
 // multicaDevices is the table of the devices connected to one hub, by
 // deviceId (the surface's own state, made by Mount). The zero value is
@@ -226,6 +230,7 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request) {
 	_, conn := h.Caller(r.Context())
 	base := h.WithCaller(context.Background(), who, conn)
 	d := &multicaDevice{s: s, id: id, typ: typ, who: who, c: link.NewConn(ws, h.ConnConfig())}
+	d.c.WithBackpressure()
 	d.ctx, d.cancel = context.WithCancel(base)
 	if !h.Track(d) {
 		d.cancel()

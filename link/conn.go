@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -127,44 +126,6 @@ func (c Config) WithDefaults() Config {
 	}
 	return c
 }
-
-// closeError ends a connection with its WebSocket close code and text.
-type closeError struct {
-	code       int
-	text       string
-	notReading bool
-}
-
-func (e *closeError) Error() string { return e.text }
-
-func (e *closeError) Unwrap() error {
-	if e.notReading {
-		return ErrNotReading
-	}
-	return nil
-}
-
-// ErrNotReading is the cause, wrapped, of every close of a peer that
-// stopped reading its messages: a slow consumer, a full send queue.
-var ErrNotReading = errors.New("peer does not read")
-
-// NotReading is a cause for Shutdown: the peer does not read (its send
-// queue is full, say); the connection closes 1008 with text. The close
-// frame is sent only when the writer kept room for it in the kernel's
-// buffer (WithBackpressure): otherwise the writer is stuck on the
-// peer's full buffer and the frame would not arrive, nor would Shutdown
-// return before the close frame's deadline.
-func NotReading(text string) error {
-	return &closeError{code: websocket.ClosePolicyViolation, text: text, notReading: true}
-}
-
-var (
-	errConnClosed   = errors.New("connection closed")
-	errTooManyPings = errors.New("peer pings too often: too many pings")
-	// errSlowConsumer: the peer took none of the bytes written to it for
-	// WriteTimeout (or left its send queue full that long).
-	errSlowConsumer = fmt.Errorf("%w: slow consumer", ErrNotReading)
-)
 
 // pingBurst is how many pings a peer may send at once; past that it must
 // keep to the sustained rate of one per PeerPingMin.

@@ -44,6 +44,7 @@ func (l *CapListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
+		tuneTCP(c)
 		return &cappedConn{Conn: c, l: l, readAhead: newReadAhead(c)}, nil
 	}
 }

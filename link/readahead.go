@@ -133,5 +133,6 @@ func dialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
+	tuneTCP(c)
 	return &readAheadConn{Conn: c, readAhead: newReadAhead(c)}, nil
 }

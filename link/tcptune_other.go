@@ -1,0 +1,8 @@
+//go:build !linux
+
+package link
+
+import "net"
+
+// tuneTCP: linear retransmission timeouts for thin streams are Linux's.
+func tuneTCP(net.Conn) {}

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -271,19 +272,28 @@ func TestLabS21aHalfOpenLink(t *testing.T) {
 	var dropped int64
 	faults := make(chan struct{})
 	loadStart := time.Now()
+	led := scenario.NewLedger()
+	var cs s02Calls
+	pickRaw := func(r json.RawMessage) string { return string(r) }
+	var probe sync.WaitGroup // the probe below, waited for with the faults
 	go func() {
 		defer close(faults)
+		defer probe.Wait()
 		time.Sleep(time.Until(loadStart.Add(p.holeAt)))
 		labFault(t, "drop between echo-0 and the hub", ag0.Drop(nodeH))
 		holed = time.Now() // the rules are in force by now
+		// A call the test pins to echo-0 once its link is cut: it waits on
+		// the dead link, in every run, whatever the balancer does.
+		probe.Add(1)
+		go func() {
+			defer probe.Done()
+			cs.doTo(context.Background(), led, c.Invoke, "echo-0", "echo.sleep", false, `{"ms":0}`, `{"slept":0}`, pickRaw, time.Now())
+		}()
 		time.Sleep(time.Until(holed.Add(p.hole)))
 		dropped, _ = ag0.Dropped()
 		healed = time.Now()
 		labFault(t, "heal", ag0.Heal())
 	}()
-	led := scenario.NewLedger()
-	var cs s02Calls
-	pickRaw := func(r json.RawMessage) string { return string(r) }
 	sent := scenario.Drive(context.Background(), 100, p.load, 1000, func(ctx context.Context, i int, intended time.Time) {
 		if rand.IntN(5) == 0 {
 			cs.do(ctx, led, c.Invoke, "echo.sleep", false, `{"ms":0}`, `{"slept":0}`, pickRaw, intended)
@@ -293,7 +303,7 @@ func TestLabS21aHalfOpenLink(t *testing.T) {
 		cs.do(ctx, led, c.Invoke, "echo.echo", true, want, want, pickRaw, intended)
 	})
 	<-faults
-	s := led.Summarize(p.name, sent)
+	s := led.Summarize(p.name, sent+1) // the probe too
 
 	hubLog := h.stderr.String()
 	dead := firstAfter(hubLogTimes(hubLog, "agent link lost; deregistered", "echo-0"), holed)

@@ -103,7 +103,14 @@ func (cs *s02Calls) add(c s02Call) {
 // extracts it from the result.
 func (cs *s02Calls) do(ctx context.Context, led *scenario.Ledger, inv envelope.Invoker, method string, idempotent bool,
 	params, want string, pick func(json.RawMessage) string, intended time.Time) {
-	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: json.RawMessage(params)}
+	cs.doTo(ctx, led, inv, "", method, idempotent, params, want, pick, intended)
+}
+
+// doTo is do for a call pinned to instance dest (routed by the balancer
+// when dest is empty): a test's probe of an instance it has faulted.
+func (cs *s02Calls) doTo(ctx context.Context, led *scenario.Ledger, inv envelope.Invoker, dest, method string, idempotent bool,
+	params, want string, pick func(json.RawMessage) string, intended time.Time) {
+	req := &envelope.Request{ID: envelope.NewID(), Method: method, Destination: dest, Params: json.RawMessage(params)}
 	start := time.Now()
 	res, err := inv(ctx, req)
 	o := scenario.Outcome{ID: req.ID, Method: method, Idempotent: idempotent, Intended: intended, End: time.Now(), Want: want}
@@ -239,6 +246,8 @@ func TestS02FrozenAgent(t *testing.T) {
 	}
 	var ft faultTimes
 	faultsDone := make(chan struct{})
+	led := scenario.NewLedger()
+	var cs s02Calls
 	loadStart := time.Now()
 	signal := func(sig syscall.Signal) time.Time {
 		at := time.Now()
@@ -249,14 +258,52 @@ func TestS02FrozenAgent(t *testing.T) {
 		}
 		return at
 	}
+	// Probes: calls the test itself sends to the frozen instances once
+	// the kernel shows them stopped, so that the properties below are
+	// exercised in every run rather than when the balancer happens to
+	// pick a frozen instance (it steers away from one with calls
+	// outstanding, and hedges idempotent calls elsewhere). A memory.get
+	// pinned to kv-0 waits on it until its removal; a chaos.echo pinned
+	// to chaos-0 times out at its deadline, in both freezes (in the
+	// short one its answer comes late, after SIGCONT).
+	const echoProbes = 2 // recorded in the ledger, with the load's calls
+	var probes sync.WaitGroup
+	var memProbe s02Call
+	probe := func(method, dest, params string) s02Call {
+		req := &envelope.Request{ID: envelope.NewID(), Method: method, Destination: dest, Params: json.RawMessage(params)}
+		start := time.Now()
+		_, err := c.Invoke(context.Background(), req)
+		x := s02Call{Outcome: scenario.Outcome{ID: req.ID, Method: method, End: time.Now(), Code: envelope.CodeOK}, Start: start}
+		if err != nil {
+			e := envelope.AsError(err)
+			x.Code, x.NotSent = e.Code, e.NotSent()
+		}
+		return x
+	}
+	echoProbe := func(i int) {
+		want := fmt.Sprintf(`{"probe":%d}`, i)
+		cs.doTo(context.Background(), led, c.Invoke, "chaos-0", "chaos.echo", false, want, want, pickRaw, time.Now())
+	}
 	go func() {
 		defer close(faultsDone)
+		defer probes.Wait()
 		time.Sleep(time.Until(loadStart.Add(p.freezeAt)))
 		ft.stopped = signal(syscall.SIGSTOP)
+		for _, f := range frozen {
+			waitStopped(t, f)
+		}
+		probes.Add(2)
+		go func() { defer probes.Done(); memProbe = probe("memory.get", "kv-0", `{"key":"k0"}`) }()
+		go func() { defer probes.Done(); echoProbe(1) }()
 		time.Sleep(time.Until(ft.stopped.Add(p.freeze)))
 		ft.continued = signal(syscall.SIGCONT)
 		time.Sleep(time.Until(loadStart.Add(p.blipAt)))
 		ft.blipStopped = signal(syscall.SIGSTOP)
+		for _, f := range frozen {
+			waitStopped(t, f)
+		}
+		probes.Add(1)
+		go func() { defer probes.Done(); echoProbe(2) }()
 		ft.presentInBlip = true
 		for time.Since(ft.blipStopped) < p.blip {
 			ids := agentsNow()
@@ -270,8 +317,6 @@ func TestS02FrozenAgent(t *testing.T) {
 		ft.blipContinued = signal(syscall.SIGCONT)
 	}()
 
-	led := scenario.NewLedger()
-	var cs s02Calls
 	sent := scenario.Drive(context.Background(), 200, p.load, 1000, func(ctx context.Context, i int, intended time.Time) {
 		if rand.IntN(5) == 0 {
 			want := fmt.Sprintf(`{"i":%d}`, i)
@@ -311,7 +356,7 @@ func TestS02FrozenAgent(t *testing.T) {
 			}
 		}
 	}
-	s := led.Summarize(p.name, sent)
+	s := led.Summarize(p.name, sent+echoProbes)
 
 	// When the hub removed the frozen instances (heartbeat expiry), and
 	// when they registered again, from the hub's log.
@@ -389,6 +434,23 @@ func TestS02FrozenAgent(t *testing.T) {
 		}
 		if !firstRejoin.IsZero() && x.Start.After(firstRejoin) && slices.Contains(frozenIDs, x.Origin) {
 			servedAfterRejoin[x.Origin]++
+		}
+	}
+
+	// The memory.get pinned to kv-0 once it was stopped: answered at
+	// kv-0's removal, as any call waiting on it then; pinned, it cannot be
+	// retried elsewhere, so it ends UNAVAILABLE (or AGENT_NOT_FOUND, when
+	// the hub's retry finds the instance it names gone).
+	if rm := removed["kv-0"]; !rm.IsZero() {
+		atRemoval++
+		gap := memProbe.End.Sub(rm)
+		worstRemovalGap = max(worstRemovalGap, gap, -gap)
+		if gap < -20*time.Millisecond || gap > 200*time.Millisecond {
+			atRemovalOff++
+			t.Logf("the memory.get pinned to kv-0 ended %v after its removal: %s", gap.Round(time.Millisecond), memProbe.Code)
+		}
+		if memProbe.Code != envelope.CodeUnavailable && memProbe.Code != envelope.CodeAgentNotFound {
+			t.Errorf("the memory.get pinned to kv-0 while it was stopped ended %s; want UNAVAILABLE (or AGENT_NOT_FOUND) at its removal", memProbe.Code)
 		}
 	}
 
@@ -474,12 +536,10 @@ func TestS02FrozenAgent(t *testing.T) {
 	if !ft.presentInBlip {
 		t.Errorf("the instances expired during the short freeze of %v (TTL %v)", p.blip, ttl)
 	}
-	// Whether a call lands on the instance during the 0.8 s freeze is up to
-	// the balancer, which steers away from it: when none did, late answers
-	// were not exercised in this run (mesh's TestLateResponseDropped covers
-	// them deterministically), and only the upper bound is checked.
+	// The chaos.echo pinned to chaos-0 in the short freeze times out;
+	// chaos-0, continued, answers it late.
 	if blipTimeouts == 0 {
-		t.Log("no chaos.echo call timed out during the short freeze; late answers not exercised in this run")
+		t.Error("no chaos.echo call timed out during the short freeze; late answers were not exercised")
 	}
 	if (blipTimeouts > 0 && late < 1) || late > float64(timeouts) {
 		t.Errorf("agentmesh_late_responses_total = %v; want between 1 and the %d calls that timed out", late, timeouts)
@@ -490,3 +550,19 @@ func TestS02FrozenAgent(t *testing.T) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// waitStopped waits until the kernel shows p stopped (state T in
+// /proc/PID/stat): a signal is delivered asynchronously, and a probe
+// sent before the stop could still be answered.
+func waitStopped(t *testing.T, p *proc) {
+	t.Helper()
+	waitFor(t, p.name+" stopped", 2*time.Second, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
+}

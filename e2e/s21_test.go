@@ -263,11 +263,23 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 	var ft faultTimes
 	faultsDone := make(chan struct{})
 	loadStart := time.Now()
+	led := scenario.NewLedger()
+	var cs s02Calls
+	pickRaw := func(r json.RawMessage) string { return string(r) }
+	var probe sync.WaitGroup // the probe below, waited for with the faults
 	go func() {
 		defer close(faultsDone)
+		defer probe.Wait()
 		time.Sleep(time.Until(loadStart.Add(p.holeAt)))
 		ft.holed = time.Now()
 		proxy.hole()
+		// A call the test pins to echo-0 once its link is cut: it waits on
+		// the dead link, in every run, whatever the balancer does.
+		probe.Add(1)
+		go func() {
+			defer probe.Done()
+			cs.doTo(context.Background(), led, c.Invoke, "echo-0", "echo.sleep", false, `{"ms":0}`, `{"slept":0}`, pickRaw, time.Now())
+		}()
 		time.Sleep(time.Until(ft.holed.Add(p.hole)))
 		ft.healed = time.Now()
 		proxy.heal()
@@ -275,9 +287,6 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 		ft.abuseStart, ft.abuseClosed, ft.abuseErr = pingAbuse(h.ws, 20, 5*time.Second)
 	}()
 
-	led := scenario.NewLedger()
-	var cs s02Calls
-	pickRaw := func(r json.RawMessage) string { return string(r) }
 	sent := scenario.Drive(context.Background(), 100, p.load, 1000, func(ctx context.Context, i int, intended time.Time) {
 		if rand.IntN(5) == 0 {
 			cs.do(ctx, led, c.Invoke, "echo.sleep", false, `{"ms":0}`, `{"slept":0}`, pickRaw, intended)
@@ -287,7 +296,7 @@ func TestS21HalfOpenAndPingAbuse(t *testing.T) {
 		cs.do(ctx, led, c.Invoke, "echo.echo", true, want, want, pickRaw, intended)
 	})
 	<-faultsDone
-	s := led.Summarize(p.name, sent)
+	s := led.Summarize(p.name, sent+1)           // the probe too
 	leakFig := leaks.check(t, 10*time.Second, c) // 2× the 5 s timeout
 
 	hubLog := h.stderr.String()

@@ -22,6 +22,7 @@ import (
 	"github.com/agentmesh/agentmesh/internal/memnet"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/reliability"
 )
 
@@ -54,7 +55,7 @@ func TestSynctestHeartbeatExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const beat = time.Second
 		ttl := 3 * beat
-		m := startMemMesh(t, hub.Config{HeartbeatInterval: beat})
+		m := meshtest.StartInMemory(t, hub.Config{HeartbeatInterval: beat})
 		m.RunAgent(t, agents.NewEcho(agents.WithID("live-1"), m.AgentConn()))
 
 		served := make(chan struct{}, 1)
@@ -160,7 +161,7 @@ type probeSeen struct {
 func TestSynctestDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const hubDefault = 7 * time.Second
-		m := startMemMesh(t, hub.Config{DefaultTimeout: hubDefault})
+		m := meshtest.StartInMemory(t, hub.Config{DefaultTimeout: hubDefault})
 		seen := make(chan probeSeen, 1)
 		a := agents.New("probe", agents.WithID("probe-1"), m.AgentConn())
 		a.Handle("probe.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
@@ -244,8 +245,8 @@ func TestSynctestPingTimeout(t *testing.T) {
 
 	t.Run("hub closes a deaf client", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, hub.Config{Conn: link.Config{PingInterval: ping}})
-			d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}, NetDialContext: m.ln.DialContext}
+			m := meshtest.StartInMemory(t, hub.Config{Conn: link.Config{PingInterval: ping}})
+			d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}, NetDialContext: m.DialContext}
 			ws, _, err := d.DialContext(t.Context(), m.WS, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -357,7 +358,7 @@ type transition struct {
 // startFlaky runs, on m, agent id serving flaky.work, which fails
 // UNAVAILABLE (a failure breakers count) while failing is set, and counts
 // its executions.
-func startFlaky(t *testing.T, m *memMesh, id string, failing *atomic.Bool, execs *atomic.Int64) {
+func startFlaky(t *testing.T, m *meshtest.InMemory, id string, failing *atomic.Bool, execs *atomic.Int64) {
 	t.Helper()
 	a := agents.New("flaky", agents.WithID(id), m.AgentConn())
 	a.Handle("flaky.work", func(context.Context, json.RawMessage) (any, error) {
@@ -393,7 +394,7 @@ func TestSynctestBreakerRecovery(t *testing.T) {
 			var mu sync.Mutex
 			var trans []transition
 			rc := flakyConfig(reliability.BreakerConfig{FailureThreshold: 3, RecoveryTimeout: recovery, SuccessThreshold: 2})
-			m := startMemMesh(t, hub.Config{Reliability: &rc}, hub.WithBreakerHook(func(k reliability.BreakerKey, _, to string) {
+			m := meshtest.StartInMemory(t, hub.Config{Reliability: &rc}, hub.WithBreakerHook(func(k reliability.BreakerKey, _, to string) {
 				if k.Method == "flaky.work" {
 					mu.Lock()
 					trans = append(trans, transition{k.Instance, to, time.Now()})
@@ -489,7 +490,7 @@ func TestSynctestBreakerRecovery(t *testing.T) {
 			// The hub's breakers would need a thousand failures: what
 			// opens here is the client's.
 			hubRC := flakyConfig(reliability.BreakerConfig{FailureThreshold: 1000, RecoveryTimeout: time.Hour, SuccessThreshold: 1})
-			m := startMemMesh(t, hub.Config{Reliability: &hubRC})
+			m := meshtest.StartInMemory(t, hub.Config{Reliability: &hubRC})
 			var failing atomic.Bool
 			var execs atomic.Int64
 			failing.Store(true)
@@ -550,7 +551,7 @@ func TestSynctestDrain(t *testing.T) {
 	const drainAt = time.Second // after the slow call began
 	t.Run("in-flight call finishes", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, hub.Config{DrainTimeout: drainTimeout})
+			m := meshtest.StartInMemory(t, hub.Config{DrainTimeout: drainTimeout})
 			echo := agents.NewEcho(agents.WithID("echo-1"), m.AgentConn())
 			m.RunAgent(t, echo)
 			c := m.Client(t, mesh.WithoutReliability())
@@ -649,7 +650,7 @@ func TestSynctestDrain(t *testing.T) {
 
 	t.Run("stuck call bounded by DrainTimeout", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			m := startMemMesh(t, hub.Config{DrainTimeout: drainTimeout})
+			m := meshtest.StartInMemory(t, hub.Config{DrainTimeout: drainTimeout})
 			a := agents.New("stuck", agents.WithID("stuck-1"), m.AgentConn(), agents.WithDrainTimeout(time.Second))
 			a.Handle("stuck.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
 				<-ctx.Done()
@@ -696,7 +697,7 @@ func TestSynctestDrain(t *testing.T) {
 func TestSynctestRegisterDuringRegistryChange(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const rounds, n = 5, 100
-		m := startMemMesh(t, hub.Config{})
+		m := meshtest.StartInMemory(t, hub.Config{})
 		lost := 0
 		for r := range rounds {
 			links := make([]*link.Link, n)

@@ -1,9 +1,10 @@
-package mesh_test
+package meshtest
 
 import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,17 +17,18 @@ import (
 	"github.com/agentmesh/agentmesh/internal/memnet"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/surface/all"
 )
 
-// memMesh is a hub served over an in-memory network (internal/memnet),
-// for tests that run inside a testing/synctest bubble: with no socket the
+// InMemory is a hub served over an in-memory network (no socket), for
+// tests that run inside a testing/synctest bubble: with no socket the
 // bubble's goroutines block durably, and its fake clock drives every
 // heartbeat, ping, deadline and breaker timer, so that a test asserts
 // exact instants and takes no real time. Everything it starts stops in
 // the bubble's t.Cleanup (which runs inside the bubble, before
 // synctest.Test waits for the bubble's goroutines), so that no goroutine
 // outlives the bubble.
-type memMesh struct {
+type InMemory struct {
 	Hub *hub.Hub
 	ln  *memnet.Listener
 	WS  string // the hub's /ws on the in-memory network
@@ -41,14 +43,12 @@ type memMesh struct {
 // address, the listener's DialContext is what reaches the hub.
 const memHubURL = "ws://memhub/ws"
 
-// startMemMesh runs a hub with cfg on a new in-memory listener until the
+// StartInMemory runs a hub with cfg on a new in-memory listener until the
 // test (its bubble) ends. As meshtest.Start, no warm-up unless cfg sets
 // one.
-func startMemMesh(t *testing.T, cfg hub.Config, opts ...hub.Option) *memMesh {
+func StartInMemory(t *testing.T, cfg hub.Config, opts ...hub.Option) *InMemory {
 	t.Helper()
-	if cfg.WarmUp == 0 {
-		cfg.WarmUp = -1
-	}
+	cfg = noWarmUp(cfg)
 	// The hub logs to the test (shown when it fails): which link closed,
 	// which instance left, and why.
 	opts = append([]hub.Option{hub.WithLogger(testLogger(t))}, opts...)
@@ -56,8 +56,9 @@ func startMemMesh(t *testing.T, cfg hub.Config, opts ...hub.Option) *memMesh {
 	if err != nil {
 		t.Fatalf("NewHub: %v", err)
 	}
+	all.Mount(h)
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &memMesh{Hub: h, ln: memnet.Listen("memhub", 0), WS: memHubURL, cancel: cancel, served: make(chan error, 1)}
+	m := &InMemory{Hub: h, ln: memnet.Listen("memhub", 0), WS: memHubURL, cancel: cancel, served: make(chan error, 1)}
 	go func() { m.served <- h.Serve(ctx, m.ln) }()
 	t.Cleanup(func() {
 		// A test that stopped the hub itself checked what Serve returned.
@@ -70,7 +71,7 @@ func startMemMesh(t *testing.T, cfg hub.Config, opts ...hub.Option) *memMesh {
 
 // Stop ends Serve's context, so that the hub drains (at most
 // DrainTimeout) and stops, and returns what Serve returned. Idempotent.
-func (m *memMesh) Stop() error {
+func (m *InMemory) Stop() error {
 	m.stopOnce.Do(func() {
 		m.cancel()
 		m.stopErr = <-m.served
@@ -79,7 +80,7 @@ func (m *memMesh) Stop() error {
 }
 
 // stop is Stop for the cleanup: nil if the test stopped the hub itself.
-func (m *memMesh) stop() (err error) {
+func (m *InMemory) stop() (err error) {
 	m.stopOnce.Do(func() {
 		m.cancel()
 		m.stopErr = <-m.served
@@ -89,20 +90,26 @@ func (m *memMesh) stop() (err error) {
 }
 
 // Conn returns cc with its Dial set to the in-memory network.
-func (m *memMesh) Conn(cc link.Config) link.Config {
+func (m *InMemory) Conn(cc link.Config) link.Config {
 	cc.Dial = m.ln.DialContext
 	return cc
 }
 
+// DialContext dials the hub over the in-memory network (whatever the
+// address), for a raw WebSocket or HTTP client of a test's own.
+func (m *InMemory) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return m.ln.DialContext(ctx, network, addr)
+}
+
 // HTTPClient is an http.Client whose connections go over the in-memory
 // network (for mesh.WithHTTPClient).
-func (m *memMesh) HTTPClient() *http.Client {
+func (m *InMemory) HTTPClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: m.ln.DialContext}}
 }
 
 // RunAgent runs a (built with m.AgentConn) until the test ends, or stop
 // is called, and waits until it is registered.
-func (m *memMesh) RunAgent(t *testing.T, a *agents.Agent) (stop func()) {
+func (m *InMemory) RunAgent(t *testing.T, a *agents.Agent) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -124,13 +131,13 @@ func (m *memMesh) RunAgent(t *testing.T, a *agents.Agent) (stop func()) {
 
 // AgentConn is the agents option that puts an agent's link on the
 // in-memory network.
-func (m *memMesh) AgentConn() agents.Option {
+func (m *InMemory) AgentConn() agents.Option {
 	return agents.WithConnConfig(m.Conn(link.Config{}))
 }
 
 // Client returns a WebSocket client of the hub over the in-memory
 // network, closed when the test ends.
-func (m *memMesh) Client(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
+func (m *InMemory) Client(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
 	t.Helper()
 	c, err := mesh.NewClient([]string{m.WS}, append([]mesh.ClientOption{mesh.WithConnConfig(m.Conn(link.Config{}))}, opts...)...)
 	if err != nil {
@@ -142,7 +149,7 @@ func (m *memMesh) Client(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
 
 // HTTPRPCClient returns a JSON-RPC-over-HTTP client of the hub over the
 // in-memory network, closed when the test ends.
-func (m *memMesh) HTTPRPCClient(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
+func (m *InMemory) HTTPRPCClient(t *testing.T, opts ...mesh.ClientOption) *mesh.Client {
 	t.Helper()
 	c, err := mesh.NewClient([]string{"http://memhub"}, append([]mesh.ClientOption{mesh.WithHTTPClient(m.HTTPClient())}, opts...)...)
 	if err != nil {

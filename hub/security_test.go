@@ -465,68 +465,72 @@ func TestPeerLinksAuthenticate(t *testing.T) {
 // same key with another body is INVALID_PARAMS; another caller's key
 // space is its own; after the window the key is forgotten.
 func TestIdempotencyKeyReplay(t *testing.T) {
-	sec := hub.Security{Key: testkit.TestKey}
-	m := meshtest.Start(t, hub.Config{Security: &sec, IdempotencyWindow: 3 * time.Second})
-	var runs atomic.Int64
-	a := agents.New("ledger", agents.WithToken(testkit.Token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)))
-	a.Handle("ledger.append", func(ctx context.Context, p json.RawMessage) (any, error) {
-		return map[string]int64{"entry": runs.Add(1)}, nil
-	})
-	m.RunAgent(t, a)
-	alice := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
-	ws := testkit.MustClient(t, m.WS, mesh.WithToken(alice), mesh.WithoutReliability())
-	key := func(k string) mesh.CallOption {
-		return mesh.WithHeaders(func(h *envelope.Headers) { h.IdempotencyKey = k })
-	}
-	var first struct{ Entry int64 }
-	if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &first, key("pay-1")); err != nil {
-		t.Fatal(err)
-	}
-	// 50 concurrent replays and one over HTTP with the header, a second later.
-	var wg sync.WaitGroup
-	for range 50 {
-		wg.Go(func() {
-			var got struct{ Entry int64 }
-			if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &got, key("pay-1")); err != nil || got != first {
-				t.Errorf("replay: %+v, %v; want %+v", got, err, first)
-			}
+	// The window is time: a synctest bubble over the in-memory network
+	// (4 s of real time before).
+	synctest.Test(t, func(t *testing.T) {
+		sec := hub.Security{Key: testkit.TestKey}
+		m := meshtest.StartInMemory(t, hub.Config{Security: &sec, IdempotencyWindow: 3 * time.Second})
+		var runs atomic.Int64
+		a := agents.New("ledger", agents.WithToken(testkit.Token(t, auth.Claims{Subject: "ledger", Serve: []string{"ledger.*"}}, time.Hour)), m.AgentConn())
+		a.Handle("ledger.append", func(ctx context.Context, p json.RawMessage) (any, error) {
+			return map[string]int64{"entry": runs.Add(1)}, nil
 		})
-	}
-	wg.Wait()
-	time.Sleep(time.Second)
-	req, _ := http.NewRequest(http.MethodPost, m.HTTP+"/rpc", strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"ledger.append","params":{"amount":5}}`))
-	req.Header.Set("Authorization", "Bearer "+alice)
-	req.Header.Set("Idempotency-Key", "pay-1")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if want := fmt.Sprintf(`{"jsonrpc":"2.0","result":{"entry":%d},"id":7}`, first.Entry); string(body) != want {
-		t.Errorf("HTTP replay 1 s later: %s; want %s", body, want)
-	}
-	if runs.Load() != 1 {
-		t.Errorf("the agent ran the call %d times; want 1", runs.Load())
-	}
-	// Same key, another body: refused, not run.
-	err = ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 500}, nil, key("pay-1"))
-	testkit.WantCode(t, "same key, other params", err, envelope.CodeInvalidParams)
-	// Another caller's "pay-1" is another key.
-	bob := testkit.MustClient(t, m.WS, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "bob"}, time.Hour)))
-	if err := bob.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, nil, key("pay-1")); err != nil {
-		t.Fatal(err)
-	}
-	if runs.Load() != 2 {
-		t.Errorf("runs = %d after bob's call; want 2", runs.Load())
-	}
-	// After the window, alice's key is forgotten: the call runs again.
-	time.Sleep(3 * time.Second)
-	var again struct{ Entry int64 }
-	if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &again, key("pay-1")); err != nil || again == first {
-		t.Errorf("after the window: %+v, %v; want a new entry", again, err)
-	}
-	t.Logf("52 replays of one keyed call, %d executions in all (1 + bob + 1 after the window)", runs.Load())
+		m.RunAgent(t, a)
+		alice := testkit.Token(t, auth.Claims{Subject: "alice"}, time.Hour)
+		ws := m.Client(t, mesh.WithToken(alice), mesh.WithoutReliability())
+		key := func(k string) mesh.CallOption {
+			return mesh.WithHeaders(func(h *envelope.Headers) { h.IdempotencyKey = k })
+		}
+		var first struct{ Entry int64 }
+		if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &first, key("pay-1")); err != nil {
+			t.Fatal(err)
+		}
+		// 50 concurrent replays and one over HTTP with the header, a second later.
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				var got struct{ Entry int64 }
+				if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &got, key("pay-1")); err != nil || got != first {
+					t.Errorf("replay: %+v, %v; want %+v", got, err, first)
+				}
+			})
+		}
+		wg.Wait()
+		time.Sleep(time.Second)
+		req, _ := http.NewRequest(http.MethodPost, "http://memhub/rpc", strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"ledger.append","params":{"amount":5}}`))
+		req.Header.Set("Authorization", "Bearer "+alice)
+		req.Header.Set("Idempotency-Key", "pay-1")
+		res, err := m.HTTPClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if want := fmt.Sprintf(`{"jsonrpc":"2.0","result":{"entry":%d},"id":7}`, first.Entry); string(body) != want {
+			t.Errorf("HTTP replay 1 s later: %s; want %s", body, want)
+		}
+		if runs.Load() != 1 {
+			t.Errorf("the agent ran the call %d times; want 1", runs.Load())
+		}
+		// Same key, another body: refused, not run.
+		err = ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 500}, nil, key("pay-1"))
+		testkit.WantCode(t, "same key, other params", err, envelope.CodeInvalidParams)
+		// Another caller's "pay-1" is another key.
+		bob := m.Client(t, mesh.WithToken(testkit.Token(t, auth.Claims{Subject: "bob"}, time.Hour)))
+		if err := bob.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, nil, key("pay-1")); err != nil {
+			t.Fatal(err)
+		}
+		if runs.Load() != 2 {
+			t.Errorf("runs = %d after bob's call; want 2", runs.Load())
+		}
+		// After the window, alice's key is forgotten: the call runs again.
+		time.Sleep(3 * time.Second)
+		var again struct{ Entry int64 }
+		if err := ws.Call(t.Context(), "ledger.append", map[string]int{"amount": 5}, &again, key("pay-1")); err != nil || again == first {
+			t.Errorf("after the window: %+v, %v; want a new entry", again, err)
+		}
+		t.Logf("52 replays of one keyed call, %d executions in all (1 + bob + 1 after the window)", runs.Load())
+	})
 }
 
 // TestBadTokenFlood is S24 (f): one source sends bad tokens at ~1000/s

@@ -12,10 +12,12 @@ package memnet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,6 +37,7 @@ type Listener struct {
 	conns   chan net.Conn
 	done    chan struct{}
 	once    sync.Once
+	dials   atomic.Int64
 }
 
 // Listen returns a listener named name (its address; any string) whose
@@ -67,7 +70,12 @@ func (l *Listener) Addr() net.Addr { return Addr(l.name) }
 
 // Dial connects to the listener, waiting for its Accept within ctx.
 func (l *Listener) Dial(ctx context.Context) (net.Conn, error) {
-	client, server := Pipe(l.bufSize, Addr(l.name+"-client"), Addr(l.name))
+	// Each connection's client end has an address of its own, as a
+	// socket's ephemeral port: one host ("NAME-client"), a port per
+	// connection, so that what keys on the connection's address (the
+	// hub's per-connection rate limit) tells connections apart, and what
+	// keys on the host (per-IP budgets) sees one source, as on loopback.
+	client, server := Pipe(l.bufSize, Addr(fmt.Sprintf("%s-client:%d", l.name, l.dials.Add(1))), Addr(l.name))
 	select {
 	case l.conns <- server:
 		return client, nil

@@ -89,6 +89,15 @@ func SecuredHub(t *testing.T, sec hub.Security) *meshtest.Mesh {
 		hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 }
 
+// SecuredMemHub is SecuredHub on the in-memory network, for a test in a
+// synctest bubble.
+func SecuredMemHub(t *testing.T, sec hub.Security) *meshtest.InMemory {
+	t.Helper()
+	sec.Key = TestKey
+	return meshtest.StartInMemory(t, hub.Config{HeartbeatInterval: time.Second, Security: &sec},
+		hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
+}
+
 // SpanShapes lists the spans of one trace as "name/kind/status", sorted,
 // and checks that its server span is a child of the caller's span parent:
 // what the tests comparing a surface's trace with the native call's
@@ -176,7 +185,13 @@ func WantCode(t *testing.T, what string, err error, code envelope.Code) {
 
 // CountingAgent serves methods and counts the calls it executed.
 func CountingAgent(name string, n *atomic.Int64, tok string, methods ...string) *agents.Agent {
-	a := agents.New(name, agents.WithToken(tok))
+	return CountingAgentWith(name, n, tok, nil, methods...)
+}
+
+// CountingAgentWith is CountingAgent with the agent's options (an
+// in-memory mesh's AgentConn, say).
+func CountingAgentWith(name string, n *atomic.Int64, tok string, opts []agents.Option, methods ...string) *agents.Agent {
+	a := agents.New(name, append([]agents.Option{agents.WithToken(tok)}, opts...)...)
 	for _, m := range methods {
 		a.Handle(m, func(ctx context.Context, p json.RawMessage) (any, error) {
 			n.Add(1)

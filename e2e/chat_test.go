@@ -30,6 +30,7 @@ type chatPage struct {
 // message written before the kill, the interrupted turn's user message
 // included, and the conversation goes on from it.
 func TestChatAgentProcessRestart(t *testing.T) {
+	t.Parallel()
 	h := startHub(t)
 	dir := t.TempDir()
 	run := func() *proc {
@@ -121,6 +122,7 @@ func TestChatAgentProcessRestart(t *testing.T) {
 // command, which then takes the next line. The history keeps the
 // cancelled answer as "aborted".
 func TestDemoChatCtrlC(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	h := startHub(t, "--demo", "--chat-data-dir", dir)
 	waitMethods(t, h.ws, "chat.send", "chat.events")

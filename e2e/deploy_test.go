@@ -66,6 +66,7 @@ func yamlDocs(t *testing.T, path string) []map[string]any {
 // by real ones); every agent gets a token; Prometheus scrapes the hubs'
 // admin ports; the dashboard asks only for metrics a hub really exports.
 func TestDeployFiles(t *testing.T) {
+	t.Parallel()
 	compose := yamlDocs(t, repo(t, "deploy/compose/compose.yaml"))[0]
 	services := compose["services"].(map[string]any)
 	for _, want := range []string{"etcd", "hub-a", "hub-b", "hub-c", "agent-echo", "agent-kv", "jaeger", "prometheus", "grafana"} {

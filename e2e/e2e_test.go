@@ -342,6 +342,7 @@ func jsonEq(a, b string) bool {
 // and checks what meshctl prints and how it exits, then SIGKILLs the agent:
 // the next call fails with a coded error within a second.
 func TestEchoAgent(t *testing.T) {
+	t.Parallel()
 	h := startHub(t)
 	agent := start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-1")
 	waitMethods(t, h.ws, "echo.echo")
@@ -530,6 +531,7 @@ func postRPC(t *testing.T, base, body string) (int, rpcReply, string) {
 // TestDemoHub: meshd --demo runs the echo and kv agents itself; they answer
 // through meshctl (WebSocket and HTTP) and through a plain HTTP POST.
 func TestDemoHub(t *testing.T) {
+	t.Parallel()
 	h := startHub(t, "--demo")
 	waitMethods(t, h.ws, "echo.echo", "memory.put", "memory.get")
 
@@ -577,6 +579,7 @@ func TestDemoHub(t *testing.T) {
 // TestMeshdExitsZeroOnSIGTERM: an idle hub with an agent attached stops on
 // SIGTERM within a few seconds, exit code 0, its log JSON lines to the end.
 func TestMeshdExitsZeroOnSIGTERM(t *testing.T) {
+	t.Parallel()
 	h := startHub(t)
 	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-sig")
 	waitMethods(t, h.ws, "echo.echo")
@@ -661,6 +664,7 @@ func TestGracefulDrain(t *testing.T) {
 // TestDemoHubDrain: meshd --demo stops its own agents first on SIGTERM;
 // the call in flight on them still completes and meshd exits 0.
 func TestDemoHubDrain(t *testing.T) {
+	t.Parallel()
 	h := startHub(t, "--demo", "--drain-timeout", "5s")
 	waitMethods(t, h.ws, "echo.sleep")
 	done := make(chan result, 1)
@@ -759,6 +763,7 @@ func TestFrozenAgentExpires(t *testing.T) {
 // TestChaosAgentErrors: the codes of a failing agent reach meshctl's
 // stderr and exit code, and --timeout bounds a slow call.
 func TestChaosAgentErrors(t *testing.T) {
+	t.Parallel()
 	t.Run("injected failure", func(t *testing.T) {
 		h := startHub(t)
 		start(t, "meshctl", "agent", "run", "chaos", "--hub", h.ws, "--fail-rate", "1", "--fail-code", "OVERLOADED")
@@ -790,6 +795,7 @@ func TestChaosAgentErrors(t *testing.T) {
 // /metrics asks for an admin token, while --admin-addr (the scraper's
 // port, on loopback) serves them without one, as its help says.
 func TestAdminMetricsWithoutToken(t *testing.T) {
+	t.Parallel()
 	key := filepath.Join(t.TempDir(), "mesh.key")
 	if r := meshctl(t, "token", "keygen", "--out", key); r.code != 0 {
 		t.Fatalf("keygen: %v", r)

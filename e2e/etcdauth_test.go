@@ -112,6 +112,7 @@ func checkRoleHolds(t *testing.T, cli *clientv3.Client) {
 // agent or meshd's log; a mesh token is refused by etcd both as the
 // password and as an etcd auth token.
 func TestClusterEtcdPasswordAuth(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	const hubPw = "hub-secret-e2e-7f3a"
 	srv.EnableAuth(t, etcdRootPw, etcdRole, meshPrefix, etcdtest.User{Name: "hub", Password: hubPw})
@@ -162,6 +163,7 @@ func TestClusterEtcdPasswordAuth(t *testing.T) {
 // --client-cert-auth, meshd known to etcd by its client certificate's CN
 // (--etcd-cert, --etcd-key, --etcd-ca; a user without a password).
 func TestClusterEtcdClientCertAuth(t *testing.T) {
+	t.Parallel()
 	certs := etcdtest.NewCerts(t)
 	srv := etcdtest.StartWith(t, etcdtest.Options{TLS: certs, ClientCertAuth: true})
 	srv.EnableAuth(t, etcdRootPw, etcdRole, meshPrefix, etcdtest.User{Name: "hub"})
@@ -187,6 +189,7 @@ func TestClusterEtcdClientCertAuth(t *testing.T) {
 // client certificate, a certificate of a user etcd does not know, and a
 // CA that did not sign etcd's certificate.
 func TestMeshdEtcdCredentialsRefused(t *testing.T) {
+	t.Parallel()
 	pwSrv := etcdtest.Start(t)
 	pwSrv.EnableAuth(t, etcdRootPw, etcdRole, meshPrefix, etcdtest.User{Name: "hub", Password: "the-right-one"})
 	const wrong = "not-the-password-e2e"
@@ -249,6 +252,7 @@ func TestMeshdEtcdCredentialsRefused(t *testing.T) {
 // meanwhile it exits 0; once etcd is back it checks the credentials and
 // serves.
 func TestMeshdWaitsForEtcdToCheckCredentials(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	const hubPw = "hub-secret-wait"
 	srv.EnableAuth(t, etcdRootPw, etcdRole, meshPrefix, etcdtest.User{Name: "hub", Password: hubPw})

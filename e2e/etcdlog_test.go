@@ -53,6 +53,7 @@ func etcdClientLines(out string) []map[string]any {
 // (its JSON handler, the etcd client's message and fields), among other
 // lines, and finds nothing in a log without it.
 func TestQueueFullLineDetected(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	log, err := telemetry.NewLoggerFormat(&buf, "info", "json")
 	if err != nil {
@@ -90,6 +91,7 @@ func TestQueueFullLineDetected(t *testing.T) {
 // JSON lines tagged logger=etcd-client. (With the client's logger a
 // zap.NewNop, as before, the cut left no such line.)
 func TestMeshdLogsEtcdClientWarnings(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	proxy, err := faultproxy.New(t.Context(), strings.TrimPrefix(srv.Endpoint, "http://"))
 	if err != nil {

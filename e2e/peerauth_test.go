@@ -26,6 +26,7 @@ import (
 // mesh.agents nor anything else, on /ws or /rpc, and A does not take it
 // either.
 func TestClusterPeerTokenReplay(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	key := filepath.Join(t.TempDir(), "mesh.key")
 	if r := meshctl(t, "token", "keygen", "--out", key); r.code != 0 {

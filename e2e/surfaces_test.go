@@ -19,6 +19,7 @@ import (
 // /multica is greeted "registered" by the hub; MCP's /mcp answers an
 // initialize.
 func TestMeshdServesSurfaces(t *testing.T) {
+	t.Parallel()
 	h := startHub(t)
 	c := &http.Client{Timeout: 5 * time.Second}
 	get := func(path string) (int, string) {

@@ -14,6 +14,7 @@ import (
 // real notify socket: READY=1 once it serves, WATCHDOG=1 at half the
 // watchdog interval, STOPPING=1 when SIGTERM starts the drain.
 func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "notify.sock")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
 	if err != nil {

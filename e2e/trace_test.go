@@ -102,6 +102,7 @@ func (r *receiver) trace(id string) []span {
 // trace with the right parents, a failed call carries its code, and the
 // hub makes one attempt span per retry.
 func TestOneTraceAcrossHops(t *testing.T) {
+	t.Parallel()
 	rcv := &receiver{}
 	srv := httptest.NewServer(rcv)
 	defer srv.Close()

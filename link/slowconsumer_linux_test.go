@@ -22,27 +22,10 @@ import (
 // order, then that close frame (without the whole-frames rule it gets a
 // frame cut short and 1006).
 func TestSlowConsumerCloseFrame(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *websocket.Conn, 1)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-		if err == nil {
-			got <- ws
-		}
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	cws, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cws.Close()
+	sws, cws := loopbackWS(t)
 	var slow atomic.Int32
 	const writeTimeout = 500 * time.Millisecond
-	c := NewConn(<-got, Config{WriteTimeout: writeTimeout, SlowConsumer: func() { slow.Add(1) }})
+	c := NewConn(sws, Config{WriteTimeout: writeTimeout, SlowConsumer: func() { slow.Add(1) }})
 	c.WithBackpressure()
 	closed := make(chan error, 1)
 	c.Start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
@@ -110,25 +93,8 @@ func TestSlowConsumerCloseFrame(t *testing.T) {
 // called Shutdown with it (a Multica sender whose message found a
 // device's queue full) was held that second.
 func TestShutdownNotReadingDoesNotWait(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *websocket.Conn, 1)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-		if err == nil {
-			got <- ws
-		}
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	cws, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cws.Close()
-	c := NewConn(<-got, Config{QueueSize: 4})
+	sws, _ := loopbackWS(t) // the peer: it reads nothing
+	c := NewConn(sws, Config{QueueSize: 4})
 	closed := make(chan error, 1)
 	c.Start(func([]byte, *envelope.Error) {}, func(err error) { closed <- err })
 	defer c.Close()
@@ -156,4 +122,30 @@ func TestShutdownNotReadingDoesNotWait(t *testing.T) {
 	if err := <-closed; !errors.Is(err, ErrNotReading) {
 		t.Errorf("closed with %v; want ErrNotReading", err)
 	}
+}
+
+// loopbackWS returns both ends of a WebSocket over a real loopback
+// socket: the server's (accepted) and the client's (dialed, closed when
+// the test ends).
+func loopbackWS(t *testing.T) (server, client *websocket.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *websocket.Conn, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err == nil {
+			got <- ws
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	cws, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cws.Close() })
+	return <-got, cws
 }

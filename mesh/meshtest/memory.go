@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
@@ -111,22 +110,7 @@ func (m *InMemory) HTTPClient() *http.Client {
 // is called, and waits until it is registered.
 func (m *InMemory) RunAgent(t *testing.T, a *agents.Agent) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := a.Run(ctx, m.WS); err != nil {
-			t.Errorf("agent %s: %v", a.Name(), err)
-		}
-	})
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
-	t.Cleanup(stop)
-	select {
-	case <-a.Registered():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("agent %s did not register within 10s (of the bubble's time)", a.Name())
-	}
-	return stop
+	return runAgent(t, a, m.WS)
 }
 
 // AgentConn is the agents option that puts an agent's link on the

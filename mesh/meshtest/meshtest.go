@@ -97,23 +97,30 @@ func serveWith(tb testing.TB, h *hub.Hub, ln net.Listener, ready func(*Mesh) boo
 // it is registered.
 func (m *Mesh) RunAgent(tb testing.TB, a *agents.Agent) (stop func()) {
 	tb.Helper()
+	return runAgent(tb, a, m.WS)
+}
+
+// runAgent runs a against the hub at url until the test ends or stop is
+// called (the cleanup is registered first, so that a failed wait stops
+// it too), and waits up to 10 s (a bubble's, in one) for its
+// registration.
+func runAgent(tb testing.TB, a *agents.Agent, url string) (stop func()) {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := a.Run(ctx, m.WS); err != nil {
+		if err := a.Run(ctx, url); err != nil {
 			tb.Errorf("agent %s: %v", a.Name(), err)
 		}
 	})
-	select {
-	case <-a.Registered():
-	case <-time.After(10 * time.Second):
-		cancel()
-		wg.Wait()
-		tb.Fatalf("agent %s did not register within 10s", a.Name())
-	}
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	tb.Cleanup(stop)
+	select {
+	case <-a.Registered():
+	case <-time.After(10 * time.Second):
+		tb.Fatalf("agent %s did not register within 10s", a.Name())
+	}
 	return stop
 }
 

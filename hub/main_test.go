@@ -6,14 +6,15 @@ import (
 	"go.uber.org/goleak"
 )
 
-// helperMain, when a test file sets it, runs first: in a test binary
-// re-executed as a helper process (the S26 attackers) it does its work and
-// exits instead of returning.
-var helperMain func()
+// helperMains, which test files append to, run first, in turn: in a test
+// binary re-executed as a helper process (the S26 attackers, the S28
+// flood) the one that recognizes its environment does its work and exits
+// instead of returning.
+var helperMains []func()
 
 func TestMain(m *testing.M) {
-	if helperMain != nil {
-		helperMain()
+	for _, h := range helperMains {
+		h()
 	}
 	goleak.VerifyTestMain(m,
 		// net/http's keep-alive connections of the default transport used

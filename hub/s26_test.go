@@ -30,7 +30,7 @@ import (
 // diagnostic knobs and per-phase machine accounting.
 
 // The attacker process is this test binary re-executed.
-func init() { helperMain = s26.AttackerMain }
+func init() { helperMains = append(helperMains, s26.AttackerMain) }
 
 // legitLoad calls echo.echo at rate per second (open loop) until ctx
 // ends, and returns the successful calls' latencies (S27's load).

@@ -134,7 +134,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	// Picked although behind a down peer: no instance outside one was left.
 	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr)
 	tried.Add(in.InstanceID)
-	telemetry.Annotate(ctx, telemetry.InstanceAttr(in.InstanceID))
+	telemetry.AnnotateInstance(ctx, in.InstanceID)
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 	if err != nil {
 		return nil, err

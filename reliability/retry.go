@@ -20,6 +20,22 @@ type Tried struct {
 
 type triedKey struct{}
 
+// triedCtx carries a call's Tried set: one allocation for both, where a
+// context.WithValue and a Tried were two. Its parent's cancellation
+// reaches the context package's children of it directly (Value passes
+// the package's own lookups through).
+type triedCtx struct {
+	context.Context
+	tried Tried
+}
+
+func (c *triedCtx) Value(key any) any {
+	if _, ok := key.(triedKey); ok {
+		return &c.tried
+	}
+	return c.Context.Value(key)
+}
+
 // TriedFrom returns the call's Tried set, or nil outside a retry loop.
 func TriedFrom(ctx context.Context) *Tried {
 	t, _ := ctx.Value(triedKey{}).(*Tried)
@@ -105,7 +121,7 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 				}
 			}
 			if o.UseTried && (p.Retries > 0 || p.HedgeAfter > 0) {
-				ctx = context.WithValue(ctx, triedKey{}, &Tried{})
+				ctx = &triedCtx{Context: ctx}
 			}
 			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 {
 				return hedge(ctx, req, p, next, &o)

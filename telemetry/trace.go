@@ -170,6 +170,15 @@ func Annotate(ctx context.Context, kv ...attribute.KeyValue) {
 	}
 }
 
+// AnnotateInstance adds the instance an attempt went to to the span in
+// ctx, if it records: Annotate's variadic attributes cost an allocation
+// per call even when no span records.
+func AnnotateInstance(ctx context.Context, id string) {
+	if s := trace.SpanFromContext(ctx); s.IsRecording() {
+		s.SetAttributes(InstanceAttr(id))
+	}
+}
+
 // TraceID returns the trace id of the span in ctx, or "".
 func TraceID(ctx context.Context) string {
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {

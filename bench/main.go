@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/gorilla/websocket"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
@@ -52,6 +54,7 @@ func main() {
 	concs := flag.String("c", "1,16,128", "concurrencies")
 	only := flag.String("only", "", "comma-separated systems to run (tcp,nats,grpc,agentmesh)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
+	rounds := flag.Int("rounds", 1, "measure every cell this many times, the systems interleaved, and report the medians")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
@@ -87,7 +90,7 @@ func main() {
 		}
 		cs = append(cs, n)
 	}
-	results, err := compare(*dur, cs, *only)
+	results, err := compare(*dur, cs, *only, *rounds)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -224,7 +227,8 @@ func (rawCodec) Name() string { return "raw" }
 // ---- processes ----
 
 type proc struct {
-	cmd *exec.Cmd
+	cmd  *exec.Cmd
+	role string
 }
 
 // profileDir, when set (-cpuprofile), receives a CPU profile of every
@@ -253,7 +257,7 @@ func startRole(role, addr string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return &proc{cmd}, nil
+	return &proc{cmd, role}, nil
 }
 
 func (p *proc) stop() {
@@ -321,6 +325,9 @@ type Cell struct {
 	P50us       float64 `json:"p50_us"`
 	P99us       float64 `json:"p99_us"`
 	CPUmsPer1k  float64 `json:"cpu_ms_per_1k"`
+	// ProcCPUus is each process's CPU per call in µs, by role (the
+	// harness's own process, the callers, is "client").
+	ProcCPUus map[string]float64 `json:"proc_cpu_us"`
 }
 
 // Result is one system's row.
@@ -389,19 +396,22 @@ func measure(s system, c int, d time.Duration) (Cell, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	n := calls.Load()
 	cpu := selfCPU() - cpu0
+	per := map[string]float64{"client": float64(cpu.Microseconds()) / float64(max(n, 1))}
 	for i, p := range procs {
-		cpu += p.cpu() - pcpu0[i]
+		d := p.cpu() - pcpu0[i]
+		cpu += d
+		per[p.role] += float64(d.Microseconds()) / float64(max(n, 1))
 	}
 	h := hdrhistogram.New(1, int64(time.Minute), 3)
 	for _, x := range hists {
 		h.Merge(x)
 	}
-	n := calls.Load()
 	return Cell{
 		Concurrency: c, Calls: n, Errors: errs.Load(), RPS: float64(n) / elapsed.Seconds(),
 		P50us: float64(h.ValueAtQuantile(50)) / 1e3, P99us: float64(h.ValueAtQuantile(99)) / 1e3,
-		CPUmsPer1k: float64(cpu.Milliseconds()) / float64(n) * 1000,
+		CPUmsPer1k: float64(cpu.Milliseconds()) / float64(n) * 1000, ProcCPUus: per,
 	}, nil
 }
 
@@ -497,25 +507,14 @@ func systems() []system {
 			return call, []*proc{p}, func() { cc.Close(); p.stop() }, nil
 		}},
 		{"agentmesh", func(c int) (func(int) error, []*proc, func(), error) {
-			addr := freeAddr()
-			hub, err := startRole("mesh-hub", addr)
+			addr, procs, stop, err := startMesh()
 			if err != nil {
-				return nil, nil, nil, err
-			}
-			if err := waitDial(addr); err != nil {
-				hub.stop()
-				return nil, nil, nil, err
-			}
-			agent, err := startRole("mesh-agent", addr)
-			if err != nil {
-				hub.stop()
 				return nil, nil, nil, err
 			}
 			// The client as users get it: the full reliability chain.
 			cl, err := mesh.NewClient([]string{"ws://" + addr + "/ws"}, mesh.WithWaitForReady())
 			if err != nil {
-				agent.stop()
-				hub.stop()
+				stop()
 				return nil, nil, nil, err
 			}
 			for range 200 {
@@ -528,29 +527,184 @@ func systems() []system {
 				var out json.RawMessage
 				return cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), &out)
 			}
-			return call, []*proc{hub, agent}, func() { cl.Close(); agent.stop(); hub.stop() }, nil
+			return call, procs, func() { cl.Close(); stop() }, nil
+		}},
+		{"agentmesh-jsonrpc", func(c int) (func(int) error, []*proc, func(), error) {
+			addr, procs, stop, err := startMesh()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			cl, err := dialJSONRPC("ws://"+addr+"/ws", c)
+			if err != nil {
+				stop()
+				return nil, nil, nil, err
+			}
+			for range 200 {
+				if err := cl.call(0); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return cl.call, procs, func() { cl.close(); stop() }, nil
 		}},
 	}
 }
 
-func compare(d time.Duration, cs []int, only string) ([]Result, error) {
-	var out []Result
-	for _, s := range systems() {
-		if only != "" && !strings.Contains(","+only+",", ","+s.name+",") {
+// startMesh starts a hub and an echo agent, each in its own process.
+func startMesh() (addr string, procs []*proc, stop func(), err error) {
+	addr = freeAddr()
+	hub, err := startRole("mesh-hub", addr)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if err := waitDial(addr); err != nil {
+		hub.stop()
+		return "", nil, nil, err
+	}
+	agent, err := startRole("mesh-agent", addr)
+	if err != nil {
+		hub.stop()
+		return "", nil, nil, err
+	}
+	return addr, []*proc{hub, agent}, func() { agent.stop(); hub.stop() }, nil
+}
+
+// jsonRPCWS is a plain JSON-RPC 2.0 client over the hub's /ws, as a user
+// without the SDK writes one: every caller multiplexed on one
+// connection, worker w's call carrying id w (one call in flight each),
+// one reader handing each answer to its caller by id.
+type jsonRPCWS struct {
+	ws   *websocket.Conn
+	wmu  sync.Mutex
+	reqs [][]byte
+	ans  []chan []byte
+	done chan struct{}
+}
+
+func dialJSONRPC(url string, c int) (*jsonRPCWS, error) {
+	ws, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		return nil, err
+	}
+	cl := &jsonRPCWS{ws: ws, done: make(chan struct{})}
+	for w := range c {
+		cl.reqs = append(cl.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
+		cl.ans = append(cl.ans, make(chan []byte, 1))
+	}
+	go cl.read()
+	return cl, nil
+}
+
+func (cl *jsonRPCWS) read() {
+	defer close(cl.done)
+	var head struct {
+		ID    int             `json:"id"`
+		Error json.RawMessage `json:"error"`
+	}
+	for {
+		_, msg, err := cl.ws.ReadMessage()
+		if err != nil {
+			return
+		}
+		head.ID, head.Error = -1, nil
+		if json.Unmarshal(msg, &head) != nil || head.ID < 0 || head.ID >= len(cl.ans) {
+			fmt.Fprintf(os.Stderr, "jsonrpc: unexpected answer %.200q\n", msg)
 			continue
 		}
-		r := Result{System: s.name}
-		for _, c := range cs {
-			fmt.Fprintf(os.Stderr, "measuring %s at c=%d for %v...\n", s.name, c, d)
-			cell, err := measure(s, c, d)
-			if err != nil {
-				return nil, fmt.Errorf("%s c=%d: %w", s.name, c, err)
+		if head.Error != nil {
+			msg = nil // an error answer
+		}
+		cl.ans[head.ID] <- msg
+	}
+}
+
+func (cl *jsonRPCWS) call(w int) error {
+	cl.wmu.Lock()
+	err := cl.ws.WriteMessage(websocket.TextMessage, cl.reqs[w])
+	cl.wmu.Unlock()
+	if err != nil {
+		return err
+	}
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case msg := <-cl.ans[w]:
+		if msg == nil {
+			return fmt.Errorf("error answer")
+		}
+		return nil
+	case <-cl.done:
+		return fmt.Errorf("connection closed")
+	case <-t.C:
+		return fmt.Errorf("no answer in 5 s")
+	}
+}
+
+func (cl *jsonRPCWS) close() { cl.ws.Close(); <-cl.done }
+
+func compare(d time.Duration, cs []int, only string, rounds int) ([]Result, error) {
+	var sys []system
+	for _, s := range systems() {
+		if only == "" || strings.Contains(","+only+",", ","+s.name+",") {
+			sys = append(sys, s)
+		}
+	}
+	// Rounds interleave the systems (round 1: every system, then round
+	// 2, ...): the machine's drift reaches them alike; medians are kept.
+	cells := make([][][]Cell, len(sys)) // [system][c][round]
+	for i := range sys {
+		cells[i] = make([][]Cell, len(cs))
+	}
+	for r := range rounds {
+		for i, s := range sys {
+			for k, c := range cs {
+				fmt.Fprintf(os.Stderr, "round %d/%d: measuring %s at c=%d for %v...\n", r+1, rounds, s.name, c, d)
+				cell, err := measure(s, c, d)
+				if err != nil {
+					return nil, fmt.Errorf("%s c=%d: %w", s.name, c, err)
+				}
+				cells[i][k] = append(cells[i][k], cell)
 			}
-			r.Cells = append(r.Cells, cell)
+		}
+	}
+	var out []Result
+	for i, s := range sys {
+		r := Result{System: s.name}
+		for k := range cs {
+			r.Cells = append(r.Cells, medianCell(cells[i][k]))
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// medianCell is the cell of medians (each figure's own) over rounds;
+// calls and errors are summed.
+func medianCell(rs []Cell) Cell {
+	med := func(f func(Cell) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, c := range rs {
+			v[i] = f(c)
+		}
+		sort.Float64s(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	out := Cell{Concurrency: rs[0].Concurrency, ProcCPUus: map[string]float64{}}
+	for _, c := range rs {
+		out.Calls += c.Calls
+		out.Errors += c.Errors
+	}
+	out.RPS = med(func(c Cell) float64 { return c.RPS })
+	out.P50us = med(func(c Cell) float64 { return c.P50us })
+	out.P99us = med(func(c Cell) float64 { return c.P99us })
+	out.CPUmsPer1k = med(func(c Cell) float64 { return c.CPUmsPer1k })
+	for role := range rs[0].ProcCPUus {
+		out.ProcCPUus[role] = med(func(c Cell) float64 { return c.ProcCPUus[role] })
+	}
+	return out
 }
 
 func printTable(w io.Writer, rs []Result, cs []int) {
@@ -571,6 +725,22 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		fmt.Fprintf(tw, "\t%.1f\t%d\n", last.CPUmsPer1k, errs)
 	}
 	_ = tw.Flush()
+	fmt.Fprintf(w, "\nCPU µs per call by process at c=%d:\n", cs[len(cs)-1])
+	for _, r := range rs {
+		last := r.Cells[len(r.Cells)-1]
+		roles := make([]string, 0, len(last.ProcCPUus))
+		for role := range last.ProcCPUus {
+			roles = append(roles, role)
+		}
+		sort.Strings(roles)
+		fmt.Fprintf(w, "  %s: %.1f", r.System, last.CPUmsPer1k)
+		sep := " ("
+		for _, role := range roles {
+			fmt.Fprintf(w, "%s%s %.1f", sep, role, last.ProcCPUus[role])
+			sep = " · "
+		}
+		fmt.Fprintln(w, ")")
+	}
 	find := func(name string) *Result {
 		for i := range rs {
 			if rs[i].System == name {
@@ -595,6 +765,11 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 				am.Cells[i].RPS/b.Cells[i].RPS, am.Cells[i].P50us/b.Cells[i].P50us, am.Cells[i].P99us/b.Cells[i].P99us)
 		}
 		fmt.Fprintf(w, "  CPU/call %.2fx\n", am.Cells[len(cs)-1].CPUmsPer1k/b.Cells[len(cs)-1].CPUmsPer1k)
+	}
+	if j := find("agentmesh-jsonrpc"); j != nil {
+		a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
+		fmt.Fprintf(w, "agentmesh-jsonrpc / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
+			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 	}
 }
 

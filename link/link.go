@@ -28,6 +28,10 @@ type Link struct {
 	seq     atomic.Uint64
 	mu      sync.Mutex
 	pending map[uint64]chan linkResult
+	// async holds the calls made with Go (nil until the first), and
+	// asyncDeadlines their deadlines, one timer for all; both under mu.
+	async          map[uint64]*asyncCall
+	asyncDeadlines asyncHeap
 	serving map[uint64]context.CancelFunc
 	closed  bool
 
@@ -173,7 +177,7 @@ func (l *Link) Context() context.Context { return l.ctx }
 func (l *Link) Pending() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.pending)
+	return len(l.pending) + len(l.async)
 }
 
 // Serving returns how many requests from the peer this side is serving.
@@ -405,6 +409,9 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 		ch <- r // buffered 1, and only one deliverer removes the entry
 		return
 	}
+	if l.deliverAsync(seq, r) {
+		return
+	}
 	// The call gave up (its deadline passed or it was cancelled) before
 	// the answer came: drop it, and count it.
 	l.lateResponse()
@@ -546,6 +553,7 @@ func (l *Link) connClosed(err error) {
 	for _, ch := range pending {
 		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err), lost: true}
 	}
+	l.failAsync(func() *envelope.Error { return envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err) })
 	if l.onClose != nil {
 		l.onClose(l, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -56,6 +57,19 @@ func BenchmarkLinkCall(b *testing.B) {
 			}
 		}
 	})
+	b.Run("serial-deadline", func(b *testing.B) {
+		b.ReportAllocs()
+		cpustat.Report(b)
+		for b.Loop() {
+			r := req
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := l.Call(ctx, &r)
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
 		cpustat.Report(b)
@@ -74,3 +88,90 @@ func BenchmarkLinkCall(b *testing.B) {
 
 // payload128 is the 128-byte params of the benchmarks (as mesh's).
 var payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)
+
+// BenchmarkLinkGo is BenchmarkLinkCall with Link.Go, the forward path's
+// primitive: no goroutine waits on the call, no context or timer per
+// call (the deadline goes in the link's heap). The caller here waits on
+// a channel of its own, as the benchmark's loop must.
+//
+//	go test -run '^$' -bench 'Link(Call|Go)' -benchmem -count 6 ./link
+func BenchmarkLinkGo(b *testing.B) {
+	up := websocket.Upgrader{Subprotocols: []string{envelope.Subprotocol}}
+	echo := func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
+		return &envelope.Response{ID: req.ID, Result: req.Params}, nil
+	}
+	var peers []*link.Link
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		peers = append(peers, link.New(ws, link.Config{}, link.WithHandler(echo)))
+	}))
+	defer func() {
+		for _, p := range peers {
+			p.Close()
+		}
+		srv.Close()
+	}()
+	l, err := link.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", link.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	req := envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: payload128}
+	// one waiter per goroutine: its completion is made once, not per call
+	type waiter struct {
+		ch   chan *envelope.Error
+		done link.Completion
+	}
+	newWaiter := func() *waiter {
+		w := &waiter{ch: make(chan *envelope.Error, 1)}
+		w.done = func(_ *envelope.Response, err *envelope.Error) { w.ch <- err }
+		return w
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		cpustat.Report(b)
+		w := newWaiter()
+		for b.Loop() {
+			if err := l.Go(&req, time.Time{}, w.done); err != nil {
+				b.Fatal(err)
+			}
+			if err := <-w.ch; err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("serial-deadline", func(b *testing.B) {
+		b.ReportAllocs()
+		cpustat.Report(b)
+		w := newWaiter()
+		for b.Loop() {
+			if err := l.Go(&req, time.Now().Add(10*time.Second), w.done); err != nil {
+				b.Fatal(err)
+			}
+			if err := <-w.ch; err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		cpustat.Report(b)
+		b.SetParallelism(32)
+		b.RunParallel(func(pb *testing.PB) {
+			w := newWaiter()
+			for pb.Next() {
+				if err := l.Go(&req, time.Now().Add(10*time.Second), w.done); err != nil {
+					b.Error(err)
+					return
+				}
+				if err := <-w.ch; err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}

@@ -1,0 +1,223 @@
+package link
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Completion receives the outcome of a call made with Link.Go: exactly
+// one of res and err is non-nil. It runs on a goroutine of the link (its
+// reader, its deadline timer's, or the one that closed it) and must not
+// block: it hands the outcome on (queues a frame, arms a retry) and
+// returns.
+type Completion func(res *envelope.Response, err *envelope.Error)
+
+// asyncCall is a call made with Go, waiting in the link's async table.
+type asyncCall struct {
+	seq      uint64
+	deadline time.Time // zero: none
+	idx      int       // in the link's asyncHeap; -1 when not there
+	done     Completion
+}
+
+var asyncPool = sync.Pool{New: func() any { return new(asyncCall) }}
+
+// Go sends req over the link and returns without waiting for the answer:
+// done runs exactly once, with the answer when it comes, with TIMEOUT at
+// deadline (zero: none; the peer is then told to cancel), or with
+// UNAVAILABLE when the link is lost. The time left until deadline travels
+// in the ttl header, as with Call.
+//
+// It is the forward path's primitive: no goroutine waits on the call, no
+// context or timer is made for it (the deadlines of a link's calls share
+// one timer), and the pending entry is pooled.
+//
+// The error is returned (and done never runs) when the call could not be
+// sent: its deadline passed, the link is closed or its send queue full
+// (all not sent).
+func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *envelope.Error {
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return envelope.NewError(envelope.CodeTimeout, "the deadline passed before the call was sent").MarkNotSent()
+	}
+	seq := l.seq.Add(1)
+	a := asyncPool.Get().(*asyncCall)
+	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		putAsync(a)
+		return UnavailableNotSent("link closed")
+	}
+	if l.async == nil {
+		l.async = map[uint64]*asyncCall{}
+	}
+	l.async[seq] = a
+	if !deadline.IsZero() {
+		l.asyncDeadlines.push(l, a)
+	}
+	l.mu.Unlock()
+
+	r := *req
+	if !deadline.IsZero() {
+		r.Headers.TTL = max(time.Until(deadline).Milliseconds(), 1)
+	}
+	b := GetBuf()
+	*b = envelope.AppendRequestFrame(*b, seq, &r)
+	if !l.c.TrySend(b) {
+		if l.takeAsync(seq) == nil {
+			// Already completed (the link closed, and connClosed ran
+			// done): report nothing more.
+			return nil
+		}
+		if l.Err() != nil {
+			return UnavailableNotSent("link closed")
+		}
+		return envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
+	}
+	return nil
+}
+
+func putAsync(a *asyncCall) {
+	*a = asyncCall{}
+	asyncPool.Put(a)
+}
+
+// takeAsync removes the async call seq from the table and the deadline
+// heap, and returns its completion (nil when it is not there: answered,
+// timed out or failed already). The entry goes back to the pool.
+func (l *Link) takeAsync(seq uint64) Completion {
+	l.mu.Lock()
+	a := l.async[seq]
+	if a == nil {
+		l.mu.Unlock()
+		return nil
+	}
+	delete(l.async, seq)
+	if a.idx >= 0 {
+		heap.Remove(&l.asyncDeadlines.h, a.idx)
+	}
+	l.mu.Unlock()
+	done := a.done
+	putAsync(a)
+	return done
+}
+
+// deliverAsync completes the async call seq with r, if it waits; it
+// reports whether it did.
+func (l *Link) deliverAsync(seq uint64, r linkResult) bool {
+	done := l.takeAsync(seq)
+	if done == nil {
+		return false
+	}
+	if r.err != nil {
+		done(nil, r.err)
+	} else {
+		done(r.res, nil)
+	}
+	return true
+}
+
+// failAsync completes every async call with an error of its own from
+// errf (the link closed).
+func (l *Link) failAsync(errf func() *envelope.Error) {
+	l.mu.Lock()
+	calls := l.async
+	l.async = nil
+	l.asyncDeadlines.stop(&l.mu)
+	l.mu.Unlock()
+	for _, a := range calls {
+		done := a.done
+		putAsync(a)
+		done(nil, errf())
+	}
+}
+
+// asyncHeap is a link's async calls by deadline, the earliest first,
+// behind one timer armed for the earliest. It is guarded by the link's
+// mutex (push, and takeAsync's removal), except the timer's callback,
+// which takes it.
+type asyncHeap struct {
+	h     asyncCalls
+	t     *time.Timer
+	armed time.Time // when t fires; zero when it is stopped
+	done  bool      // the link closed: arm no more
+}
+
+// push adds a (l.mu held) and arms the timer if a is now the earliest.
+func (ah *asyncHeap) push(l *Link, a *asyncCall) {
+	heap.Push(&ah.h, a)
+	if ah.done || (!ah.armed.IsZero() && !a.deadline.Before(ah.armed)) {
+		return
+	}
+	ah.armed = a.deadline
+	if ah.t == nil {
+		ah.t = time.AfterFunc(time.Until(a.deadline), l.asyncTimeouts)
+	} else {
+		ah.t.Reset(time.Until(a.deadline))
+	}
+}
+
+// stop stops the timer for good (mu, the link's, held).
+func (ah *asyncHeap) stop(*sync.Mutex) {
+	ah.done = true
+	if ah.t != nil {
+		ah.t.Stop()
+	}
+	ah.h = nil
+}
+
+// asyncTimeouts runs on the timer: every async call past its deadline
+// ends with TIMEOUT, the peer is told to cancel it, and the timer is
+// armed for the next deadline.
+func (l *Link) asyncTimeouts() {
+	var due []*asyncCall
+	l.mu.Lock()
+	ah := &l.asyncDeadlines
+	now := time.Now()
+	for len(ah.h) > 0 && !ah.h[0].deadline.After(now) {
+		a := heap.Pop(&ah.h).(*asyncCall)
+		delete(l.async, a.seq)
+		due = append(due, a)
+	}
+	ah.armed = time.Time{}
+	if len(ah.h) > 0 && !ah.done {
+		ah.armed = ah.h[0].deadline
+		ah.t.Reset(time.Until(ah.armed))
+	}
+	l.mu.Unlock()
+	for _, a := range due {
+		cb := GetBuf()
+		*cb = envelope.AppendCancelFrame(*cb, a.seq)
+		l.c.TrySend(cb)
+		done := a.done
+		putAsync(a)
+		done(nil, envelope.AsError(context.DeadlineExceeded))
+	}
+}
+
+// asyncCalls is a container/heap of async calls by deadline.
+type asyncCalls []*asyncCall
+
+func (h asyncCalls) Len() int           { return len(h) }
+func (h asyncCalls) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h asyncCalls) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *asyncCalls) Push(x any) {
+	a := x.(*asyncCall)
+	a.idx = len(*h)
+	*h = append(*h, a)
+}
+func (h *asyncCalls) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	old[len(old)-1] = nil
+	a.idx = -1
+	*h = old[:len(old)-1]
+	return a
+}

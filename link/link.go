@@ -32,8 +32,8 @@ type Link struct {
 	// asyncDeadlines their deadlines, one timer for all; both under mu.
 	async          map[uint64]*asyncCall
 	asyncDeadlines asyncHeap
-	serving map[uint64]context.CancelFunc
-	closed  bool
+	serving        map[uint64]context.CancelFunc
+	closed         bool
 
 	ctx    context.Context // cancelled when the link closes
 	cancel context.CancelFunc

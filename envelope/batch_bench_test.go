@@ -21,6 +21,7 @@ func BenchmarkReadBatch(b *testing.B) {
 	}
 	batch = append(batch, ']')
 	lim := envelope.DefaultLimits()
+	var scratch envelope.Frame
 	b.ReportAllocs()
 	b.SetBytes(int64(len(batch)))
 	for b.Loop() {
@@ -28,7 +29,7 @@ func BenchmarkReadBatch(b *testing.B) {
 			b.Fatal(err)
 		}
 		n := 0
-		envelope.EachCheckedFrame(batch, func(f envelope.Frame, err *envelope.Error) {
+		envelope.EachCheckedFrame(batch, &scratch, func(f *envelope.Frame, err *envelope.Error) {
 			if err != nil || f.Type != envelope.FrameRequest {
 				b.Fatal(err)
 			}

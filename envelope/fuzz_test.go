@@ -98,7 +98,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add([]byte(`{"type":"req","seq":9,"seq":10,"method":"m"`))
 	f.Add([]byte(`{"type":"req","s\u0065q":9,"seq":11}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		envelope.EachFrame(data, fuzzLimits, func(envelope.Frame, *envelope.Error) {}) // must not panic
+		envelope.EachFrame(data, fuzzLimits, func(*envelope.Frame, *envelope.Error) {}) // must not panic
 		fr, err := envelope.DecodeFrame(data, fuzzLimits)
 		testkit.CheckLimits(t, data, err)
 		// The precheck of native messages refuses what the limits refuse
@@ -114,8 +114,8 @@ func FuzzDecodeFrame(f *testing.F) {
 				e *envelope.Error
 			}
 			var a, b []res
-			envelope.EachFrame(data, fuzzLimits, func(f envelope.Frame, e *envelope.Error) { a = append(a, res{f, e}) })
-			envelope.EachCheckedFrame(data, func(f envelope.Frame, e *envelope.Error) { b = append(b, res{f, e}) })
+			envelope.EachFrame(data, fuzzLimits, func(f *envelope.Frame, e *envelope.Error) { a = append(a, res{*f, e}) })
+			envelope.EachCheckedFrame(data, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) { b = append(b, res{*f, e}) })
 			if !reflect.DeepEqual(a, b) {
 				t.Fatalf("EachFrame %+v, EachCheckedFrame %+v for %q", a, b, data)
 			}

@@ -128,7 +128,7 @@ func TestEachFrameBatch(t *testing.T) {
 	c := envelope.AppendResponseFrame(nil, 3, &envelope.Response{ID: "c", Result: json.RawMessage(`1`)}, nil)
 	batch := append(append(append(append(append(append([]byte("[ "), a...), ','), b...), ','), c...), ']')
 	var seqs []uint64
-	envelope.EachFrame(batch, envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) {
+	envelope.EachFrame(batch, envelope.Limits{}, func(f *envelope.Frame, err *envelope.Error) {
 		if err != nil {
 			t.Fatalf("frame error %v", err)
 		}
@@ -139,7 +139,7 @@ func TestEachFrameBatch(t *testing.T) {
 	}
 	// A bad element is reported on its own; the others still decode.
 	var errs, oks int
-	envelope.EachFrame([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":5},7]`), envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) {
+	envelope.EachFrame([]byte(`[{"type":"cancel","seq":1},{"type":"req","seq":2,"method":5},7]`), envelope.Limits{}, func(f *envelope.Frame, err *envelope.Error) {
 		if err != nil {
 			errs++
 		} else {
@@ -151,8 +151,8 @@ func TestEachFrameBatch(t *testing.T) {
 	}
 	// A single frame still works, and the limits apply to the whole batch.
 	n := 0
-	envelope.EachFrame(a, envelope.Limits{}, func(f envelope.Frame, err *envelope.Error) { n++ })
-	envelope.EachFrame(batch, envelope.Limits{MaxBytes: 50}, func(f envelope.Frame, err *envelope.Error) {
+	envelope.EachFrame(a, envelope.Limits{}, func(f *envelope.Frame, err *envelope.Error) { n++ })
+	envelope.EachFrame(batch, envelope.Limits{MaxBytes: 50}, func(f *envelope.Frame, err *envelope.Error) {
 		if err == nil || err.Code != envelope.CodeInvalidRequest {
 			t.Errorf("an oversized batch was not refused: %v", err)
 		}

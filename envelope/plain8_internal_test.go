@@ -90,7 +90,7 @@ func FuzzEachFrameWalk(f *testing.F) {
 			return r
 		}
 		var walk, ref []res
-		eachFrame(data, func(f Frame, e *Error) { walk = append(walk, mk(f, e)) })
+		eachFrame(data, new(Frame), func(f *Frame, e *Error) { walk = append(walk, mk(*f, e)) })
 		eachElement(data, func(v []byte) { ref = append(ref, mk(decodeValidFrame(v))) })
 		if len(walk) != len(ref) {
 			t.Fatalf("%q: %d frames in one walk, %d by element", data, len(walk), len(ref))

@@ -76,16 +76,18 @@ func TestGoAnswers(t *testing.T) {
 
 // TestGoTimeout: calls whose answer does not come end with TIMEOUT at
 // their own deadlines, the earliest first, whatever the order they were
-// made in; the peer is told to cancel each (its handler sees its context
-// end), and the answers it sends after that are dropped and counted as
-// late, never delivered.
+// made in; the peer's handlers see their contexts end (the cancel frame,
+// or their ttl, at the same instant), and the answers they send after
+// that are dropped and counted as late, never delivered.
 func TestGoTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var cancelled atomic.Int64
+		var ended atomic.Int64
+		release := make(chan struct{})
 		caller, _ := asyncPair(t, func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 			<-ctx.Done()
-			cancelled.Add(1)
-			return &envelope.Response{Result: req.Params}, nil // late
+			ended.Add(1)
+			<-release // answers only after the test looked
+			return &envelope.Response{Result: req.Params}, nil
 		})
 		start := time.Now()
 		ttls := []time.Duration{300 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
@@ -99,15 +101,22 @@ func TestGoTimeout(t *testing.T) {
 		synctest.Wait()
 		for i, d := range ttls {
 			o := &outs[i]
-			if o.runs != 1 || envelope.CodeOf(o.err) != envelope.CodeTimeout || o.at.Sub(start) != d {
-				t.Errorf("call %d (deadline %v): done ran %d times, err %v after %v; want once, TIMEOUT at its deadline", i, d, o.runs, o.err, o.at.Sub(start))
+			if o.runs != 1 || o.err == nil || o.err.Code != envelope.CodeTimeout || o.at.Sub(start) != d {
+				t.Errorf("call %d (deadline %v): done ran %d times, res %+v, err %v after %v; want once, TIMEOUT at its deadline", i, d, o.runs, o.res, o.err, o.at.Sub(start))
 			}
 		}
-		if c := cancelled.Load(); c != int64(len(ttls)) {
-			t.Errorf("the peer's handlers saw %d cancellations; want %d", c, len(ttls))
+		if c := ended.Load(); c != int64(len(ttls)) {
+			t.Errorf("the peer's handlers saw %d contexts end; want %d", c, len(ttls))
 		}
+		close(release)
+		synctest.Wait()
 		if late := caller.LateResponses(); late != int64(len(ttls)) {
 			t.Errorf("%d late responses counted; want %d", late, len(ttls))
+		}
+		for i := range outs {
+			if outs[i].runs != 1 {
+				t.Errorf("call %d: done ran %d times after the late answers; want once", i, outs[i].runs)
+			}
 		}
 		if p := caller.Pending(); p != 0 {
 			t.Errorf("%d calls still pending", p)
@@ -141,13 +150,13 @@ func TestGoLinkLost(t *testing.T) {
 		synctest.Wait()
 		for i := range outs {
 			o := &outs[i]
-			if o.runs != 1 || envelope.CodeOf(o.err) != envelope.CodeUnavailable || o.err.NotSent() {
+			if o.runs != 1 || o.err == nil || o.err.Code != envelope.CodeUnavailable || o.err.NotSent() {
 				t.Errorf("call %d: done ran %d times, err %v; want once, UNAVAILABLE (maybe sent)", i, o.runs, o.err)
 			}
 		}
 		var after outcome
 		err := caller.Go(&envelope.Request{ID: "late", Method: "slow.wait"}, time.Now().Add(time.Second), after.done)
-		if envelope.CodeOf(err) != envelope.CodeUnavailable || !err.NotSent() {
+		if err == nil || err.Code != envelope.CodeUnavailable || !err.NotSent() {
 			t.Errorf("Go on a closed link: %v; want UNAVAILABLE, not sent", err)
 		}
 		time.Sleep(2 * time.Second)

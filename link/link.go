@@ -64,6 +64,7 @@ type Link struct {
 	hubPeer    bool   // a link to another hub (WithHubPeer)
 	callBound  bool   // accepted: running calls are bounded (not WithoutCallBound)
 	parent     context.Context
+	frame      envelope.Frame // the reader's: each frame is decoded into it
 }
 
 type linkResult struct {
@@ -315,7 +316,7 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 	}
 	// The reader checked the message (c.check, PrecheckFrames, set in
 	// New): decode it without a second scan.
-	envelope.EachCheckedFrame(data, l.onFrame)
+	envelope.EachCheckedFrame(data, &l.frame, l.onFrame)
 }
 
 // onRefused handles a message refused by its message-level checks
@@ -361,7 +362,9 @@ func (l *Link) undecodable(e *envelope.Error) *envelope.Error {
 	return envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", e.Message)
 }
 
-func (l *Link) onFrame(f envelope.Frame, err *envelope.Error) {
+// onFrame handles one decoded frame; f is the reader's scratch frame,
+// overwritten by the next: what outlives the call is copied out of it.
+func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
 			b := GetBuf()

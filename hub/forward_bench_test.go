@@ -50,6 +50,20 @@ func BenchmarkHubForward(b *testing.B) {
 			rc.roundTrip(b, req, 1)
 		}
 	})
+	b.Run("jsonrpc/serial", func(b *testing.B) {
+		// The same call as plain JSON-RPC 2.0 over /ws (no subprotocol):
+		// parsed at ingress, then the same route.
+		rc := dialRawJSONRPC(b, m.WS)
+		defer rc.Close()
+		req := frameMasked([]byte(`{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":` + string(testkit.Payload128) + `}`))
+		rc.roundTripMarked(b, req, 1, `"jsonrpc"`)
+		b.ReportAllocs()
+		reportCPU(b)
+		b.ResetTimer()
+		for b.Loop() {
+			rc.roundTripMarked(b, req, 1, `"jsonrpc"`)
+		}
+	})
 	const pipe = 16
 	b.Run("pipelined16", func(b *testing.B) {
 		rc := dialRaw(b, m.WS)
@@ -134,7 +148,13 @@ type rawConn struct {
 }
 
 func dialRaw(b *testing.B, ws string) *rawConn {
-	d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
+	return dialRawWith(b, ws, websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}})
+}
+
+// dialRawJSONRPC dials a plain JSON-RPC WebSocket (no subprotocol).
+func dialRawJSONRPC(b *testing.B, ws string) *rawConn { return dialRawWith(b, ws, websocket.Dialer{}) }
+
+func dialRawWith(b *testing.B, ws string, d websocket.Dialer) *rawConn {
 	c, _, err := d.Dial(ws, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -160,6 +180,11 @@ func (rc *rawConn) requests(n int) []byte {
 	if n > 1 {
 		msg = append(msg, ']')
 	}
+	return frameMasked(msg)
+}
+
+// frameMasked frames msg as one masked text frame (a zero mask).
+func frameMasked(msg []byte) []byte {
 	f := []byte{0x81} // FIN, text
 	switch l := len(msg); {
 	case l < 126:
@@ -176,6 +201,11 @@ func (rc *rawConn) requests(n int) []byte {
 
 // roundTrip writes req and reads messages until n responses came.
 func (rc *rawConn) roundTrip(b *testing.B, req []byte, n int) {
+	rc.roundTripMarked(b, req, n, `"type":"res"`)
+}
+
+// roundTripMarked is roundTrip for answers that each carry marker once.
+func (rc *rawConn) roundTripMarked(b *testing.B, req []byte, n int, marker string) {
 	if _, err := rc.Write(req); err != nil {
 		b.Fatal(err)
 	}
@@ -184,7 +214,7 @@ func (rc *rawConn) roundTrip(b *testing.B, req []byte, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		k := bytes.Count(msg, []byte(`"type":"res"`))
+		k := bytes.Count(msg, []byte(marker))
 		if k == 0 || bytes.Contains(msg, []byte(`"error"`)) {
 			b.Fatalf("answer %.300q", msg)
 		}

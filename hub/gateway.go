@@ -268,11 +268,12 @@ type rpcConn struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	h      *Hub
-	who    *Principal // nil when the hub authenticates nobody
+	who    *Principal   // nil when the hub authenticates nobody
+	work   chan rpcTask // hands a message to an idle worker
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who}
+	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who, work: make(chan rpcTask)}
 	rc.c.WithBackpressure()
 	lim := rc.c.Config().Limits
 	rc.c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) })
@@ -336,18 +337,55 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.Send(b)
 		return
 	}
-	// Counted (tryAdmit) until the answer is queued.
-	rc.wg.Add(1)
-	go func() {
-		defer rc.wg.Done()
-		defer rc.busy.Add(-int64(len(calls)))
-		defer rc.c.Release(len(calls), n)
-		out := rc.h.answerAll(rc.ctx, calls, batch, nil)
-		if out == nil {
+	// Counted (tryAdmit) until the answer is queued. An idle worker
+	// takes the message, or a new one starts.
+	t := rpcTask{calls, batch, n}
+	select {
+	case rc.work <- t:
+	default:
+		rc.wg.Add(1)
+		go rc.worker(t)
+	}
+}
+
+// rpcTask is one message's calls for a worker.
+type rpcTask struct {
+	calls []envelope.RPCCall
+	batch bool
+	n     int // the message's size, admitted until answered
+}
+
+// worker answers t, then the messages that come while it is idle for
+// less than link.WorkerIdle; it exits when the connection closes. Workers
+// are kept, as a link keeps its own, because a new goroutine per message
+// starts with a small stack that the call chain grows by copying, and its
+// start and exit cost the scheduler a round each.
+func (rc *rpcConn) worker(t rpcTask) {
+	defer rc.wg.Done()
+	idle := time.NewTimer(link.WorkerIdle)
+	defer idle.Stop()
+	for {
+		rc.answer(t)
+		idle.Reset(link.WorkerIdle)
+		select {
+		case t = <-rc.work:
+		case <-idle.C:
+			return
+		case <-rc.ctx.Done():
 			return
 		}
-		rc.c.Send(&out) // not copied: a copy is one more answer's size held
-	}()
+	}
+}
+
+// answer answers one message's calls and queues the answer.
+func (rc *rpcConn) answer(t rpcTask) {
+	defer rc.busy.Add(-int64(len(t.calls)))
+	defer rc.c.Release(len(t.calls), t.n)
+	out := rc.h.answerAll(rc.ctx, t.calls, t.batch, nil)
+	if out == nil {
+		return
+	}
+	rc.c.Send(&out) // not copied: a copy is one more answer's size held
 }
 
 // Close closes the connection and waits for its calls to end.

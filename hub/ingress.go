@@ -168,11 +168,20 @@ func (h *Hub) rateLimit(next envelope.Invoker) envelope.Invoker {
 }
 
 // deadline runs a call without a deadline under the hub's default
-// timeout.
+// timeout, or under its method's policy timeout when that is shorter and
+// the call is routed: the retry stage would narrow it to that anyway,
+// with a second context and timer of its own (a plain JSON-RPC call
+// carries no ttl: it paid for both).
 func (h *Hub) deadline(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		if _, ok := ctx.Deadline(); !ok {
-			ctx, cancel := req.WithTTL(ctx, h.cfg.DefaultTimeout)
+			d := h.cfg.DefaultTimeout
+			if _, builtin := h.builtins[req.Method]; !builtin && h.policies != nil {
+				if p := h.policies.For(req.Method); p.Timeout > 0 && p.Timeout < d {
+					d = p.Timeout
+				}
+			}
+			ctx, cancel := req.WithTTL(ctx, d)
 			defer cancel()
 			return next(ctx, req)
 		}

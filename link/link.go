@@ -488,7 +488,11 @@ type task struct {
 // exits. Workers are kept because a new goroutine starts with a small
 // stack that the deep call chain of a request grows by copying (15 % of
 // the hub's CPU under load when every request had its own goroutine).
-const workerIdle = 500 * time.Millisecond
+const workerIdle = WorkerIdle
+
+// WorkerIdle is how long a kept worker goroutine (a link's, or the hub's
+// for a plain JSON-RPC WebSocket) waits for more work before it exits.
+const WorkerIdle = 500 * time.Millisecond
 
 // worker serves t, then whatever requests come while it is idle for less
 // than workerIdle; it exits when the link closes.

@@ -160,18 +160,22 @@ type probeSeen struct {
 // in flight.
 func TestSynctestDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const hubDefault = 7 * time.Second
-		m := meshtest.StartInMemory(t, hub.Config{DefaultTimeout: hubDefault})
+		const hubDefault, policy = 7 * time.Second, 5 * time.Second
+		rc := reliability.DefaultConfig()
+		rc.Policies["probe.short"] = reliability.Policy{Timeout: policy}
+		m := meshtest.StartInMemory(t, hub.Config{DefaultTimeout: hubDefault, Reliability: &rc})
 		seen := make(chan probeSeen, 1)
 		a := agents.New("probe", agents.WithID("probe-1"), m.AgentConn())
-		a.Handle("probe.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
+		wait := func(ctx context.Context, _ json.RawMessage) (any, error) {
 			s := probeSeen{start: time.Now()}
 			s.deadline, s.hasDL = ctx.Deadline()
 			<-ctx.Done()
 			s.ended, s.err = time.Now(), ctx.Err()
 			seen <- s
 			return nil, ctx.Err()
-		})
+		}
+		a.Handle("probe.wait", wait)
+		a.Handle("probe.short", wait)
 		m.RunAgent(t, a)
 		bare := m.Client(t, mesh.WithoutReliability(), mesh.WithTimeout(4*time.Second))
 		sdk := m.Client(t) // the default reliability chain
@@ -201,6 +205,13 @@ func TestSynctestDeadlines(t *testing.T) {
 				// A raw link call with no deadline carries no ttl: the hub
 				// bounds it by its DefaultTimeout.
 				_, err := raw.Call(context.Background(), &envelope.Request{ID: envelope.NewID(), Method: "probe.wait"})
+				return err
+			}},
+			{"the method's policy timeout, shorter than DefaultTimeout (no ttl)", policy, func() error {
+				// Bounded once, at the hub's deadline stage, by the
+				// shorter of the two (not by DefaultTimeout, then
+				// narrowed again by the retry stage).
+				_, err := raw.Call(context.Background(), &envelope.Request{ID: envelope.NewID(), Method: "probe.short"})
 				return err
 			}},
 		}

@@ -366,6 +366,7 @@ func (rc *rpcConn) worker(t rpcTask) {
 	defer idle.Stop()
 	for {
 		rc.answer(t)
+		t = rpcTask{} // not kept while idle: its calls point into their message
 		idle.Reset(link.WorkerIdle)
 		select {
 		case t = <-rc.work:

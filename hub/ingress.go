@@ -169,14 +169,17 @@ func (h *Hub) rateLimit(next envelope.Invoker) envelope.Invoker {
 
 // deadline runs a call without a deadline under the hub's default
 // timeout, or under its method's policy timeout when that is shorter and
-// the call is routed: the retry stage would narrow it to that anyway,
-// with a second context and timer of its own (a plain JSON-RPC call
-// carries no ttl: it paid for both).
+// the call is routed from here (not a built-in, not forwarded by a peer
+// hub): the retry stage would narrow it to that anyway, with a second
+// context and timer of its own (a plain JSON-RPC call carries no ttl: it
+// paid for both). The policy's time then runs from here, before the
+// idempotency stage and the bulkhead, as it does for a call whose caller
+// sent the ttl.
 func (h *Hub) deadline(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		if _, ok := ctx.Deadline(); !ok {
 			d := h.cfg.DefaultTimeout
-			if _, builtin := h.builtins[req.Method]; !builtin && h.policies != nil {
+			if _, builtin := h.builtins[req.Method]; !builtin && req.Headers.Hops == 0 && h.policies != nil {
 				if p := h.policies.For(req.Method); p.Timeout > 0 && p.Timeout < d {
 					d = p.Timeout
 				}

@@ -26,8 +26,9 @@ type asyncCall struct {
 
 var asyncPool = sync.Pool{New: func() any { return new(asyncCall) }}
 
-// Go sends req over the link and returns without waiting for the answer:
-// done runs exactly once, with the answer when it comes, with TIMEOUT at
+// Go sends req over the link and returns without waiting for the answer
+// (which may come, and done run, before Go returns): done runs exactly
+// once, with the answer when it comes, with TIMEOUT at
 // deadline (zero: none; the peer is then told to cancel), or with
 // UNAVAILABLE when the link is lost. The time left until deadline travels
 // in the ttl header, as with Call.
@@ -44,29 +45,29 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *e
 		return envelope.NewError(envelope.CodeTimeout, "the deadline passed before the call was sent").MarkNotSent()
 	}
 	seq := l.seq.Add(1)
-	a := asyncPool.Get().(*asyncCall)
-	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		putAsync(a)
-		return UnavailableNotSent("link closed")
-	}
-	if l.async == nil {
-		l.async = map[uint64]*asyncCall{}
-	}
-	l.async[seq] = a
-	if !deadline.IsZero() {
-		l.asyncDeadlines.push(l, a)
-	}
-	l.mu.Unlock()
-
+	// Encoded before the call is registered: once it is, it may complete
+	// (the link lost) and its owner may reuse req.
 	r := *req
 	if !deadline.IsZero() {
 		r.Headers.TTL = max(time.Until(deadline).Milliseconds(), 1)
 	}
 	b := GetBuf()
 	*b = envelope.AppendRequestFrame(*b, seq, &r)
+	a := asyncPool.Get().(*asyncCall)
+	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		putAsync(a)
+		PutBuf(b)
+		return UnavailableNotSent("link closed")
+	}
+	if l.async == nil {
+		l.async = map[uint64]*asyncCall{}
+	}
+	l.async[seq] = a
+	l.mu.Unlock()
+
 	if !l.c.TrySend(b) {
 		if l.takeAsync(seq) == nil {
 			// Already completed (the link closed, and connClosed ran
@@ -77,6 +78,16 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *e
 			return UnavailableNotSent("link closed")
 		}
 		return envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
+	}
+	if !deadline.IsZero() {
+		// Its deadline is armed once the request is queued, so that the
+		// cancel frame a timeout sends follows it. Still waiting (a is
+		// not back in the pool: its seq is still in the table)?
+		l.mu.Lock()
+		if l.async[seq] == a {
+			l.asyncDeadlines.push(l, a)
+		}
+		l.mu.Unlock()
 	}
 	return nil
 }

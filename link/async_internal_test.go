@@ -166,3 +166,42 @@ func TestGoLinkLost(t *testing.T) {
 		}
 	})
 }
+
+// TestGoCompletesAfterSending: a completion may reuse its request at once
+// (a forward path pools them), even when the deadline passes as the call
+// is made: Go has read the request by then, and a timeout's cancel frame
+// follows the request it cancels. Real time, deadlines of microseconds,
+// under the race detector; every completion runs exactly once.
+func TestGoCompletesAfterSending(t *testing.T) {
+	caller, _ := asyncPair(t, func(ctx context.Context, _ *envelope.Request) (*envelope.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	const n = 2000
+	var runs, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		req := &envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait", Params: json.RawMessage(`{"x":1}`)}
+		wg.Add(1)
+		var once atomic.Bool
+		err := caller.Go(req, time.Now().Add(time.Duration(i%20)*time.Microsecond), func(*envelope.Response, *envelope.Error) {
+			req.Params = nil // reused by its owner
+			if once.Swap(true) {
+				t.Errorf("call %d completed twice", i)
+			}
+			runs.Add(1)
+			wg.Done()
+		})
+		if err != nil {
+			refused.Add(1)
+			wg.Done()
+		}
+	}
+	wg.Wait()
+	if runs.Load()+refused.Load() != n {
+		t.Errorf("%d completions and %d refusals for %d calls", runs.Load(), refused.Load(), n)
+	}
+	if p := caller.Pending(); p != 0 {
+		t.Errorf("%d calls still pending", p)
+	}
+}

@@ -3,12 +3,10 @@
 package hub_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -126,26 +124,9 @@ func init() { helperMains = append(helperMains, s28FloodMain) }
 
 // runS28Flood runs the flood process for p and returns its report.
 func runS28Flood(ctx context.Context, p s28FloodPlan) (*s28FloodReport, error) {
-	cfg, err := json.Marshal(p)
-	if err != nil {
-		return nil, err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithDeadline(ctx, p.End().Add(30*time.Second))
-	defer cancel()
-	cmd := exec.CommandContext(cctx, "chrt", "--idle", "0", self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), s28FloodEnv+"="+string(cfg))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%v (stderr: %.2000s)", err, stderr.String())
-	}
 	var rep s28FloodReport
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		return nil, fmt.Errorf("its report: %v (%.200q, stderr: %.2000s)", err, stdout.String(), stderr.String())
+	if err := s26.RunSelf(ctx, s28FloodEnv, p, p.End(), &rep, "-test.run=^$"); err != nil {
+		return nil, err
 	}
 	return &rep, nil
 }

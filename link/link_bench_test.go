@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,31 +22,9 @@ import (
 // answers at once, serially and from many goroutines (where the writer can
 // coalesce frames).
 //
-//	go test -run '^$' -bench LinkCall -benchmem -count 6 ./mesh
+//	go test -run '^$' -bench LinkCall -benchmem -count 6 ./link
 func BenchmarkLinkCall(b *testing.B) {
-	up := websocket.Upgrader{Subprotocols: []string{envelope.Subprotocol}}
-	echo := func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
-		return &envelope.Response{ID: req.ID, Result: req.Params}, nil
-	}
-	var peers []*link.Link
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := up.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		peers = append(peers, link.New(ws, link.Config{}, link.WithHandler(echo)))
-	}))
-	defer func() {
-		for _, p := range peers {
-			p.Close()
-		}
-		srv.Close()
-	}()
-	l, err := link.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", link.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l := echoLink(b)
 	req := envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: payload128}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
@@ -96,29 +75,7 @@ var payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}
 //
 //	go test -run '^$' -bench 'Link(Call|Go)' -benchmem -count 6 ./link
 func BenchmarkLinkGo(b *testing.B) {
-	up := websocket.Upgrader{Subprotocols: []string{envelope.Subprotocol}}
-	echo := func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
-		return &envelope.Response{ID: req.ID, Result: req.Params}, nil
-	}
-	var peers []*link.Link
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := up.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		peers = append(peers, link.New(ws, link.Config{}, link.WithHandler(echo)))
-	}))
-	defer func() {
-		for _, p := range peers {
-			p.Close()
-		}
-		srv.Close()
-	}()
-	l, err := link.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", link.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l := echoLink(b)
 	req := envelope.Request{ID: envelope.NewID(), Method: "echo.echo", Params: payload128}
 	// one waiter per goroutine: its completion is made once, not per call
 	type waiter struct {
@@ -130,32 +87,27 @@ func BenchmarkLinkGo(b *testing.B) {
 		w.done = func(_ *envelope.Response, err *envelope.Error) { w.ch <- err }
 		return w
 	}
-	b.Run("serial", func(b *testing.B) {
-		b.ReportAllocs()
-		cpustat.Report(b)
-		w := newWaiter()
-		for b.Loop() {
-			if err := l.Go(&req, time.Time{}, w.done); err != nil {
-				b.Fatal(err)
-			}
-			if err := <-w.ch; err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("serial-deadline", func(b *testing.B) {
-		b.ReportAllocs()
-		cpustat.Report(b)
-		w := newWaiter()
-		for b.Loop() {
-			if err := l.Go(&req, time.Now().Add(10*time.Second), w.done); err != nil {
-				b.Fatal(err)
-			}
-			if err := <-w.ch; err != nil {
-				b.Fatal(err)
+	serial := func(ttl time.Duration) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			cpustat.Report(b)
+			w := newWaiter()
+			for b.Loop() {
+				var deadline time.Time
+				if ttl > 0 {
+					deadline = time.Now().Add(ttl)
+				}
+				if err := l.Go(&req, deadline, w.done); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-w.ch; err != nil {
+					b.Fatal(err)
+				}
 			}
 		}
-	})
+	}
+	b.Run("serial", serial(0))
+	b.Run("serial-deadline", serial(10*time.Second))
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
 		cpustat.Report(b)
@@ -174,4 +126,39 @@ func BenchmarkLinkGo(b *testing.B) {
 			}
 		})
 	})
+}
+
+// echoLink dials a link to a peer Link over loopback that answers every
+// call at once with its params; both close when the benchmark ends.
+func echoLink(b *testing.B) *link.Link {
+	up := websocket.Upgrader{Subprotocols: []string{envelope.Subprotocol}}
+	echo := func(_ context.Context, req *envelope.Request) (*envelope.Response, error) {
+		return &envelope.Response{ID: req.ID, Result: req.Params}, nil
+	}
+	var mu sync.Mutex
+	var peers []*link.Link
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		peers = append(peers, link.New(ws, link.Config{}, link.WithHandler(echo)))
+		mu.Unlock()
+	}))
+	l, err := link.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", link.Config{})
+	if err != nil {
+		srv.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, p := range peers {
+			p.Close()
+		}
+		mu.Unlock()
+		srv.Close()
+	})
+	return l
 }

@@ -48,28 +48,43 @@ func NewReport() *Report { return &Report{Hostile: NewStats(), Benign: NewStats(
 // hold a core for a scheduler slice while a hub thread waited: the hub's
 // threads were runnable but off CPU ~500 ms per second of attack.)
 func RunAttackers(ctx context.Context, p Plan, args ...string) (*Report, error) {
-	cfg, err := json.Marshal(p)
-	if err != nil {
+	var rep Report
+	if err := RunSelf(ctx, attackerEnv, p, p.End(), &rep, args...); err != nil {
 		return nil, err
+	}
+	if rep.Hostile == nil || rep.Benign == nil {
+		return nil, fmt.Errorf("its report has no stats")
+	}
+	return &rep, nil
+}
+
+// RunSelf runs this program again under SCHED_IDLE (chrt --idle, see
+// RunAttackers) with args, cfg in the environment variable env as JSON,
+// for at most until + 30 s, and decodes what it writes to stdout (one
+// JSON value) into out: how a test's helper process (S26's attackers,
+// S28's flood) is started and heard from.
+func RunSelf(ctx context.Context, env string, cfg any, until time.Time, out any, args ...string) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	cctx, cancel := context.WithDeadline(ctx, p.End().Add(30*time.Second))
+	cctx, cancel := context.WithDeadline(ctx, until.Add(30*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(cctx, "chrt", append([]string{"--idle", "0", self}, args...)...)
-	cmd.Env = append(os.Environ(), attackerEnv+"="+string(cfg))
+	cmd.Env = append(os.Environ(), env+"="+string(b))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%v (stderr: %.2000s)", err, stderr.String())
+		return fmt.Errorf("%v (stderr: %.2000s)", err, stderr.String())
 	}
-	var rep Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Hostile == nil || rep.Benign == nil {
-		return nil, fmt.Errorf("its report: %v (%.200q, stderr: %.2000s)", err, stdout.String(), stderr.String())
+	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
+		return fmt.Errorf("its report: %v (%.200q, stderr: %.2000s)", err, stdout.String(), stderr.String())
 	}
-	return &rep, nil
+	return nil
 }
 
 // AttackerPlan reports whether this process is an attacker process

@@ -266,14 +266,14 @@ type rpcConn struct {
 	c      *link.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 	h      *Hub
-	who    *Principal   // nil when the hub authenticates nobody
-	work   chan rpcTask // hands a message to an idle worker
+	who    *Principal // nil when the hub authenticates nobody
+	// workers answer the messages (kept goroutines, not one per message)
+	workers *link.Workers[rpcTask]
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who, work: make(chan rpcTask)}
+	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who}
 	rc.c.WithBackpressure()
 	lim := rc.c.Config().Limits
 	rc.c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) })
@@ -282,6 +282,7 @@ func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 		base = context.WithValue(base, principalKey{}, who)
 	}
 	rc.ctx, rc.cancel = context.WithCancel(base)
+	rc.workers = link.NewWorkers(rc.ctx.Done(), rc.answer)
 	if !h.track(rc) {
 		rc.cancel()
 		_ = ws.Close()
@@ -337,15 +338,8 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.Send(b)
 		return
 	}
-	// Counted (tryAdmit) until the answer is queued. An idle worker
-	// takes the message, or a new one starts.
-	t := rpcTask{calls, batch, n}
-	select {
-	case rc.work <- t:
-	default:
-		rc.wg.Add(1)
-		go rc.worker(t)
-	}
+	// Counted (tryAdmit) until the answer is queued.
+	rc.workers.Go(rpcTask{calls, batch, n})
 }
 
 // rpcTask is one message's calls for a worker.
@@ -353,29 +347,6 @@ type rpcTask struct {
 	calls []envelope.RPCCall
 	batch bool
 	n     int // the message's size, admitted until answered
-}
-
-// worker answers t, then the messages that come while it is idle for
-// less than link.WorkerIdle; it exits when the connection closes. Workers
-// are kept, as a link keeps its own, because a new goroutine per message
-// starts with a small stack that the call chain grows by copying, and its
-// start and exit cost the scheduler a round each.
-func (rc *rpcConn) worker(t rpcTask) {
-	defer rc.wg.Done()
-	idle := time.NewTimer(link.WorkerIdle)
-	defer idle.Stop()
-	for {
-		rc.answer(t)
-		t = rpcTask{} // not kept while idle: its calls point into their message
-		idle.Reset(link.WorkerIdle)
-		select {
-		case t = <-rc.work:
-		case <-idle.C:
-			return
-		case <-rc.ctx.Done():
-			return
-		}
-	}
 }
 
 // answer answers one message's calls and queues the answer.
@@ -393,5 +364,5 @@ func (rc *rpcConn) answer(t rpcTask) {
 func (rc *rpcConn) Close() {
 	rc.c.Close()
 	rc.cancel()
-	rc.wg.Wait()
+	rc.workers.Wait()
 }

@@ -492,25 +492,22 @@ type task struct {
 	r      *envelope.Request
 }
 
-// workerIdle is how long a worker waits for another request before it
-// exits. Workers are kept because a new goroutine starts with a small
-// stack that the deep call chain of a request grows by copying (15 % of
-// the hub's CPU under load when every request had its own goroutine).
-const workerIdle = WorkerIdle
-
-// WorkerIdle is how long a kept worker goroutine (a link's, or the hub's
-// for a plain JSON-RPC WebSocket) waits for more work before it exits.
+// WorkerIdle is how long a kept worker (a link's, or Workers') waits for
+// another task before it exits. Workers are kept because a new goroutine
+// starts with a small stack that the deep call chain of a request grows
+// by copying (15 % of the hub's CPU under load when every request had its
+// own goroutine).
 const WorkerIdle = 500 * time.Millisecond
 
 // worker serves t, then whatever requests come while it is idle for less
-// than workerIdle; it exits when the link closes.
+// than WorkerIdle; it exits when the link closes.
 func (l *Link) worker(t task) {
 	defer l.wg.Done()
-	idle := time.NewTimer(workerIdle)
+	idle := time.NewTimer(WorkerIdle)
 	defer idle.Stop()
 	for {
 		l.serveOne(t.ctx, t.cancel, t.seq, t.r)
-		idle.Reset(workerIdle)
+		idle.Reset(WorkerIdle)
 		select {
 		case t = <-l.work:
 		case <-idle.C:

@@ -138,7 +138,7 @@ func (l *Link) failAsync(errf func() *envelope.Error) {
 	l.mu.Lock()
 	calls := l.async
 	l.async = nil
-	l.asyncDeadlines.stop(&l.mu)
+	l.asyncDeadlines.stop()
 	l.mu.Unlock()
 	for _, a := range calls {
 		done := a.done
@@ -172,8 +172,8 @@ func (ah *asyncHeap) push(l *Link, a *asyncCall) {
 	}
 }
 
-// stop stops the timer for good (mu, the link's, held).
-func (ah *asyncHeap) stop(*sync.Mutex) {
+// stop stops the timer for good (the link's mu held).
+func (ah *asyncHeap) stop() {
 	ah.done = true
 	if ah.t != nil {
 		ah.t.Stop()

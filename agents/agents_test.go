@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
@@ -161,11 +162,11 @@ func TestChaosFaults(t *testing.T) {
 // TestReconnectAfterHubRestart: the hub goes away and comes back on the
 // same address; the agent re-registers by itself and serves again.
 func TestReconnectAfterHubRestart(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := freeport.Addr(t) // not ephemeral: no dialler takes it while the hub is down
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
 	serve := func(ln net.Listener) (*hub.Hub, func()) {
 		h, err := hub.New(hub.Config{HeartbeatInterval: 50 * time.Millisecond})
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -28,15 +28,11 @@ import (
 // loopback ports so that a proxy can sit in front of them, their logs and
 // metrics read back, and etcd's view to compare the hubs' with.
 
-// freeAddr returns a loopback host:port that was free a moment ago.
+// freeAddr returns a loopback host:port nothing listens on, from below the
+// ephemeral range (see freeport): another process binds it.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.Addr(t)
 }
 
 // writeFile writes a temporary file and returns its path.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,26 +17,19 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/internal/scenario"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 	"github.com/agentmesh/agentmesh/reliability"
 )
 
-// freeAddrs reserves n loopback addresses (listen, note, close), so that a
-// hub can be restarted on the same address.
+// freeAddrs returns n loopback addresses nothing listens on, from below the
+// ephemeral range (see freeport), so that a hub can be restarted on the same
+// address and no dialler's source port takes one in between.
 func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	out := make([]string, n)
-	for i := range out {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[i] = ln.Addr().String()
-		ln.Close()
-	}
-	return out
+	return freeport.Addrs(t, n)
 }
 
 // scrape reads one Prometheus text series from url: the sample whose

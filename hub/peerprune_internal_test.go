@@ -2,10 +2,10 @@ package hub
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/registry/memory"
 )
@@ -23,12 +23,7 @@ func TestPeerStateForgotten(t *testing.T) {
 	}
 	defer h.Shutdown(context.Background())
 	// An address nothing listens on: every dial fails at once.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := freeport.Addr(t)
 	if _, err := reg.Register(t.Context(), registry.Registration{InstanceID: "far", Name: "far", Hub: "hub-gone", HubAddr: dead,
 		Capabilities: []string{"far.work"}, HeartbeatInterval: time.Minute}); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/cli"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -168,12 +168,7 @@ func TestMeshctlAgentRunInstances(t *testing.T) {
 }
 
 func TestMeshdDemo(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeport.Addr(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	var errb bytes.Buffer

@@ -3,7 +3,6 @@ package cli_test
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/cli"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 )
 
@@ -81,12 +81,7 @@ func TestHubFlagListReachesTheClient(t *testing.T) {
 	t.Setenv("MESH_HUB", "")
 	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-hubflag")))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "ws://" + ln.Addr().String() + "/ws"
-	ln.Close() // nothing listens there now: a refused dial
+	dead := "ws://" + freeport.Addr(t) + "/ws" // nothing listens there: a refused dial
 	for _, form := range [][]string{{"--hub", dead, "--hub", m.WS}, {"--hub", dead + "," + m.WS}, {"--hub", dead + ", " + m.WS + " "}} {
 		r := meshctl(t, "", append([]string{"agents", "-o", "json"}, form...)...)
 		var list []control.AgentInfo

@@ -3,7 +3,6 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/internal/cli"
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -40,12 +40,7 @@ func secToken(t *testing.T, key []byte, c auth.Claims) string {
 // secFreeAddr returns a loopback address no one listens on (yet).
 func secFreeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.Addr(t)
 }
 
 // secPlainReady: a plain-HTTP meshd answers its readiness probe.

@@ -6,7 +6,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentmesh/agentmesh/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -36,13 +36,11 @@ type Server struct {
 	done chan struct{}
 }
 
+// freePort: a port for etcd to bind, from below the ephemeral range (see
+// freeport).
 func freePort(tb testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	tb.Helper()
+	return freeport.Port(tb)
 }
 
 // Binary returns the path of the etcd binary, for tests that run etcd

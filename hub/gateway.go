@@ -220,6 +220,8 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		// A peer hub's link carries every caller of that hub, each
 		// bounded there: one of them must not refuse the others' calls.
 		opts = append(opts, link.WithoutCallBound())
+	} else {
+		opts = append(opts, link.WithFast(h.serveFast)) // fast.go
 	}
 	l := link.New(ws, h.cfg.Conn, opts...)
 	if !h.track(l) {

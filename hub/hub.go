@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/peering"
 	"github.com/agentmesh/agentmesh/internal/idempotency"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
 	"github.com/agentmesh/agentmesh/link"
@@ -43,7 +44,7 @@ func (h *Hub) state() telemetry.HubState {
 	s.Methods = len(snap.Methods())
 	agentLinks := map[*link.Link]bool{}
 	h.bindings.Range(func(_, v any) bool { agentLinks[v.(*binding).link] = true; return true })
-	peerLinks := h.peers.links()
+	peerLinks := h.peers.Links()
 	h.mu.Lock()
 	for c := range h.conns {
 		l, ok := c.(*link.Link)
@@ -243,6 +244,9 @@ type Hub struct {
 	builtins  map[string]builtin
 	in        envelope.Invoker // the ingress chain (ingress.go), built once by New
 	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	retried   envelope.Invoker // routed within the bulkhead: retry → attempt
+	attempts  envelope.Invoker // one attempt, with its span
+	retry     *reliability.RetryOptions
 	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
 
 	breakerHook func(k reliability.BreakerKey, from, to string)
@@ -251,8 +255,8 @@ type Hub struct {
 	breakers    *reliability.Breakers // per (method, instance)
 	bulkheads   *reliability.Bulkheads
 
-	bindings sync.Map // instance id -> *binding (agents attached here)
-	peers    peers    // links to the other hubs of a cluster
+	bindings sync.Map      // instance id -> *binding (agents attached here)
+	peers    *peering.Pool // links to the other hubs of a cluster
 
 	mu          sync.Mutex
 	conns       map[closer]struct{}
@@ -261,7 +265,10 @@ type Hub struct {
 
 	draining atomic.Bool
 	inflight atomic.Int64
-	started  atomic.Int64 // unix ns: New, then Serve; the warm-up counts from it
+	// fastTaken counts the calls the forward path took (fast.go), for
+	// tests.
+	fastTaken atomic.Int64
+	started   atomic.Int64 // unix ns: New, then Serve; the warm-up counts from it
 
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -395,17 +402,21 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
-	h.peers = newPeers(h, ctx, h.cfg.peerConn())
-	h.routed = envelope.Chain(
-		h.bulkheads.Middleware,
-		reliability.Retry(ps, reliability.RetryOptions{
-			Budget:   reliability.NewBudget(rc.RetryBudget),
-			Latency:  reliability.NewLatency(),
-			UseTried: true,
-			OnRetry:  onRetry,
-		}),
-		h.tel.Attempt,
-	)(h.attempt)
+	pc := peering.Config{Link: h.cfg.peerConn(), Log: h.log, Track: func(l *link.Link) bool { return h.track(l) },
+		Untrack: func(l *link.Link) { h.untrack(l) }, Wanted: h.wantedPeer}
+	if h.guard.on() {
+		pc.Auth = h.guard.peers
+	}
+	h.peers = peering.New(ctx, pc)
+	h.retry = &reliability.RetryOptions{
+		Budget:   reliability.NewBudget(rc.RetryBudget),
+		Latency:  reliability.NewLatency(),
+		UseTried: true,
+		OnRetry:  onRetry,
+	}
+	h.attempts = h.tel.Attempt(h.attempt)
+	h.retried = reliability.Retry(ps, *h.retry)(h.attempts)
+	h.routed = h.bulkheads.Middleware(h.retried)
 	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
 	h.in = h.buildIngress()
 	watch, err := h.reg.Watch(ctx)
@@ -590,7 +601,7 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 		}
 		wg.Wait()
 		h.stop()
-		h.peers.shutdown() // background dials; a link they open now is closed at once
+		h.peers.Shutdown() // background dials; a link they open now is closed at once
 		<-h.done
 		if h.ownsReg {
 			_ = h.reg.Close()

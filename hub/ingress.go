@@ -88,16 +88,20 @@ func (h *Hub) logFailures(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		res, err := next(ctx, req)
 		if err != nil {
-			e := envelope.AsError(err)
-			level := slog.LevelDebug
-			if e.Code == envelope.CodeInternal {
-				level = slog.LevelError
-			}
-			h.log.LogAttrs(ctx, level, "call failed", slog.String("method", req.Method),
-				slog.String("request_id", req.ID), slog.String("code", e.Code.String()), slog.String("error", e.Message))
+			h.logFailure(ctx, req, err)
 		}
 		return res, err
 	}
+}
+
+func (h *Hub) logFailure(ctx context.Context, req *envelope.Request, err error) {
+	e := envelope.AsError(err)
+	level := slog.LevelDebug
+	if e.Code == envelope.CodeInternal {
+		level = slog.LevelError
+	}
+	h.log.LogAttrs(ctx, level, "call failed", slog.String("method", req.Method),
+		slog.String("request_id", req.ID), slog.String("code", e.Code.String()), slog.String("error", e.Message))
 }
 
 // drainGate refuses new calls while the hub drains (an agent's
@@ -126,45 +130,59 @@ func (h *Hub) drainGate(next envelope.Invoker) envelope.Invoker {
 // credential from the call and applies the role table.
 func (h *Hub) authenticateCall(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		if tok := req.Headers.AuthToken; tok != "" || h.guard.on() {
-			// A credential never goes further than this: not to logs,
-			// spans, peers or agents.
-			req.Headers.AuthToken = ""
-			p := PrincipalOf(ctx)
-			if p == nil && tok != "" && h.guard.on() {
-				c, err := h.guard.verifier.Verify(tok)
-				if err == nil && hasRole(c.Roles, auth.RolePeer) {
-					err = errHubTokenElsewhere
-				} else if err == nil {
-					err = h.guard.checkAudience(c)
-				}
-				if err != nil {
-					h.metrics().Refused("unauthenticated")
-					return nil, err
-				}
-				p = auth.NewPrincipal(c, "", false)
-				ctx = context.WithValue(ctx, principalKey{}, p)
-			}
-			if err := h.guard.authorize(p, req); err != nil {
-				h.metrics().Refused(refusal(err))
-				return nil, err
-			}
+		ctx, err := h.authenticate(ctx, req)
+		if err != nil {
+			return nil, err
 		}
 		return next(ctx, req)
 	}
 }
 
+// authenticate is authenticateCall's check; ctx gains the principal a
+// per-call token proved.
+func (h *Hub) authenticate(ctx context.Context, req *envelope.Request) (context.Context, error) {
+	if tok := req.Headers.AuthToken; tok != "" || h.guard.on() {
+		// A credential never goes further than this: not to logs,
+		// spans, peers or agents.
+		req.Headers.AuthToken = ""
+		p := PrincipalOf(ctx)
+		if p == nil && tok != "" && h.guard.on() {
+			c, err := h.guard.verifier.Verify(tok)
+			if err == nil && hasRole(c.Roles, auth.RolePeer) {
+				err = errHubTokenElsewhere
+			} else if err == nil {
+				err = h.guard.checkAudience(c)
+			}
+			if err != nil {
+				h.metrics().Refused("unauthenticated")
+				return ctx, err
+			}
+			p = auth.NewPrincipal(c, "", false)
+			ctx = context.WithValue(ctx, principalKey{}, p)
+		}
+		if err := h.guard.authorize(p, req); err != nil {
+			h.metrics().Refused(refusal(err))
+			return ctx, err
+		}
+	}
+	return ctx, nil
+}
+
 // rateLimit applies the per-connection, then the hub's, rate limit.
 func (h *Hub) rateLimit(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		if err := h.limitConn(ctx, req); err != nil {
-			return nil, err
-		}
-		if err := h.limitGlobal(ctx, req); err != nil {
+		if err := h.limit(ctx, req); err != nil {
 			return nil, err
 		}
 		return next(ctx, req)
 	}
+}
+
+func (h *Hub) limit(ctx context.Context, req *envelope.Request) error {
+	if err := h.limitConn(ctx, req); err != nil {
+		return err
+	}
+	return h.limitGlobal(ctx, req)
 }
 
 // deadline runs a call without a deadline under the hub's default
@@ -178,13 +196,7 @@ func (h *Hub) rateLimit(next envelope.Invoker) envelope.Invoker {
 func (h *Hub) deadline(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		if _, ok := ctx.Deadline(); !ok {
-			d := h.cfg.DefaultTimeout
-			if _, builtin := h.builtins[req.Method]; !builtin && req.Headers.Hops == 0 && h.policies != nil {
-				if p := h.policies.For(req.Method); p.Timeout > 0 && p.Timeout < d {
-					d = p.Timeout
-				}
-			}
-			ctx, cancel := req.WithTTL(ctx, d)
+			ctx, cancel := req.WithTTL(ctx, h.defaultTimeout(req))
 			defer cancel()
 			return next(ctx, req)
 		}

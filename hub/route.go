@@ -70,69 +70,11 @@ func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Respo
 // attempt is one try of a routed call. It prefers instances the call has
 // not tried yet and skips those whose breaker is open.
 func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-	snap := h.reg.Snapshot()
 	tried := reliability.TriedFrom(ctx)
-	var in *registry.Instance
-	if req.Destination != "" {
-		in = snap.Instance(req.Destination)
-		if in == nil && req.Headers.Hops > 0 {
-			// The origin hub picked an instance that has just left this
-			// one: not sent, so the origin retries elsewhere.
-			return nil, link.UnavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
-		}
-		if in == nil {
-			return nil, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
-		}
-		if !in.Serves(req.Method) {
-			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method).WithAttempts(1)
-		}
-	} else {
-		cands := snap.Lookup(req.Method)
-		if len(cands) == 0 {
-			// No responders: answered at once (S22). The attempts mark
-			// tells every retry loop that another try cannot help.
-			if snap.Known(req.Method) {
-				return nil, link.UnavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
-			}
-			if h.warmingUp() {
-				// Just started, or just listed the registry again: the
-				// agents serving it may not have registered (again) yet.
-				// Retryable, unlike METHOD_NOT_FOUND, which every client
-				// takes as final (Config.WarmUp).
-				return nil, link.UnavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
-			}
-			return nil, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
-		}
-		open := func(in *registry.Instance) bool {
-			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
-		}
-		// Instances behind a peer link found dead are avoided while others
-		// serve the method; when only they are left one is tried, which
-		// fails fast (not sent) and kicks a re-dial.
-		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr) }
-		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
-		if in == nil {
-			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
-		}
-		if in == nil && tried != nil {
-			in = registry.Pick(cands, open) // every instance tried: any that is not open
-		}
-		if in == nil {
-			// Every instance is behind an open breaker: refused at once.
-			// A retry loop tries again when the first of them admits a
-			// probe, if that is before the call's deadline; never after a
-			// mere backoff (CircuitOpen).
-			var probe time.Time
-			for _, c := range cands {
-				if at, ok := h.breakers.ProbeAt(reliability.BreakerKey{Method: req.Method, Instance: c.InstanceID}); ok && (probe.IsZero() || at.Before(probe)) {
-					probe = at
-				}
-			}
-			return nil, reliability.CircuitOpen("the circuit is open for every instance serving "+req.Method, probe)
-		}
+	in, onlyBehindDown, err := h.pick(req, tried)
+	if err != nil {
+		return nil, err
 	}
-	// Picked although behind a down peer: no instance outside one was left.
-	onlyBehindDown := req.Destination == "" && in.Hub != h.cfg.ID && h.peers.isDown(in.Hub, in.HubAddr)
 	tried.Add(in.InstanceID)
 	telemetry.AnnotateInstance(ctx, in.InstanceID)
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
@@ -146,8 +88,8 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	// accepted by the registry: while the registry names another hub for
 	// the instance (a stale entry, e.g. during an etcd cut), calls go
 	// there, not over the link of a registration that may be refused.
-	if v, ok := h.bindings.Load(in.InstanceID); ok && (v.(*binding).ready.Load() || in.Hub == h.cfg.ID) {
-		res, err = v.(*binding).link.Call(ctx, req)
+	if b := h.localBinding(in); b != nil {
+		res, err = b.link.Call(ctx, req)
 		outcome = err
 	} else if in.Hub != h.cfg.ID {
 		var peerLost bool
@@ -171,4 +113,83 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	release()
 	done(outcome)
 	return res, err
+}
+
+// localBinding is the binding calls to in go over from this hub: its
+// agent's link, when attached here (nil otherwise).
+func (h *Hub) localBinding(in *registry.Instance) *binding {
+	if v, ok := h.bindings.Load(in.InstanceID); ok && (v.(*binding).ready.Load() || in.Hub == h.cfg.ID) {
+		return v.(*binding)
+	}
+	return nil
+}
+
+// pick chooses the instance for one attempt of req (the one its
+// Destination names, or the balancer's among those not tried, not behind
+// an open breaker or a down peer), or says why there is none.
+// onlyBehindDown: the instance is behind a down peer, and was picked
+// because nothing else was left.
+func (h *Hub) pick(req *envelope.Request, tried *reliability.Tried) (in *registry.Instance, onlyBehindDown bool, _ error) {
+	snap := h.reg.Snapshot()
+	if req.Destination != "" {
+		in = snap.Instance(req.Destination)
+		if in == nil && req.Headers.Hops > 0 {
+			// The origin hub picked an instance that has just left this
+			// one: not sent, so the origin retries elsewhere.
+			return nil, false, link.UnavailableNotSent("agent " + req.Destination + " is no longer attached to this hub")
+		}
+		if in == nil {
+			return nil, false, envelope.Errorf(envelope.CodeAgentNotFound, "no agent %q", req.Destination).WithAttempts(1)
+		}
+		if !in.Serves(req.Method) {
+			return nil, false, envelope.Errorf(envelope.CodeMethodNotFound, "agent %q does not serve %q", req.Destination, req.Method).WithAttempts(1)
+		}
+	} else {
+		cands := snap.Lookup(req.Method)
+		if len(cands) == 0 {
+			// No responders: answered at once (S22). The attempts mark
+			// tells every retry loop that another try cannot help.
+			if snap.Known(req.Method) {
+				return nil, false, link.UnavailableNotSent("no ready instance serves " + req.Method).WithAttempts(1)
+			}
+			if h.warmingUp() {
+				// Just started, or just listed the registry again: the
+				// agents serving it may not have registered (again) yet.
+				// Retryable, unlike METHOD_NOT_FOUND, which every client
+				// takes as final (Config.WarmUp).
+				return nil, false, link.UnavailableNotSent("no agent has registered " + req.Method + " yet: the hub has just started or resynced")
+			}
+			return nil, false, envelope.Errorf(envelope.CodeMethodNotFound, "no agent serves %q", req.Method).WithAttempts(1)
+		}
+		open := func(in *registry.Instance) bool {
+			return h.breakers.IsOpen(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+		}
+		// Instances behind a peer link found dead are avoided while others
+		// serve the method; when only they are left one is tried, which
+		// fails fast (not sent) and kicks a re-dial.
+		down := func(in *registry.Instance) bool { return in.Hub != h.cfg.ID && h.peers.IsDown(in.Hub, in.HubAddr) }
+		in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) || down(in) })
+		if in == nil {
+			in = registry.Pick(cands, func(in *registry.Instance) bool { return tried.Has(in.InstanceID) || open(in) })
+		}
+		if in == nil && tried != nil {
+			in = registry.Pick(cands, open) // every instance tried: any that is not open
+		}
+		if in == nil {
+			// Every instance is behind an open breaker: refused at once.
+			// A retry loop tries again when the first of them admits a
+			// probe, if that is before the call's deadline; never after a
+			// mere backoff (CircuitOpen).
+			var probe time.Time
+			for _, c := range cands {
+				if at, ok := h.breakers.ProbeAt(reliability.BreakerKey{Method: req.Method, Instance: c.InstanceID}); ok && (probe.IsZero() || at.Before(probe)) {
+					probe = at
+				}
+			}
+			return nil, false, reliability.CircuitOpen("the circuit is open for every instance serving "+req.Method, probe)
+		}
+	}
+	// Picked although behind a down peer: no instance outside one was left.
+	onlyBehindDown = req.Destination == "" && in.Hub != h.cfg.ID && h.peers.IsDown(in.Hub, in.HubAddr)
+	return in, onlyBehindDown, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -61,14 +62,7 @@ type Security struct {
 // Principal is who is calling, as their token says (auth.Principal).
 type Principal = auth.Principal
 
-func hasRole(roles []string, r string) bool {
-	for _, x := range roles {
-		if x == r {
-			return true
-		}
-	}
-	return false
-}
+func hasRole(roles []string, r string) bool { return slices.Contains(roles, r) }
 
 type principalKey struct{}
 

@@ -13,8 +13,17 @@ import (
 // one of res and err is non-nil. It runs on a goroutine of the link (its
 // reader, its deadline timer's, or the one that closed it) and must not
 // block: it hands the outcome on (queues a frame, arms a retry) and
-// returns.
-type Completion func(res *envelope.Response, err *envelope.Error)
+// returns. An interface, so that a pooled or per-call struct completes
+// the call without a closure allocated for it.
+type Completion interface {
+	Complete(res *envelope.Response, err *envelope.Error)
+}
+
+// CompletionFunc is a function as a Completion.
+type CompletionFunc func(res *envelope.Response, err *envelope.Error)
+
+// Complete calls f.
+func (f CompletionFunc) Complete(res *envelope.Response, err *envelope.Error) { f(res, err) }
 
 // asyncCall is a call made with Go, waiting in the link's async table.
 type asyncCall struct {
@@ -39,12 +48,12 @@ var asyncPool = sync.Pool{New: func() any { return new(asyncCall) }}
 //
 // The error is returned (and done never runs) when the call could not be
 // sent: its deadline passed, the link is closed or its send queue full
-// (all not sent).
-func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *envelope.Error {
+// (all not sent). seq names the call for CancelGo.
+func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) (seq uint64, _ *envelope.Error) {
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		return envelope.NewError(envelope.CodeTimeout, "the deadline passed before the call was sent").MarkNotSent()
+		return 0, envelope.NewError(envelope.CodeTimeout, "the deadline passed before the call was sent").MarkNotSent()
 	}
-	seq := l.seq.Add(1)
+	seq = l.seq.Add(1)
 	// Encoded before the call is registered: once it is, it may complete
 	// (the link lost) and its owner may reuse req.
 	r := *req
@@ -60,7 +69,7 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *e
 		l.mu.Unlock()
 		putAsync(a)
 		PutBuf(b)
-		return UnavailableNotSent("link closed")
+		return 0, UnavailableNotSent("link closed")
 	}
 	if l.async == nil {
 		l.async = map[uint64]*asyncCall{}
@@ -72,12 +81,12 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *e
 		if l.takeAsync(seq) == nil {
 			// Already completed (the link closed, and connClosed ran
 			// done): report nothing more.
-			return nil
+			return seq, nil
 		}
 		if l.Err() != nil {
-			return UnavailableNotSent("link closed")
+			return 0, UnavailableNotSent("link closed")
 		}
-		return envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
+		return 0, envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
 	}
 	if !deadline.IsZero() {
 		// Its deadline is armed once the request is queued, so that the
@@ -89,7 +98,20 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) *e
 		}
 		l.mu.Unlock()
 	}
-	return nil
+	return seq, nil
+}
+
+// CancelGo ends the call seq made with Go, if it still waits: its
+// completion runs with err, and the peer is told to cancel it.
+func (l *Link) CancelGo(seq uint64, err *envelope.Error) {
+	done := l.takeAsync(seq)
+	if done == nil {
+		return
+	}
+	cb := GetBuf()
+	*cb = envelope.AppendCancelFrame(*cb, seq)
+	l.c.TrySend(cb)
+	done.Complete(nil, err)
 }
 
 func putAsync(a *asyncCall) {
@@ -125,9 +147,9 @@ func (l *Link) deliverAsync(seq uint64, r linkResult) bool {
 		return false
 	}
 	if r.err != nil {
-		done(nil, r.err)
+		done.Complete(nil, r.err)
 	} else {
-		done(r.res, nil)
+		done.Complete(r.res, nil)
 	}
 	return true
 }
@@ -143,7 +165,7 @@ func (l *Link) failAsync(errf func() *envelope.Error) {
 	for _, a := range calls {
 		done := a.done
 		putAsync(a)
-		done(nil, errf())
+		done.Complete(nil, errf())
 	}
 }
 
@@ -206,7 +228,7 @@ func (l *Link) asyncTimeouts() {
 		l.c.TrySend(cb)
 		done := a.done
 		putAsync(a)
-		done(nil, envelope.AsError(context.DeadlineExceeded))
+		done.Complete(nil, envelope.AsError(context.DeadlineExceeded))
 	}
 }
 

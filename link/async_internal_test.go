@@ -51,7 +51,7 @@ func TestGoAnswers(t *testing.T) {
 		outs := make([]outcome, n)
 		for i := range n {
 			req := &envelope.Request{ID: strconv.Itoa(i), Method: "echo.echo", Params: json.RawMessage(strconv.Itoa(i))}
-			if err := caller.Go(req, time.Now().Add(10*time.Second), outs[i].done); err != nil {
+			if _, err := caller.Go(req, time.Now().Add(10*time.Second), CompletionFunc(outs[i].done)); err != nil {
 				t.Fatalf("call %d not sent: %v", i, err)
 			}
 		}
@@ -93,7 +93,7 @@ func TestGoTimeout(t *testing.T) {
 		ttls := []time.Duration{300 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
 		outs := make([]outcome, len(ttls))
 		for i, d := range ttls {
-			if err := caller.Go(&envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait"}, start.Add(d), outs[i].done); err != nil {
+			if _, err := caller.Go(&envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait"}, start.Add(d), CompletionFunc(outs[i].done)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -140,7 +140,7 @@ func TestGoLinkLost(t *testing.T) {
 			if i > 0 {
 				deadline = time.Now().Add(time.Hour)
 			}
-			if err := caller.Go(&envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait"}, deadline, outs[i].done); err != nil {
+			if _, err := caller.Go(&envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait"}, deadline, CompletionFunc(outs[i].done)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -155,7 +155,7 @@ func TestGoLinkLost(t *testing.T) {
 			}
 		}
 		var after outcome
-		err := caller.Go(&envelope.Request{ID: "late", Method: "slow.wait"}, time.Now().Add(time.Second), after.done)
+		_, err := caller.Go(&envelope.Request{ID: "late", Method: "slow.wait"}, time.Now().Add(time.Second), CompletionFunc(after.done))
 		if err == nil || err.Code != envelope.CodeUnavailable || !err.NotSent() {
 			t.Errorf("Go on a closed link: %v; want UNAVAILABLE, not sent", err)
 		}
@@ -184,14 +184,14 @@ func TestGoCompletesAfterSending(t *testing.T) {
 		req := &envelope.Request{ID: strconv.Itoa(i), Method: "slow.wait", Params: json.RawMessage(`{"x":1}`)}
 		wg.Add(1)
 		var once atomic.Bool
-		err := caller.Go(req, time.Now().Add(time.Duration(i%20)*time.Microsecond), func(*envelope.Response, *envelope.Error) {
+		_, err := caller.Go(req, time.Now().Add(time.Duration(i%20)*time.Microsecond), CompletionFunc(func(*envelope.Response, *envelope.Error) {
 			req.Params = nil // reused by its owner
 			if once.Swap(true) {
 				t.Errorf("call %d completed twice", i)
 			}
 			runs.Add(1)
 			wg.Done()
-		})
+		}))
 		if err != nil {
 			refused.Add(1)
 			wg.Done()

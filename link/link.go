@@ -32,7 +32,7 @@ type Link struct {
 	// asyncDeadlines their deadlines, one timer for all; both under mu.
 	async          map[uint64]*asyncCall
 	asyncDeadlines asyncHeap
-	serving        map[uint64]context.CancelFunc
+	serving        map[uint64]Canceler
 	closed         bool
 
 	ctx    context.Context // cancelled when the link closes
@@ -56,6 +56,7 @@ type Link struct {
 	sentGoAway sync.Once // SendGoAway's frame, queued once; callers wait for it
 
 	maxServing int
+	fast       FastHandler
 	nserving   atomic.Int64
 	late       atomic.Int64 // responses for calls no longer waiting
 	onClose    func(*Link, error)
@@ -145,7 +146,7 @@ func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 	l := &Link{
 		c:          c,
 		pending:    map[uint64]chan linkResult{},
-		serving:    map[uint64]context.CancelFunc{},
+		serving:    map[uint64]Canceler{},
 		log:        slog.New(slog.DiscardHandler),
 		backend:    "WebSocket",
 		maxServing: 10000,
@@ -399,10 +400,10 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 		l.startServing(f.Seq, &f.Request)
 	case envelope.FrameCancel:
 		l.mu.Lock()
-		cancel := l.serving[f.Seq]
+		c := l.serving[f.Seq]
 		l.mu.Unlock()
-		if cancel != nil {
-			cancel()
+		if c != nil {
+			c.CancelServed()
 		}
 	case envelope.FrameGoAway:
 		l.goawayOnce.Do(func() { close(l.goaway) })
@@ -455,6 +456,17 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.reply(seq, nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
 		return
 	}
+	if l.fast != nil {
+		if !l.c.TryAdmit(1, requestBytes(req)) {
+			l.nserving.Add(-1)
+			l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+			return
+		}
+		if l.fast(l, seq, req) {
+			return // it answers with Answer
+		}
+		l.c.Release(1, requestBytes(req))
+	}
 	ctx, cancel := req.WithTTL(l.base, 0)
 	l.mu.Lock()
 	if l.closed {
@@ -470,7 +482,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
 		return
 	}
-	l.serving[seq] = cancel
+	l.serving[seq] = cancelFunc(cancel)
 	r := new(envelope.Request)
 	*r = *req
 	t := task{ctx, cancel, seq, r}
@@ -525,20 +537,32 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 	res, err := l.serve(ctx, l, r)
 	// Answer first, then leave the serving map: Serving() == 0 means every
 	// answer is queued (a draining hub waits for that before closing).
+	l.answer(seq, r.ID, start, res, err)
+	l.endServing(seq, held)
+	cancel()
+}
+
+// answer queues the answer to the served request seq (request id id,
+// served since start).
+func (l *Link) answer(seq uint64, id string, start time.Time, res *envelope.Response, err error) {
 	if err != nil {
-		l.reply(seq, &envelope.Response{ID: r.ID, Timestamp: time.Now().UnixMilli(),
+		l.reply(seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
 			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
-	} else {
-		if res.ID == "" {
-			res.ID = r.ID
-		}
-		l.reply(seq, res, nil)
+		return
 	}
+	if res.ID == "" {
+		res.ID = id
+	}
+	l.reply(seq, res, nil)
+}
+
+// endServing ends what startServing counted for the request seq (held
+// bytes), once its answer is queued.
+func (l *Link) endServing(seq uint64, held int) {
 	l.c.Release(1, held)
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
-	cancel()
 	l.nserving.Add(-1)
 }
 
@@ -553,14 +577,14 @@ func (l *Link) connClosed(err error) {
 	l.closed = true
 	pending := l.pending
 	l.pending = map[uint64]chan linkResult{}
-	serving := make([]context.CancelFunc, 0, len(l.serving))
-	for _, cancel := range l.serving {
-		serving = append(serving, cancel)
+	serving := make([]Canceler, 0, len(l.serving))
+	for _, c := range l.serving {
+		serving = append(serving, c)
 	}
 	l.mu.Unlock()
 	l.cancel()
-	for _, cancel := range serving {
-		cancel() // served requests' contexts derive from l.base, not l.ctx
+	for _, c := range serving {
+		c.CancelServed() // served requests' contexts derive from l.base, not l.ctx
 	}
 	for _, ch := range pending {
 		ch <- linkResult{err: envelope.WrapError(envelope.CodeUnavailable, "link to peer lost", err), lost: true}
@@ -597,3 +621,56 @@ func Drain(ctx context.Context, l *Link, busy func() int) {
 	}
 	l.Close()
 }
+
+// Canceler is a request this side serves, as the link cancels it: when
+// the peer sends a cancel frame for it, or the link closes.
+type Canceler interface{ CancelServed() }
+
+// cancelFunc is a served request's context.CancelFunc as a Canceler.
+type cancelFunc context.CancelFunc
+
+func (f cancelFunc) CancelServed() { f() }
+
+// FastHandler serves a request from the link's reader goroutine, without
+// a worker: it reports whether it took the request. One that takes it
+// calls Track before it sends anything on, must not block, and answers
+// with Answer exactly once (from any goroutine). One that does not take
+// it leaves req as it was, and the link's handler (WithHandler) serves it.
+// req is the reader's: what outlives the call is copied out of it.
+type FastHandler func(l *Link, seq uint64, req *envelope.Request) bool
+
+// WithFast sets a FastHandler, tried before the handler for each request
+// from the peer (after the link's own admission: WithMaxServing, the
+// connection's bounds).
+func WithFast(f FastHandler) Option { return func(l *Link) { l.fast = f } }
+
+// Base is the parent the link gives its served requests' contexts (the
+// values of WithContext, no cancellation): for a FastHandler, which makes
+// no context of its own.
+func (l *Link) Base() context.Context { return l.base }
+
+// Track registers c for the request seq a FastHandler took: a cancel
+// frame for seq, or the link's loss, calls c.CancelServed. false: the
+// link is closed (nothing is to be sent for the request; Answer it).
+func (l *Link) Track(seq uint64, c Canceler) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.serving[seq] = c
+	return true
+}
+
+// Answer answers the request seq a FastHandler took, as a worker answers
+// the handler's (an error's response carries the request id id and the
+// latency since start), and ends what the link counted for it. held is
+// the request's size as the link admitted it: RequestBytes of it.
+func (l *Link) Answer(seq uint64, id string, start time.Time, res *envelope.Response, err error, held int) {
+	l.answer(seq, id, start, res, err)
+	l.endServing(seq, held)
+}
+
+// RequestBytes is what the link counts for a served request (Answer's
+// held).
+func RequestBytes(r *envelope.Request) int { return requestBytes(r) }

@@ -84,7 +84,7 @@ func BenchmarkLinkGo(b *testing.B) {
 	}
 	newWaiter := func() *waiter {
 		w := &waiter{ch: make(chan *envelope.Error, 1)}
-		w.done = func(_ *envelope.Response, err *envelope.Error) { w.ch <- err }
+		w.done = link.CompletionFunc(func(_ *envelope.Response, err *envelope.Error) { w.ch <- err })
 		return w
 	}
 	serial := func(ttl time.Duration) func(b *testing.B) {
@@ -97,7 +97,7 @@ func BenchmarkLinkGo(b *testing.B) {
 				if ttl > 0 {
 					deadline = time.Now().Add(ttl)
 				}
-				if err := l.Go(&req, deadline, w.done); err != nil {
+				if _, err := l.Go(&req, deadline, w.done); err != nil {
 					b.Fatal(err)
 				}
 				if err := <-w.ch; err != nil {
@@ -115,7 +115,7 @@ func BenchmarkLinkGo(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			w := newWaiter()
 			for pb.Next() {
-				if err := l.Go(&req, time.Now().Add(10*time.Second), w.done); err != nil {
+				if _, err := l.Go(&req, time.Now().Add(10*time.Second), w.done); err != nil {
 					b.Error(err)
 					return
 				}

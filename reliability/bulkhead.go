@@ -94,7 +94,7 @@ func (b *Bulkhead) overloaded(why string) *envelope.Error {
 // Acquire waits for a slot. On success call release exactly once.
 func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err error) {
 	if b.cfg.MaxConcurrent <= 0 {
-		return func() {}, nil
+		return noRelease, nil
 	}
 	b.mu.Lock()
 	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
@@ -141,6 +141,24 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	}
 	return nil, b.overloaded("shed from the bulkhead queue by a call of higher priority")
 }
+
+// TryAcquire takes a slot if one is free with no call queued, without
+// waiting; ok is false when Acquire would queue the call (or refuse it).
+// On success call release exactly once.
+func (b *Bulkhead) TryAcquire() (release func(), ok bool) {
+	if b.cfg.MaxConcurrent <= 0 {
+		return noRelease, true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
+		b.active++
+		return b.rel, true
+	}
+	return nil, false
+}
+
+func noRelease() {}
 
 // evictLocked sheds the newest queued call of the lowest priority below p.
 func (b *Bulkhead) evictLocked(p Priority) bool {

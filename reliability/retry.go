@@ -36,6 +36,16 @@ func (c *triedCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// WithTried returns ctx with a Tried set holding ids: for a retry loop
+// resumed (RetryOptions.Resume) after attempts made outside any context.
+func WithTried(ctx context.Context, ids ...string) context.Context {
+	c := &triedCtx{Context: ctx}
+	for _, id := range ids {
+		c.tried.Add(id)
+	}
+	return c
+}
+
 // TriedFrom returns the call's Tried set, or nil outside a retry loop.
 func TriedFrom(ctx context.Context) *Tried {
 	t, _ := ctx.Value(triedKey{}).(*Tried)
@@ -126,9 +136,47 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 {
 				return hedge(ctx, req, p, next, &o)
 			}
-			return retryLoop(ctx, req, p, next, &o, now)
+			return retryLoop(ctx, req, p, next, &o, now, nil)
 		}
 	}
+}
+
+// The retry loop in parts, for a caller that runs a call's first attempt
+// itself, completion-style, and a retry loop only when it failed and may
+// be retried (the hub's forward path): Begin, then Retries (or, on a
+// success, Observe); Settle for an error not worth a retry; Resume to go
+// on from the failed first attempt exactly as Retry would have.
+
+// Begin counts the call for the budget, as Retry does on entry.
+func (o *RetryOptions) Begin(method string, now time.Time) { o.Budget.RequestAt(method, now) }
+
+// Observe records the latency of a successful first attempt.
+func (o *RetryOptions) Observe(method string, d time.Duration) { o.Latency.Observe(method, d) }
+
+// Retries reports whether the loop would consider retrying a first
+// attempt that failed with e (decide: attempts, code, idempotence; the
+// deadline, the budget and the backoff are Resume's).
+func Retries(p *Policy, e *envelope.Error) bool {
+	ok, _ := decide(p, e, 0)
+	return ok
+}
+
+// Settle is the loop's answer to a first attempt that failed with e and
+// is not retried (Retries false): e with its attempts mark.
+func (o *RetryOptions) Settle(p *Policy, method string, e *envelope.Error) *envelope.Error {
+	if _, reason := decide(p, e, 0); reason != "attempts" {
+		o.report(method, reason)
+	}
+	return e.WithAttempts(1)
+}
+
+// Resume goes on with a call whose first attempt failed with first, as
+// Retry's loop would have from there: ctx carries the call's deadline
+// (the policy's timeout applied) and, for next, the Tried set
+// (WithTried); start is when the first attempt began. A nil first runs
+// the first attempt too (Begin was called).
+func (o *RetryOptions) Resume(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, start time.Time, first error) (*envelope.Response, error) {
+	return retryLoop(ctx, req, p, next, o, start, first)
 }
 
 func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time) (*envelope.Response, error) {
@@ -144,7 +192,7 @@ func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelop
 	return res, err
 }
 
-func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time) (*envelope.Response, error) {
+func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time, first error) (*envelope.Response, error) {
 	var delays interface{ NextBackOff() time.Duration }
 	var timer *time.Timer
 	defer func() {
@@ -158,7 +206,13 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 		if n > 0 {
 			start = time.Now()
 		}
-		res, err := attempt(ctx, req, p, next, o, start)
+		var res *envelope.Response
+		var err error
+		if n == 0 && first != nil {
+			err = first // the first attempt ran elsewhere (Resume)
+		} else {
+			res, err = attempt(ctx, req, p, next, o, start)
+		}
 		if err == nil {
 			res.Metrics.Retries = n
 			return res, nil

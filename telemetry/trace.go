@@ -108,16 +108,86 @@ func (t *Telemetry) Attempt(next envelope.Invoker) envelope.Invoker {
 		return next
 	}
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		label := t.label(req.Method)
-		ctx, span := t.tracer.Start(ctx, label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
-		if span.IsRecording() {
-			span.SetAttributes(append(t.startAttrs(req, label), keyAttempt.Int(req.Headers.RetryCount))...)
-		}
-		Propagator.Inject(ctx, &req.Headers)
-		req.Headers.TraceID = span.SpanContext().TraceID().String()
+		ctx, span := t.StartAttempt(ctx, req)
 		res, err := next(ctx, req)
 		end(span, err)
 		return res, err
+	}
+}
+
+// StartAttempt is Attempt's start, for a caller that completes the
+// attempt elsewhere (EndAttempt): the attempt's span, its context, and
+// the request's headers carrying it. Without tracing it returns ctx and
+// a nil span.
+func (t *Telemetry) StartAttempt(ctx context.Context, req *envelope.Request) (context.Context, trace.Span) {
+	if t == nil || !t.tracing {
+		return ctx, nil
+	}
+	label := t.label(req.Method)
+	ctx, span := t.tracer.Start(ctx, label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(append(t.startAttrs(req, label), keyAttempt.Int(req.Headers.RetryCount))...)
+	}
+	Propagator.Inject(ctx, &req.Headers)
+	req.Headers.TraceID = span.SpanContext().TraceID().String()
+	return ctx, span
+}
+
+// EndAttempt ends an attempt StartAttempt began (span may be nil).
+func EndAttempt(span trace.Span, err error) {
+	if span != nil {
+		end(span, err)
+	}
+}
+
+// ServerCall is a call being served, as StartServer began it: End it
+// once with the outcome.
+type ServerCall struct {
+	t     *Telemetry
+	start time.Time
+	label string
+	span  trace.Span
+}
+
+// StartServer is Server's start, for a caller that completes the call
+// elsewhere (ServerCall.End): the trace context taken from the headers,
+// the SERVER span, the in-flight gauge.
+func (t *Telemetry) StartServer(ctx context.Context, req *envelope.Request) (context.Context, ServerCall) {
+	if t == nil || (!t.tracing && t.M == nil) {
+		return ctx, ServerCall{}
+	}
+	sc := ServerCall{t: t, start: time.Now(), label: t.label(req.Method)}
+	if t.tracing {
+		ctx = Propagator.Extract(ctx, &req.Headers)
+		ctx, sc.span = t.tracer.Start(ctx, sc.label, trace.WithSpanKind(trace.SpanKindServer))
+		if sc.span.IsRecording() {
+			sc.span.SetAttributes(t.startAttrs(req, sc.label)...)
+			if req.Headers.TTL > 0 {
+				sc.span.SetAttributes(keyTTL.Int64(req.Headers.TTL))
+			}
+		}
+		if req.Headers.TraceID == "" {
+			req.Headers.TraceID = sc.span.SpanContext().TraceID().String()
+		}
+	}
+	if t.M != nil {
+		t.M.inflightServer.Inc()
+	}
+	return ctx, sc
+}
+
+// End records the call's outcome: the duration histogram, the gauge, the
+// span's status.
+func (sc *ServerCall) End(err error) {
+	if sc.t == nil {
+		return
+	}
+	if m := sc.t.M; m != nil {
+		m.inflightServer.Dec()
+		m.serverDur.WithLabelValues(sc.t.system, sc.label, statusCode(envelope.CodeOf(err))).Observe(time.Since(sc.start).Seconds())
+	}
+	if sc.span != nil {
+		end(sc.span, err)
 	}
 }
 
@@ -131,33 +201,9 @@ func (t *Telemetry) Server(next envelope.Invoker) envelope.Invoker {
 		return next
 	}
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		start := time.Now()
-		label := t.label(req.Method)
-		var span trace.Span
-		if t.tracing {
-			ctx = Propagator.Extract(ctx, &req.Headers)
-			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindServer))
-			if span.IsRecording() {
-				span.SetAttributes(t.startAttrs(req, label)...)
-				if req.Headers.TTL > 0 {
-					span.SetAttributes(keyTTL.Int64(req.Headers.TTL))
-				}
-			}
-			if req.Headers.TraceID == "" {
-				req.Headers.TraceID = span.SpanContext().TraceID().String()
-			}
-		}
-		if t.M != nil {
-			t.M.inflightServer.Inc()
-		}
+		ctx, sc := t.StartServer(ctx, req)
 		res, err := next(ctx, req)
-		if t.M != nil {
-			t.M.inflightServer.Dec()
-			t.M.serverDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))).Observe(time.Since(start).Seconds())
-		}
-		if span != nil {
-			end(span, err)
-		}
+		sc.End(err)
 		return res, err
 	}
 }

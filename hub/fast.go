@@ -1,0 +1,272 @@
+package hub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// The forward path, completion-style. A routed call from a native link
+// (a client's or an agent's) is taken on the link's reader: the ingress
+// stages run inline (none of them blocks), the call's first attempt is
+// queued on the agent's link with Link.Go, and the agent link's reader
+// completes it onto the caller's link. No goroutine, context or timer is
+// made for it; the agent link's deadline heap times it out.
+//
+// It is the ingress and routed chains, step for step, with their helpers:
+// a call gets the answer, spans, metrics, log line, retry accounting,
+// breakers and bulkhead the chains would have given it (TestFastPath-
+// MatchesChain). What must wait goes to the blocking chain, on a
+// goroutine of its own, at the step it reached:
+//   - before anything ran: a call the chain treats apart (a built-in,
+//     agent control, an idempotency key, a peer's forwarded call, a
+//     hedged policy, a draining hub) is not taken at all;
+//   - after the ingress stages: a call whose instance is not attached
+//     here (a peer hub's), or whose bulkhead would queue it, runs the
+//     routed chain from the bulkhead on;
+//   - after its first attempt: a failure the policy may retry resumes the
+//     retry loop (RetryOptions.Resume) as if the loop had made it.
+
+// fastCall is one call on the forward path, from its taking to its
+// answer. The caller's link holds it (Track) until then, to cancel it.
+type fastCall struct {
+	h      *Hub
+	origin *link.Link
+	seq    uint64 // the caller's, on origin
+	req    envelope.Request
+	held   int // what origin counted for it
+	start  time.Time
+	ctx    context.Context // the server span's (and the link's values)
+	sc     telemetry.ServerCall
+	pol    *reliability.Policy
+	end    time.Time // the call's deadline; zero: none
+
+	// The first attempt, until it completes.
+	attemptSpan trace.Span
+	instance    *registry.Instance
+	instRelease func()
+	breakerDone func(error)
+	bulkhead    func()
+
+	mu        sync.Mutex
+	agent     *link.Link // the first attempt's link, and its seq there
+	aseq      uint64
+	cancel    context.CancelFunc // the blocking chain's, once it runs the call
+	cancelled bool
+}
+
+// serveFast is the link.FastHandler of callers' links.
+func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
+	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || isAgentControl(req.Method) {
+		return false
+	}
+	if _, ok := h.builtins[req.Method]; ok {
+		return false
+	}
+	pol := h.policies.For(req.Method)
+	if pol.HedgeAfter > 0 && pol.Idempotent && pol.Retries > 0 {
+		return false
+	}
+	h.fastTaken.Add(1)
+	fc := &fastCall{h: h, origin: l, seq: seq, req: *req, held: link.RequestBytes(req), start: time.Now(), pol: pol}
+	if !l.Track(seq, fc) {
+		return false // closed: the chain drops it
+	}
+	r := &fc.req
+	// identify, telemetry, (log: finish), drain
+	if r.ID == "" {
+		r.ID = envelope.NewID()
+	}
+	fc.ctx, fc.sc = h.tel.StartServer(l.Base(), r)
+	h.inflight.Add(1)
+	// authenticate, limit
+	var err error
+	if fc.ctx, err = h.authenticate(fc.ctx, r); err != nil {
+		fc.finish(nil, err)
+		return true
+	}
+	if err := h.limit(fc.ctx, r); err != nil {
+		fc.finish(nil, err)
+		return true
+	}
+	// deadline (the stage's, then the retry loop's policy timeout)
+	if r.Headers.TTL > 0 {
+		fc.end = fc.start.Add(time.Duration(r.Headers.TTL) * time.Millisecond)
+	} else if d := h.defaultTimeout(r); d > 0 {
+		fc.end = fc.start.Add(d)
+	}
+	if t := pol.Timeout; t > 0 && (fc.end.IsZero() || fc.end.Sub(fc.start) > t) {
+		fc.end = fc.start.Add(t)
+	}
+	// dispatch → route: the bulkhead, then the retry loop's first attempt
+	in, _, perr := h.pick(r, nil)
+	var b *binding
+	if perr == nil {
+		if b = h.localBinding(in); b == nil {
+			fc.blocking(h.routed) // a peer hub's instance: forward() waits
+			return true
+		}
+	}
+	release, ok := h.bulkheads.Pool(r.Method).TryAcquire()
+	if !ok {
+		fc.blocking(h.routed) // queued (or refused) by the chain's bulkhead
+		return true
+	}
+	fc.bulkhead = release
+	h.retry.Begin(r.Method, fc.start)
+	r.Headers.RetryCount = 0
+	var actx context.Context
+	actx, fc.attemptSpan = h.tel.StartAttempt(fc.ctx, r)
+	if perr != nil {
+		e := envelope.AsError(perr)
+		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.failed(e)
+		return true
+	}
+	telemetry.AnnotateInstance(actx, in.InstanceID)
+	fc.instance = in // tried, as the chain's attempt adds it before the breaker's verdict
+	done, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})
+	if err != nil {
+		e := envelope.AsError(err)
+		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.failed(e)
+		return true
+	}
+	fc.breakerDone, fc.instRelease = done, in.Acquire()
+	deadline := fc.end
+	if t := pol.PerTryTimeout; t > 0 && (deadline.IsZero() || deadline.Sub(fc.start) > t) {
+		deadline = fc.start.Add(t)
+	}
+	fc.mu.Lock()
+	cancelled := fc.cancelled
+	fc.agent = b.link
+	fc.mu.Unlock()
+	if cancelled { // the caller's link closed meanwhile
+		fc.Complete(nil, envelope.AsError(context.Canceled))
+		return true
+	}
+	aseq, e := b.link.Go(r, deadline, fc)
+	if e != nil {
+		fc.Complete(nil, e)
+		return true
+	}
+	fc.mu.Lock()
+	fc.aseq = aseq
+	cancelled = fc.cancelled
+	fc.mu.Unlock()
+	if cancelled {
+		b.link.CancelGo(aseq, envelope.AsError(context.Canceled))
+	}
+	return true
+}
+
+// defaultTimeout is the deadline stage's bound for a call without a ttl.
+func (h *Hub) defaultTimeout(req *envelope.Request) time.Duration {
+	d := h.cfg.DefaultTimeout
+	if _, builtin := h.builtins[req.Method]; !builtin && req.Headers.Hops == 0 && h.policies != nil {
+		if p := h.policies.For(req.Method); p.Timeout > 0 && p.Timeout < d {
+			d = p.Timeout
+		}
+	}
+	return d
+}
+
+// Complete ends the first attempt (link.Completion): on the agent link's
+// reader, its deadline timer, or whoever closed it.
+func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
+	fc.instRelease()
+	if e != nil { // (a nil *envelope.Error is not a nil error)
+		fc.breakerDone(e)
+		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.failed(e)
+		return
+	}
+	fc.breakerDone(nil)
+	telemetry.EndAttempt(fc.attemptSpan, nil)
+	fc.h.retry.Observe(fc.req.Method, time.Since(fc.start))
+	res.Metrics.Retries = 0
+	fc.finish(res, nil)
+}
+
+// failed settles a failed first attempt: the answer, or the rest of the
+// retry loop on a goroutine.
+func (fc *fastCall) failed(e *envelope.Error) {
+	if !reliability.Retries(fc.pol, e) {
+		fc.finish(nil, fc.h.retry.Settle(fc.pol, fc.req.Method, e))
+		return
+	}
+	var tried []string
+	if fc.instance != nil {
+		tried = []string{fc.instance.InstanceID}
+	}
+	fc.blocking(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		if fc.pol.Retries > 0 || fc.pol.HedgeAfter > 0 {
+			ctx = reliability.WithTried(ctx, tried...)
+		}
+		return fc.h.retry.Resume(ctx, req, fc.pol, fc.h.attempts, fc.start, e)
+	})
+}
+
+// blocking runs the rest of the call on the blocking chain inv, on a
+// goroutine, under the call's deadline; the caller's cancel reaches it.
+func (fc *fastCall) blocking(inv envelope.Invoker) {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if fc.end.IsZero() {
+		ctx, cancel = context.WithCancel(fc.ctx)
+	} else {
+		ctx, cancel = context.WithDeadline(fc.ctx, fc.end)
+	}
+	fc.mu.Lock()
+	fc.cancel = cancel
+	if fc.cancelled {
+		cancel()
+	}
+	fc.mu.Unlock()
+	go func() {
+		res, err := inv(ctx, &fc.req)
+		cancel()
+		fc.finish(res, err)
+	}()
+}
+
+// CancelServed cancels the call (link.Canceler): the caller sent a cancel
+// frame, or its link closed.
+func (fc *fastCall) CancelServed() {
+	fc.mu.Lock()
+	fc.cancelled = true
+	agent, aseq, cancel := fc.agent, fc.aseq, fc.cancel
+	fc.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	} else if aseq != 0 {
+		agent.CancelGo(aseq, envelope.AsError(context.Canceled))
+	}
+}
+
+// finish answers the call and ends what the stages began, innermost
+// first.
+func (fc *fastCall) finish(res *envelope.Response, err error) {
+	h := fc.h
+	if fc.bulkhead != nil {
+		fc.bulkhead()
+	}
+	if (res == nil) == (err == nil) {
+		h.log.Error("invoker broke its contract", "method", fc.req.Method, "response", res != nil, "error", err)
+		res, err = nil, envelope.NewError(envelope.CodeInternal, "internal error")
+	}
+	h.inflight.Add(-1)
+	if err != nil {
+		h.logFailure(fc.ctx, &fc.req, err)
+	}
+	fc.sc.End(err)
+	fc.origin.Answer(fc.seq, fc.req.ID, fc.start, res, err, fc.held)
+}

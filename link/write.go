@@ -298,6 +298,29 @@ func (c *Conn) Send(b *[]byte) bool {
 	if ok {
 		return true
 	}
+	return c.sendWait(b, room)
+}
+
+// TrySendOwed queues a frame owed to the peer, as Send does, if there is
+// room now; otherwise wait, when not nil, finishes the send as Send would
+// (and reports whether it queued the frame). The buffer belongs to the
+// connection afterwards either way.
+func (c *Conn) TrySendOwed(b *[]byte) (wait func() bool) {
+	ok, room := c.enqueue(b, true, true)
+	switch {
+	case ok:
+		return nil
+	case room == nil: // closed
+		PutBuf(b)
+		return nil
+	}
+	return func() bool { return c.sendWait(b, room) }
+}
+
+// sendWait waits for room for b, which found the queue full (room: the
+// writer's next take), as Send does.
+func (c *Conn) sendWait(b *[]byte, room <-chan struct{}) bool {
+	var ok bool
 	var t *time.Timer
 	for room != nil {
 		if t == nil {

@@ -51,8 +51,7 @@ type fastCall struct {
 
 	// The first attempt, until it completes.
 	attemptSpan trace.Span
-	instance    *registry.Instance
-	instRelease func()
+	instance    *registry.Instance // held (Hold) once sent
 	breakerDone func(error)
 	bulkhead    func()
 
@@ -123,15 +122,16 @@ func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 	fc.bulkhead = release
 	h.retry.Begin(r.Method, fc.start)
 	r.Headers.RetryCount = 0
-	var actx context.Context
-	actx, fc.attemptSpan = h.tel.StartAttempt(fc.ctx, r)
+	_, fc.attemptSpan = h.tel.StartAttempt(fc.ctx, r)
 	if perr != nil {
 		e := envelope.AsError(perr)
 		telemetry.EndAttempt(fc.attemptSpan, e)
 		fc.failed(e)
 		return true
 	}
-	telemetry.AnnotateInstance(actx, in.InstanceID)
+	if fc.attemptSpan != nil && fc.attemptSpan.IsRecording() {
+		fc.attemptSpan.SetAttributes(telemetry.InstanceAttr(in.InstanceID))
+	}
 	fc.instance = in // tried, as the chain's attempt adds it before the breaker's verdict
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})
 	if err != nil {
@@ -140,7 +140,8 @@ func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 		fc.failed(e)
 		return true
 	}
-	fc.breakerDone, fc.instRelease = done, in.Acquire()
+	fc.breakerDone = done
+	in.Hold()
 	deadline := fc.end
 	if t := pol.PerTryTimeout; t > 0 && (deadline.IsZero() || deadline.Sub(fc.start) > t) {
 		deadline = fc.start.Add(t)
@@ -182,7 +183,7 @@ func (h *Hub) defaultTimeout(req *envelope.Request) time.Duration {
 // Complete ends the first attempt (link.Completion): on the agent link's
 // reader, its deadline timer, or whoever closed it.
 func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
-	fc.instRelease()
+	fc.instance.Release()
 	if e != nil { // (a nil *envelope.Error is not a nil error)
 		fc.breakerDone(e)
 		telemetry.EndAttempt(fc.attemptSpan, e)

@@ -13,8 +13,9 @@ import (
 // one of res and err is non-nil. It runs on a goroutine of the link (its
 // reader, its deadline timer's, or the one that closed it) and must not
 // block: it hands the outcome on (queues a frame, arms a retry) and
-// returns. An interface, so that a pooled or per-call struct completes
-// the call without a closure allocated for it.
+// returns. A response may be the link reader's own, valid until Complete
+// returns: what outlives it is copied out. An interface, so that a pooled
+// or per-call struct completes the call without a closure made for it.
 type Completion interface {
 	Complete(res *envelope.Response, err *envelope.Error)
 }
@@ -124,16 +125,21 @@ func putAsync(a *asyncCall) {
 // timed out or failed already). The entry goes back to the pool.
 func (l *Link) takeAsync(seq uint64) Completion {
 	l.mu.Lock()
+	done := l.takeAsyncLocked(seq)
+	l.mu.Unlock()
+	return done
+}
+
+// takeAsyncLocked is takeAsync with l.mu held.
+func (l *Link) takeAsyncLocked(seq uint64) Completion {
 	a := l.async[seq]
 	if a == nil {
-		l.mu.Unlock()
 		return nil
 	}
 	delete(l.async, seq)
 	if a.idx >= 0 {
 		heap.Remove(&l.asyncDeadlines.h, a.idx)
 	}
-	l.mu.Unlock()
 	done := a.done
 	putAsync(a)
 	return done

@@ -36,6 +36,10 @@ func (o *outcome) done(res *envelope.Response, err *envelope.Error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.runs++
+	if res != nil {
+		r := *res // the reader's, until done returns
+		res = &r
+	}
 	o.res, o.err, o.at = res, err, time.Now()
 }
 

@@ -390,12 +390,7 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	}
 	switch f.Type {
 	case envelope.FrameResponse:
-		if f.Err != nil {
-			l.deliver(f.Seq, linkResult{err: f.Err})
-		} else {
-			res := f.Response
-			l.deliver(f.Seq, linkResult{res: &res})
-		}
+		l.onResponse(f)
 	case envelope.FrameRequest:
 		l.startServing(f.Seq, &f.Request)
 	case envelope.FrameCancel:
@@ -407,6 +402,33 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 		}
 	case envelope.FrameGoAway:
 		l.goawayOnce.Do(func() { close(l.goaway) })
+	}
+}
+
+// onResponse hands a response to the call awaiting it: a Call's gets a
+// copy, a Go call's completion the reader's frame itself (Completion).
+func (l *Link) onResponse(f *envelope.Frame) {
+	l.mu.Lock()
+	if ch, ok := l.pending[f.Seq]; ok {
+		delete(l.pending, f.Seq)
+		l.mu.Unlock()
+		if f.Err != nil {
+			ch <- linkResult{err: f.Err}
+		} else {
+			res := f.Response
+			ch <- linkResult{res: &res}
+		}
+		return
+	}
+	done := l.takeAsyncLocked(f.Seq)
+	l.mu.Unlock()
+	switch {
+	case done == nil:
+		l.lateResponse()
+	case f.Err != nil:
+		done.Complete(nil, f.Err)
+	default:
+		done.Complete(&f.Response, nil)
 	}
 }
 

@@ -153,10 +153,15 @@ func (in *Instance) InFlight() int64 { return in.st.inflight.Load() }
 // when it is answered.
 func (in *Instance) Acquire() (release func()) {
 	in.st.inflight.Add(1)
-	return in.release
+	return in.Release
 }
 
-func (in *Instance) release() { in.st.inflight.Add(-1) }
+// Hold counts a request sent to the instance, as Acquire does, for a
+// caller that calls Release once it is answered (no func is made).
+func (in *Instance) Hold() { in.st.inflight.Add(1) }
+
+// Release ends what Hold or Acquire counted.
+func (in *Instance) Release() { in.st.inflight.Add(-1) }
 
 // State returns the last reported state.
 func (in *Instance) State() string { return *in.st.state.Load() }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -111,7 +112,9 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	if len(p.AgentID) > 128 || len(p.Name) > 128 {
 		return nil, envelope.NewError(envelope.CodeInvalidParams, "agent.register: agentId and name are at most 128 bytes")
 	}
-	schemas, err := encodeSchemas(p.Capabilities, p.Schemas)
+	schemas, err := control.EncodeSchemas(p.Schemas, func(m string) bool {
+		return slices.ContainsFunc(p.Capabilities, func(c string) bool { return registry.Match(c, m) })
+	})
 	if err != nil {
 		return nil, err
 	}

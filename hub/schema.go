@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/openrpc"
 	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/registry"
 )
 
 func mustSchema[T any]() json.RawMessage {
@@ -21,50 +19,6 @@ func mustSchema[T any]() json.RawMessage {
 		panic(err)
 	}
 	return s
-}
-
-// encodeSchemas checks an agent's declared schemas and encodes them for
-// its registration (nil when there are none).
-func encodeSchemas(caps []string, schemas map[string]control.MethodSchema) (json.RawMessage, error) {
-	if len(schemas) == 0 {
-		return nil, nil
-	}
-	for m, s := range schemas {
-		served := false
-		for _, c := range caps {
-			served = served || registry.Match(c, m)
-		}
-		if strings.Contains(m, "*") || !served {
-			return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %q is not a method this agent serves", m)
-		}
-		for what, raw := range map[string]json.RawMessage{"params": s.Params, "result": s.Result} {
-			if len(raw) == 0 {
-				continue
-			}
-			v := bytes.TrimSpace(raw)
-			if !(len(v) > 0 && v[0] == '{') && string(v) != "true" && string(v) != "false" {
-				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %s must be a JSON Schema (an object or a boolean)", m, what)
-			}
-		}
-		for _, e := range s.Errors {
-			if _, ok := envelope.ParseCode(e); !ok || e == "OK" {
-				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %q is not an error code of the mesh", m, e)
-			}
-		}
-		for _, r := range s.Roles {
-			if r == "" || len(r) > 64 {
-				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: roles are 1 to 64 bytes", m)
-			}
-		}
-	}
-	raw, err := json.Marshal(schemas)
-	if err != nil {
-		return nil, envelope.WrapError(envelope.CodeInvalidParams, "agent.register: schemas cannot be encoded", err)
-	}
-	if len(raw) > control.MaxSchemaBytes {
-		return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas take %d bytes; at most %d", len(raw), control.MaxSchemaBytes)
-	}
-	return raw, nil
 }
 
 // builtinSchemas describe the hub's own methods.

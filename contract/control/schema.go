@@ -4,6 +4,7 @@
 package control
 
 import (
+	"bytes"
 	"encoding"
 	"encoding/json"
 	"log/slog"
@@ -278,4 +279,47 @@ func isBase64(t reflect.Type) bool {
 
 func errorf(format string, args ...any) *envelope.Error {
 	return envelope.Errorf(envelope.CodeInvalidParams, format, args...)
+}
+
+// EncodeSchemas checks the schemas an agent declares in agent.register and
+// encodes them for its registration (nil when there are none): each names
+// a method the agent serves (serves: its capabilities match it), no
+// wildcard; params and result are JSON Schemas; errors are the mesh's
+// codes; roles are 1 to 64 bytes; at most MaxSchemaBytes in all.
+func EncodeSchemas(schemas map[string]MethodSchema, serves func(method string) bool) (json.RawMessage, error) {
+	if len(schemas) == 0 {
+		return nil, nil
+	}
+	for m, s := range schemas {
+		if strings.Contains(m, "*") || !serves(m) {
+			return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %q is not a method this agent serves", m)
+		}
+		for what, raw := range map[string]json.RawMessage{"params": s.Params, "result": s.Result} {
+			if len(raw) == 0 {
+				continue
+			}
+			v := bytes.TrimSpace(raw)
+			if !(len(v) > 0 && v[0] == '{') && string(v) != "true" && string(v) != "false" {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %s must be a JSON Schema (an object or a boolean)", m, what)
+			}
+		}
+		for _, e := range s.Errors {
+			if _, ok := envelope.ParseCode(e); !ok || e == "OK" {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: %q is not an error code of the mesh", m, e)
+			}
+		}
+		for _, r := range s.Roles {
+			if r == "" || len(r) > 64 {
+				return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas: %s: roles are 1 to 64 bytes", m)
+			}
+		}
+	}
+	raw, err := json.Marshal(schemas)
+	if err != nil {
+		return nil, envelope.WrapError(envelope.CodeInvalidParams, "agent.register: schemas cannot be encoded", err)
+	}
+	if len(raw) > MaxSchemaBytes {
+		return nil, envelope.Errorf(envelope.CodeInvalidParams, "agent.register: schemas take %d bytes; at most %d", len(raw), MaxSchemaBytes)
+	}
+	return raw, nil
 }

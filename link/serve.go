@@ -1,0 +1,217 @@
+package link
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Serving the peer's requests: admission, the kept workers that run the
+// handler, the fast handler that may take a request on the reader, and
+// the answers.
+
+func (l *Link) startServing(seq uint64, req *envelope.Request) {
+	if l.serve == nil {
+		l.reply(seq, nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
+		return
+	}
+	if l.nserving.Add(1) > int64(l.maxServing) {
+		l.nserving.Add(-1)
+		l.reply(seq, nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
+		return
+	}
+	if l.fast != nil {
+		if !l.c.TryAdmit(1, requestBytes(req)) {
+			l.nserving.Add(-1)
+			l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+			return
+		}
+		if l.fast(l, seq, req) {
+			return // it answers with Answer
+		}
+		l.c.Release(1, requestBytes(req))
+	}
+	ctx, cancel := req.WithTTL(l.base, 0)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		cancel()
+		l.nserving.Add(-1)
+		return
+	}
+	if !l.c.TryAdmit(1, requestBytes(req)) {
+		l.mu.Unlock()
+		cancel()
+		l.nserving.Add(-1)
+		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+		return
+	}
+	l.serving[seq] = cancelFunc(cancel)
+	r := new(envelope.Request)
+	*r = *req
+	t := task{ctx, cancel, seq, r}
+	select {
+	case l.work <- t: // an idle worker takes it
+		l.mu.Unlock()
+	default:
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.worker(t)
+	}
+}
+
+// task is one incoming request for a worker.
+type task struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	seq    uint64
+	r      *envelope.Request
+}
+
+// WorkerIdle is how long a kept worker (a link's, or Workers') waits for
+// another task before it exits. Workers are kept because a new goroutine
+// starts with a small stack that the deep call chain of a request grows
+// by copying (15 % of the hub's CPU under load when every request had its
+// own goroutine).
+const WorkerIdle = 500 * time.Millisecond
+
+// worker serves t, then whatever requests come while it is idle for less
+// than WorkerIdle; it exits when the link closes.
+func (l *Link) worker(t task) {
+	defer l.wg.Done()
+	idle := time.NewTimer(WorkerIdle)
+	defer idle.Stop()
+	for {
+		l.serveOne(t.ctx, t.cancel, t.seq, t.r)
+		idle.Reset(WorkerIdle)
+		select {
+		case t = <-l.work:
+		case <-idle.C:
+			return
+		case <-l.ctx.Done():
+			return
+		}
+	}
+}
+
+// serveOne runs the handler for one incoming request and answers it.
+func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
+	start := time.Now()
+	held := requestBytes(r) // as startServing admitted it, before serve can touch r
+	res, err := l.serve(ctx, l, r)
+	// Answer first, then leave the serving map: Serving() == 0 means every
+	// answer is queued (a draining hub waits for that before closing).
+	l.answer(seq, r.ID, start, res, err)
+	l.endServing(seq, held)
+	cancel()
+}
+
+// answer queues the answer to the served request seq (request id id,
+// served since start).
+func (l *Link) answer(seq uint64, id string, start time.Time, res *envelope.Response, err error) {
+	l.c.Send(l.encodeAnswer(seq, id, start, res, err))
+}
+
+// encodeAnswer encodes answer's frame.
+func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelope.Response, err error) *[]byte {
+	b := GetBuf()
+	if err != nil {
+		*b = envelope.AppendResponseFrame(*b, seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
+			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+		return b
+	}
+	if res.ID == "" {
+		res.ID = id
+	}
+	*b = envelope.AppendResponseFrame(*b, seq, res, nil)
+	return b
+}
+
+// endServing ends what startServing counted for the request seq (held
+// bytes), once its answer is queued.
+func (l *Link) endServing(seq uint64, held int) {
+	l.c.Release(1, held)
+	l.mu.Lock()
+	delete(l.serving, seq)
+	l.mu.Unlock()
+	l.nserving.Add(-1)
+}
+
+// requestBytes is what a served request holds of the message it came in
+// (its params, the bulk of it), for the connection's bounds.
+func requestBytes(r *envelope.Request) int { return len(r.Params) + 256 }
+
+// Canceler is a request this side serves, as the link cancels it: when
+// the peer sends a cancel frame for it, or the link closes.
+type Canceler interface{ CancelServed() }
+
+// cancelFunc is a served request's context.CancelFunc as a Canceler.
+type cancelFunc context.CancelFunc
+
+func (f cancelFunc) CancelServed() { f() }
+
+// FastHandler serves a request from the link's reader goroutine, without
+// a worker: it reports whether it took the request. One that takes it
+// calls Track before it sends anything on, must not block, and answers
+// with Answer exactly once (from any goroutine). One that does not take
+// it leaves req as it was, and the link's handler (WithHandler) serves it.
+// req is the reader's: what outlives the call is copied out of it.
+type FastHandler func(l *Link, seq uint64, req *envelope.Request) bool
+
+// WithFast sets a FastHandler, tried before the handler for each request
+// from the peer (after the link's own admission: WithMaxServing, the
+// connection's bounds).
+func WithFast(f FastHandler) Option { return func(l *Link) { l.fast = f } }
+
+// Base is the parent the link gives its served requests' contexts (the
+// values of WithContext, no cancellation): for a FastHandler, which makes
+// no context of its own.
+func (l *Link) Base() context.Context { return l.base }
+
+// Track registers c for the request seq a FastHandler took: a cancel
+// frame for seq, or the link's loss, calls c.CancelServed. false: the
+// link is closed (nothing is to be sent for the request; Answer it).
+func (l *Link) Track(seq uint64, c Canceler) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.serving[seq] = c
+	return true
+}
+
+// Answer answers the request seq a FastHandler took, as a worker answers
+// the handler's (an error's response carries the request id id and the
+// latency since start), and ends what the link counted for it. held is
+// the request's size as the link admitted it: RequestBytes of it.
+//
+// It never blocks: it runs on another link's reader (the one the answer
+// came in on). When the peer's send queue is full, the answer waits for
+// room on a goroutine of its own, as a worker would have (Conn.Send).
+func (l *Link) Answer(seq uint64, id string, start time.Time, res *envelope.Response, err error, held int) {
+	wait := l.c.TrySendOwed(l.encodeAnswer(seq, id, start, res, err))
+	if wait == nil {
+		l.endServing(seq, held)
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		wait() // returns at once: the connection is closed
+		l.endServing(seq, held)
+		return
+	}
+	l.wg.Add(1) // under mu, before closed is set: Close's Wait sees it
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		wait()
+		l.endServing(seq, held)
+	}()
+}
+
+// RequestBytes is what the link counts for a served request (Answer's
+// held).
+func RequestBytes(r *envelope.Request) int { return requestBytes(r) }

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
@@ -35,19 +36,39 @@ import (
 //   - after its first attempt: a failure the policy may retry resumes the
 //     retry loop (RetryOptions.Resume) as if the loop had made it.
 
+// fastOrigin is where a call on the forward path came from, and goes back
+// to: a native link, or a plain JSON-RPC WebSocket (rpcConn).
+type fastOrigin interface {
+	// track holds fc until answer, so that the caller's cancel or loss
+	// cancels it; false: the caller is gone.
+	track(fc *fastCall) bool
+	// answerFast answers fc, without blocking, and forgets it.
+	answerFast(fc *fastCall, res *envelope.Response, err error)
+}
+
+// linkOrigin is a native link as a fastOrigin.
+type linkOrigin struct{ l *link.Link }
+
+func (o linkOrigin) track(fc *fastCall) bool { return o.l.Track(fc.seq, fc) }
+func (o linkOrigin) answerFast(fc *fastCall, res *envelope.Response, err error) {
+	o.l.Answer(fc.seq, fc.req.ID, fc.start, res, err, fc.held)
+}
+
 // fastCall is one call on the forward path, from its taking to its
-// answer. The caller's link holds it (Track) until then, to cancel it.
+// answer. Its origin holds it (track) until then, to cancel it.
 type fastCall struct {
-	h      *Hub
-	origin *link.Link
-	seq    uint64 // the caller's, on origin
-	req    envelope.Request
-	held   int // what origin counted for it
-	start  time.Time
-	ctx    context.Context // the server span's (and the link's values)
-	sc     telemetry.ServerCall
-	pol    *reliability.Policy
-	end    time.Time // the call's deadline; zero: none
+	h         *Hub
+	origin    fastOrigin
+	seq       uint64          // the caller's on a native link
+	rpcID     json.RawMessage // the caller's on a JSON-RPC WebSocket
+	rpcNotify bool            // a JSON-RPC notification: nothing to answer
+	req       envelope.Request
+	held      int // what the origin counted for it
+	start     time.Time
+	ctx       context.Context // the server span's (and the link's values)
+	sc        telemetry.ServerCall
+	pol       *reliability.Policy
+	end       time.Time // the call's deadline; zero: none
 
 	// The first attempt, until it completes.
 	attemptSpan trace.Span
@@ -64,6 +85,13 @@ type fastCall struct {
 
 // serveFast is the link.FastHandler of callers' links.
 func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
+	return h.takeFast(linkOrigin{l}, l.Base(), &fastCall{seq: seq, held: link.RequestBytes(req)}, req)
+}
+
+// takeFast takes req from origin onto the forward path, with fc's
+// origin-specific fields set and base the origin's context values; false:
+// not taken, nothing done.
+func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request) bool {
 	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || isAgentControl(req.Method) {
 		return false
 	}
@@ -74,17 +102,17 @@ func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 	if pol.HedgeAfter > 0 && pol.Idempotent && pol.Retries > 0 {
 		return false
 	}
-	h.fastTaken.Add(1)
-	fc := &fastCall{h: h, origin: l, seq: seq, req: *req, held: link.RequestBytes(req), start: time.Now(), pol: pol}
-	if !l.Track(seq, fc) {
+	fc.h, fc.origin, fc.req, fc.start, fc.pol = h, origin, *req, time.Now(), pol
+	if !origin.track(fc) {
 		return false // closed: the chain drops it
 	}
+	h.fastTaken.Add(1)
 	r := &fc.req
 	// identify, telemetry, (log: finish), drain
 	if r.ID == "" {
 		r.ID = envelope.NewID()
 	}
-	fc.ctx, fc.sc = h.tel.StartServer(l.Base(), r)
+	fc.ctx, fc.sc = h.tel.StartServer(base, r)
 	h.inflight.Add(1)
 	// authenticate, limit
 	var err error
@@ -269,5 +297,5 @@ func (fc *fastCall) finish(res *envelope.Response, err error) {
 		h.logFailure(fc.ctx, &fc.req, err)
 	}
 	fc.sc.End(err)
-	fc.origin.Answer(fc.seq, fc.req.ID, fc.start, res, err, fc.held)
+	fc.origin.answerFast(fc, res, err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,9 +28,10 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// TestFastPathMatchesChain: a routed call over a native link takes the
-// completion-style forward path (fast.go); the same call over /rpc takes
-// the blocking chain. Both give the caller the same answer or code and
+// TestFastPathMatchesChain: a routed call over a native link, or a single
+// call over a plain JSON-RPC WebSocket, takes the completion-style forward
+// path (fast.go); the same call over /rpc, or in a batch, takes the
+// blocking chain. Both give the caller the same answer or code and
 // the attempts mark, the hub the same spans (the server span, one attempt
 // span per attempt, with their status and attempt numbers) and the same
 // rpc.server.call.duration observations: for a success, a failure retried
@@ -94,13 +96,14 @@ func TestFastPathMatchesChain(t *testing.T) {
 		{"slow.sleep", envelope.CodeTimeout},
 		{"secret.read", envelope.CodePermissionDenied},
 	}
-	outcome := func(c *mesh.Client, method, param string) (string, []string) {
+	// outcome makes one call with call and describes what the caller got
+	// (got), the hub's spans for it and its server-duration observations.
+	outcome := func(method string, call func(ctx context.Context) string) (string, []string) {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		exp.Reset()
 		before := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method})
-		var res string
-		err := c.Call(ctx, method, []string{param}, &res)
+		got := call(ctx)
 		if err := p.ForceFlush(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -119,30 +122,75 @@ func TestFastPathMatchesChain(t *testing.T) {
 		}
 		slices.Sort(shapes)
 		after := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": method})
-		e := envelope.AsError(err)
-		got := fmt.Sprintf("res=%q code=%s observed=%d", res, envelope.CodeOf(err), after-before)
-		if err != nil {
-			got += " attempts=" + strconv.Itoa(e.Attempts())
+		return fmt.Sprintf("%s observed=%d", got, after-before), shapes
+	}
+	viaClient := func(c *mesh.Client, method, param string) func(ctx context.Context) string {
+		return func(ctx context.Context) string {
+			var res string
+			err := c.Call(ctx, method, []string{param}, &res)
+			got := fmt.Sprintf("res=%q code=%s", res, envelope.CodeOf(err))
+			if err != nil {
+				got += " attempts=" + strconv.Itoa(envelope.AsError(err).Attempts())
+			}
+			return got
 		}
-		return got, shapes
+	}
+	// A plain JSON-RPC WebSocket: a single call takes the forward path, a
+	// batch of one the chain; the answers are compared byte for byte.
+	hdr := http.Header{"Authorization": {"Bearer " + tok}}
+	rpcWS, _, err := websocket.DefaultDialer.DialContext(t.Context(), m.WS, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rpcWS.Close()
+	viaJSONRPC := func(method, param string, batch bool) func(ctx context.Context) string {
+		return func(ctx context.Context) string {
+			msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":7,"method":%q,"params":[%q]}`, method, param)
+			if batch {
+				msg = "[" + msg + "]"
+			}
+			if err := rpcWS.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			_, ans, err := rpcWS.ReadMessage()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if batch {
+				ans = ans[1 : len(ans)-1]
+			}
+			return strings.ReplaceAll(string(ans), param, "PARAM")
+		}
 	}
 	for i, tc := range cases {
-		takenBefore := hub.FastTaken(h)
-		gotFast, spansFast := outcome(native, tc.method, fmt.Sprintf("fast-%d", i))
-		if hub.FastTaken(h) != takenBefore+1 {
-			t.Errorf("%s over the native link: not taken by the forward path", tc.method)
-		}
-		gotChain, spansChain := outcome(overHTTP, tc.method, fmt.Sprintf("chain-%d", i))
-		if !strings.Contains(gotFast, " code="+tc.code.String()+" ") {
-			t.Errorf("%s: %s; want code %s", tc.method, gotFast, tc.code)
-		}
-		if gotFast != gotChain {
-			t.Errorf("%s: forward path %s; chain %s", tc.method, gotFast, gotChain)
-		}
-		// The instance an attempt went to is the balancer's pick: compare
-		// the shapes without it, and check that the path named one.
-		if !slices.Equal(stripInstance(spansFast), stripInstance(spansChain)) {
-			t.Errorf("%s: spans differ\nforward path: %q\nchain:        %q", tc.method, spansFast, spansChain)
+		for _, pair := range []struct {
+			name        string
+			fast, chain func(ctx context.Context) string
+		}{
+			{"native link vs /rpc", viaClient(native, tc.method, fmt.Sprintf("fast-%d", i)), viaClient(overHTTP, tc.method, fmt.Sprintf("chain-%d", i))},
+			{"JSON-RPC WebSocket call vs batch of one", viaJSONRPC(tc.method, fmt.Sprintf("rpc-fast-%d", i), false), viaJSONRPC(tc.method, fmt.Sprintf("rpc-chain-%d", i), true)},
+		} {
+			takenBefore := hub.FastTaken(h)
+			gotFast, spansFast := outcome(tc.method, pair.fast)
+			if hub.FastTaken(h) != takenBefore+1 {
+				t.Errorf("%s, %s: the call was not taken by the forward path", tc.method, pair.name)
+			}
+			takenBefore = hub.FastTaken(h)
+			gotChain, spansChain := outcome(tc.method, pair.chain)
+			if hub.FastTaken(h) != takenBefore {
+				t.Errorf("%s, %s: the chain's call was taken by the forward path", tc.method, pair.name)
+			}
+			if i := strings.Index(gotFast, " code="); i >= 0 && !strings.HasPrefix(gotFast[i:], " code="+tc.code.String()+" ") {
+				t.Errorf("%s, %s: %s; want code %s", tc.method, pair.name, gotFast, tc.code)
+			}
+			if gotFast != gotChain {
+				t.Errorf("%s, %s: forward path %s; chain %s", tc.method, pair.name, gotFast, gotChain)
+			}
+			// The instance an attempt went to is the balancer's pick:
+			// compare the shapes without it.
+			if !slices.Equal(stripInstance(spansFast), stripInstance(spansChain)) {
+				t.Errorf("%s, %s: spans differ\nforward path: %q\nchain:        %q", tc.method, pair.name, spansFast, spansChain)
+			}
 		}
 	}
 }

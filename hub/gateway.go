@@ -272,6 +272,11 @@ type rpcConn struct {
 	who    *Principal // nil when the hub authenticates nobody
 	// workers answer the messages (kept goroutines, not one per message)
 	workers *link.Workers[rpcTask]
+
+	mu     sync.Mutex
+	fast   map[*fastCall]struct{} // single calls on the forward path (fast.go)
+	closed bool                   // set once the connection closed: track no more
+	slow   sync.WaitGroup         // answers waiting for room in the send queue
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
@@ -290,7 +295,75 @@ func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
 		_ = ws.Close()
 		return
 	}
-	rc.c.Start(rc.onMessage, func(error) { rc.cancel(); h.untrack(rc) })
+	rc.c.Start(rc.onMessage, func(error) { rc.cancel(); rc.cancelFast(); h.untrack(rc) })
+}
+
+// track holds a call on the forward path until answered (fastOrigin).
+func (rc *rpcConn) track(fc *fastCall) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.closed {
+		return false
+	}
+	if rc.fast == nil {
+		rc.fast = map[*fastCall]struct{}{}
+	}
+	rc.fast[fc] = struct{}{}
+	return true
+}
+
+// cancelFast cancels the calls on the forward path (the connection closed).
+func (rc *rpcConn) cancelFast() {
+	rc.mu.Lock()
+	rc.closed = true
+	calls := rc.fast
+	rc.fast = nil
+	rc.mu.Unlock()
+	for fc := range calls {
+		fc.CancelServed()
+	}
+}
+
+// answerFast answers a call on the forward path (fastOrigin) without
+// blocking: when the send queue is full, the answer waits for room on a
+// goroutine of its own, as a worker would have.
+func (rc *rpcConn) answerFast(fc *fastCall, res *envelope.Response, err error) {
+	done := func() {
+		rc.c.Release(1, fc.held)
+		rc.busy.Add(-1)
+	}
+	rc.mu.Lock()
+	delete(rc.fast, fc)
+	rc.mu.Unlock()
+	if fc.rpcNotify {
+		done()
+		return
+	}
+	b := link.GetBuf()
+	if err != nil {
+		*b = envelope.AppendJSONRPCError(*b, fc.rpcID, envelope.AsError(err))
+	} else {
+		*b = envelope.AppendJSONRPCResult(*b, fc.rpcID, res.Result)
+	}
+	wait := rc.c.TrySendOwed(b)
+	if wait == nil {
+		done()
+		return
+	}
+	rc.mu.Lock()
+	if rc.closed {
+		rc.mu.Unlock()
+		wait() // at once: the connection is closed
+		done()
+		return
+	}
+	rc.slow.Add(1)
+	rc.mu.Unlock()
+	go func() {
+		defer rc.slow.Done()
+		wait()
+		done()
+	}()
 }
 
 func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
@@ -341,6 +414,14 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		return
 	}
 	// Counted (tryAdmit) until the answer is queued.
+	if c := &calls[0]; !batch && c.Err == nil {
+		if c.Request.Timestamp == 0 {
+			c.Request.Timestamp = time.Now().UnixMilli()
+		}
+		if rc.h.takeFast(rc, rc.ctx, &fastCall{rpcID: c.ID, rpcNotify: c.Notification, held: n}, &c.Request) {
+			return
+		}
+	}
 	rc.workers.Go(rpcTask{calls, batch, n})
 }
 
@@ -367,4 +448,5 @@ func (rc *rpcConn) Close() {
 	rc.c.Close()
 	rc.cancel()
 	rc.workers.Wait()
+	rc.slow.Wait()
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
@@ -92,7 +93,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	// The token decides first: a name it does not cover is refused as
 	// such, whatever its spelling (S24: aliases get PERMISSION_DENIED).
 	who := PrincipalOf(ctx)
-	if err := h.guard.mayServe(who, p.Capabilities); err != nil {
+	if err := h.guard.MayServe(who, p.Capabilities); err != nil {
 		h.metrics().Refused(refusal(err))
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	if id == "" {
 		id = envelope.NewID()
 	}
-	if v, ok := h.bindings.Load(id); ok && h.guard.on() && !sameSubject(linkPrincipal(v.(*binding).link), who) {
+	if v, ok := h.bindings.Load(id); ok && h.guard.On() && !guard.SameSubject(linkPrincipal(v.(*binding).link), who) {
 		// Only the same holder may take an agent id over.
 		h.metrics().Refused("permission_denied")
 		return nil, envelope.Errorf(envelope.CodePermissionDenied, "agent.register: agent id %q belongs to another token's holder", id)

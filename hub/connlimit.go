@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
 )
 
@@ -118,10 +119,10 @@ func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
 // instances only); hubs that must hold their limits against their
 // clients run with --auth-key.
 func (h *Hub) exemptFromLimits(ctx context.Context, req *envelope.Request) bool {
-	if isAgentControl(req.Method) {
+	if guard.IsAgentControl(req.Method) {
 		return true
 	}
-	if h.guard.on() {
+	if h.guard.On() {
 		// Peer() only on the peer link a hub opened (peerauth.go).
 		return PrincipalOf(ctx).Peer() && req.Headers.Hops > 0
 	}

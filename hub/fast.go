@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/reliability"
@@ -92,7 +93,7 @@ func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 // origin-specific fields set and base the origin's context values; false:
 // not taken, nothing done.
 func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request) bool {
-	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || isAgentControl(req.Method) {
+	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || guard.IsAgentControl(req.Method) {
 		return false
 	}
 	if _, ok := h.builtins[req.Method]; ok {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
 )
 
@@ -150,7 +151,7 @@ func (h *Hub) admit(w http.ResponseWriter, r *http.Request) (*Principal, bool) {
 
 // admitAs is admit; with peerOK (serveWS) a hub's peer token is accepted.
 func (h *Hub) admitAs(w http.ResponseWriter, r *http.Request, peerOK bool) (*Principal, bool) {
-	if !h.guard.origins.Check(r) {
+	if !h.guard.Origins.Check(r) {
 		h.metrics().Refused("origin")
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return nil, false
@@ -159,7 +160,7 @@ func (h *Hub) admitAs(w http.ResponseWriter, r *http.Request, peerOK bool) (*Pri
 		http.Error(w, "hub is draining", http.StatusServiceUnavailable)
 		return nil, false
 	}
-	who, aerr := h.guard.authenticateAs(r, peerOK)
+	who, aerr := h.guard.AuthenticateAs(r, peerOK)
 	if aerr != nil {
 		h.metrics().Refused(refusal(aerr))
 		httpRefuse(w, aerr)
@@ -182,10 +183,10 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 	if who.Peer() {
 		if !slices.Contains(websocket.Subprotocols(r), envelope.Subprotocol) {
 			h.metrics().Refused("unauthenticated")
-			httpRefuse(w, errHubTokenElsewhere)
+			httpRefuse(w, guard.ErrHubTokenElsewhere)
 			return
 		}
-		proof, err := h.guard.peers.Proof(who.Claims)
+		proof, err := h.guard.Peers.Proof(who.Claims)
 		if err != nil {
 			h.log.Error("cannot sign the peer proof", "error", err)
 			httpRefuse(w, envelope.NewError(envelope.CodeInternal, "cannot sign the peer proof"))

@@ -106,24 +106,24 @@ func (h *Hub) AuthRequest(w http.ResponseWriter, r *http.Request) (context.Conte
 
 // Authenticate checks r's credential only.
 func (h *Hub) Authenticate(r *http.Request) (*auth.Principal, *envelope.Error) {
-	return h.guard.authenticate(r)
+	return h.guard.Authenticate(r)
 }
 
 // AuthOn reports whether the hub authenticates its callers.
-func (h *Hub) AuthOn() bool { return h.guard.on() }
+func (h *Hub) AuthOn() bool { return h.guard.On() }
 
 // CheckOrigin applies the hub's allowed origins to r.
-func (h *Hub) CheckOrigin(r *http.Request) bool { return h.guard.origins.Check(r) }
+func (h *Hub) CheckOrigin(r *http.Request) bool { return h.guard.Origins.Check(r) }
 
 // MayCall reports whether who may call method.
-func (h *Hub) MayCall(who *auth.Principal, method string) bool { return h.guard.mayCall(who, method) }
+func (h *Hub) MayCall(who *auth.Principal, method string) bool { return h.guard.MayCall(who, method) }
 
 // RequiredRoles returns the role table's entry for method.
 func (h *Hub) RequiredRoles(method string) ([]string, bool) {
-	if !h.guard.on() {
+	if !h.guard.On() {
 		return nil, false
 	}
-	return h.guard.roles.Lookup(method)
+	return h.guard.Roles.Lookup(method)
 }
 
 // Refuse answers a refused edge request and counts the refusal.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/hub/peering"
 	"github.com/agentmesh/agentmesh/internal/idempotency"
 	"github.com/agentmesh/agentmesh/internal/ratelimit"
@@ -237,7 +238,7 @@ type Hub struct {
 	ownsReg   bool
 	log       *slog.Logger
 	upgrader  websocket.Upgrader
-	guard     *guard
+	guard     *guard.Guard
 	connLimit *ratelimit.Limiter // per connection (connlimit.go); nil: none
 	global    *ratelimit.Limiter // the whole hub's (connlimit.go); nil: none
 	idem      *idempotency.Cache
@@ -314,15 +315,15 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		return nil, err
 	}
 	ps, _ := rc.PolicySet()
-	g, err := newGuard(cfg.Security)
+	g, err := guard.New(cfg.Security)
 	if err != nil {
 		return nil, err
 	}
-	g.self = cfg.ID
-	if g.on() {
+	g.Self = cfg.ID
+	if g.On() {
 		// What the peer tokens it accepts must name, and the key its own
 		// are signed with.
-		g.peers = auth.NewPeers(cfg.ID, cfg.Advertise, g.verifier, g.key.Load)
+		g.Peers = auth.NewPeers(cfg.ID, cfg.Advertise, g.Verifier, g.Key.Load)
 	}
 	cl, err := newConnLimiter(cfg)
 	if err != nil {
@@ -366,7 +367,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
 		// Browsers only from the allowed origins (no same-host fallback:
 		// DNS rebinding makes a hostile page's Origin and Host agree).
-		CheckOrigin: h.guard.origins.Check,
+		CheckOrigin: h.guard.Origins.Check,
 		// A 1 KiB read buffer of its own rather than the HTTP server's 4
 		// KiB one: it holds frame headers and small messages, and a
 		// larger message is read straight into its destination past it;
@@ -404,8 +405,8 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 	h.stop = cancel
 	pc := peering.Config{Link: h.cfg.peerConn(), Log: h.log, Track: func(l *link.Link) bool { return h.track(l) },
 		Untrack: func(l *link.Link) { h.untrack(l) }, Wanted: h.wantedPeer}
-	if h.guard.on() {
-		pc.Auth = h.guard.peers
+	if h.guard.On() {
+		pc.Auth = h.guard.Peers
 	}
 	h.peers = peering.New(ctx, pc)
 	h.retry = &reliability.RetryOptions{
@@ -458,9 +459,9 @@ func (h *Hub) Handler() http.Handler {
 		// serves them on loopback for the scraper without one.
 		mh := m.Handler()
 		mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-			if h.guard.on() {
-				who, err := h.guard.authenticate(r)
-				if err == nil && !hasRole(who.Roles, auth.RoleAdmin) {
+			if h.guard.On() {
+				who, err := h.guard.Authenticate(r)
+				if err == nil && !guard.HasRole(who.Roles, auth.RoleAdmin) {
 					err = envelope.NewError(envelope.CodePermissionDenied, "/metrics needs the admin role")
 				}
 				if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
 )
 
@@ -109,7 +110,7 @@ func (h *Hub) logFailure(ctx context.Context, req *envelope.Request, err error) 
 // flight, which the drain waits for.
 func (h *Hub) drainGate(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		if h.draining.Load() && !isAgentControl(req.Method) {
+		if h.draining.Load() && !guard.IsAgentControl(req.Method) {
 			if l := linkFrom(ctx); l != nil && l.IsAccepted() {
 				// BeginDrain may not have reached this link yet: the
 				// goaway goes out before the refusal, so the peer learns
@@ -141,17 +142,17 @@ func (h *Hub) authenticateCall(next envelope.Invoker) envelope.Invoker {
 // authenticate is authenticateCall's check; ctx gains the principal a
 // per-call token proved.
 func (h *Hub) authenticate(ctx context.Context, req *envelope.Request) (context.Context, error) {
-	if tok := req.Headers.AuthToken; tok != "" || h.guard.on() {
+	if tok := req.Headers.AuthToken; tok != "" || h.guard.On() {
 		// A credential never goes further than this: not to logs,
 		// spans, peers or agents.
 		req.Headers.AuthToken = ""
 		p := PrincipalOf(ctx)
-		if p == nil && tok != "" && h.guard.on() {
-			c, err := h.guard.verifier.Verify(tok)
-			if err == nil && hasRole(c.Roles, auth.RolePeer) {
-				err = errHubTokenElsewhere
+		if p == nil && tok != "" && h.guard.On() {
+			c, err := h.guard.Verifier.Verify(tok)
+			if err == nil && guard.HasRole(c.Roles, auth.RolePeer) {
+				err = guard.ErrHubTokenElsewhere
 			} else if err == nil {
-				err = h.guard.checkAudience(c)
+				err = h.guard.CheckAudience(c)
 			}
 			if err != nil {
 				h.metrics().Refused("unauthenticated")
@@ -160,7 +161,7 @@ func (h *Hub) authenticate(ctx context.Context, req *envelope.Request) (context.
 			p = auth.NewPrincipal(c, "", false)
 			ctx = context.WithValue(ctx, principalKey{}, p)
 		}
-		if err := h.guard.authorize(p, req); err != nil {
+		if err := h.guard.Authorize(p, req); err != nil {
 			h.metrics().Refused(refusal(err))
 			return ctx, err
 		}
@@ -209,7 +210,7 @@ func (h *Hub) deadline(next envelope.Invoker) envelope.Invoker {
 // control call).
 func (h *Hub) idempotent(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !isAgentControl(req.Method) {
+		if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !guard.IsAgentControl(req.Method) {
 			caller := ""
 			if p := PrincipalOf(ctx); p != nil && p.Claims != nil {
 				caller = p.Subject
@@ -218,8 +219,4 @@ func (h *Hub) idempotent(next envelope.Invoker) envelope.Invoker {
 		}
 		return next(ctx, req)
 	}
-}
-
-func isAgentControl(m string) bool {
-	return m == "agent.heartbeat" || m == "agent.deregister"
 }

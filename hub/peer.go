@@ -19,7 +19,7 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	if in.HubAddr == "" {
 		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is on hub " + in.Hub + ", whose address is unknown")
 	}
-	if in.Hub == "" && h.guard.on() {
+	if in.Hub == "" && h.guard.On() {
 		// The peer token is bound to the hub's id: no id, no dial.
 		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is on a hub at " + in.HubAddr + " whose id is unknown")
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/internal/openrpc"
 	"github.com/agentmesh/agentmesh/link"
 )
@@ -118,13 +119,13 @@ func (h *Hub) Schema() control.SchemaPayload {
 // rolesOf returns the roles a call to m needs: the hub's when it
 // authenticates, else those declared.
 func (h *Hub) rolesOf(m string, declared []string) []string {
-	if !h.guard.on() {
+	if !h.guard.On() {
 		return declared
 	}
-	if adminMethods[m] {
+	if guard.AdminMethods[m] {
 		return []string{auth.RoleAdmin}
 	}
-	if r, ok := h.guard.roles.Lookup(m); ok {
+	if r, ok := h.guard.Roles.Lookup(m); ok {
 		return r
 	}
 	return nil

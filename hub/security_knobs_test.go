@@ -20,8 +20,8 @@ func WithMaxPending(n int) Option { return func(h *Hub) { h.maxPending = n } }
 // dial (default 30 s; at least 1 s), so that a test can outlive one.
 func WithPeerTokenTTL(d time.Duration) Option {
 	return func(h *Hub) {
-		if h.guard.on() {
-			h.guard.peers.TTL = d
+		if h.guard.On() {
+			h.guard.Peers.TTL = d
 		}
 	}
 }

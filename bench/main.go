@@ -822,6 +822,10 @@ func idleMemory(n int, settle time.Duration) error {
 	heap1, stack1 := goMem(addr)
 	fmt.Printf("hub RSS %.1f MiB with no agents, %.1f MiB with %d idle agents after %v: %.1f KiB per idle agent link\n",
 		float64(before)/(1<<20), float64(after)/(1<<20), n, settle, float64(after-before)/float64(n)/1024)
+	if heap0 == 0 || heap1 == 0 {
+		fmt.Println("the hub's /metrics could not be read: no heap and stack split")
+		return nil
+	}
 	fmt.Printf("Go heap in use +%.1f KiB and goroutine stacks +%.1f KiB per idle agent link (from the hub's /metrics)\n",
 		float64(heap1-heap0)/float64(n)/1024, float64(stack1-stack0)/float64(n)/1024)
 	return nil

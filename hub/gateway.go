@@ -329,10 +329,8 @@ func (rc *rpcConn) cancelFast() {
 // blocking: when the send queue is full, the answer waits for room on a
 // goroutine of its own, as a worker would have.
 func (rc *rpcConn) answerFast(fc *fastCall, res *envelope.Response, err error) {
-	done := func() {
-		rc.c.Release(1, fc.held)
-		rc.busy.Add(-1)
-	}
+	rc.busy.Add(-1) // free before the caller can see the answer, and send its next call
+	done := func() { rc.c.Release(1, fc.held) }
 	rc.mu.Lock()
 	delete(rc.fast, fc)
 	rc.mu.Unlock()
@@ -435,9 +433,10 @@ type rpcTask struct {
 
 // answer answers one message's calls and queues the answer.
 func (rc *rpcConn) answer(t rpcTask) {
-	defer rc.busy.Add(-int64(len(t.calls)))
 	defer rc.c.Release(len(t.calls), t.n)
 	out := rc.h.answerAll(rc.ctx, t.calls, t.batch, nil)
+	// Free before the caller can see the answer, and send its next call.
+	rc.busy.Add(-int64(len(t.calls)))
 	if out == nil {
 		return
 	}

@@ -100,8 +100,11 @@ func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint
 	start := time.Now()
 	held := requestBytes(r) // as startServing admitted it, before serve can touch r
 	res, err := l.serve(ctx, l, r)
-	// Answer first, then leave the serving map: Serving() == 0 means every
-	// answer is queued (a draining hub waits for that before closing).
+	// The slot is free before the answer can reach the peer, which may
+	// send its next call at once; the serving map is left after the
+	// answer is queued: Serving() == 0 means every answer is queued (a
+	// draining hub waits for that before closing).
+	l.nserving.Add(-1)
 	l.answer(seq, r.ID, start, res, err)
 	l.endServing(seq, held)
 	cancel()
@@ -130,12 +133,12 @@ func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelop
 
 // endServing ends what startServing counted for the request seq (held
 // bytes), once its answer is queued.
+// (WithMaxServing's slot was freed before the answer was encoded.)
 func (l *Link) endServing(seq uint64, held int) {
 	l.c.Release(1, held)
 	l.mu.Lock()
 	delete(l.serving, seq)
 	l.mu.Unlock()
-	l.nserving.Add(-1)
 }
 
 // requestBytes is what a served request holds of the message it came in
@@ -191,6 +194,7 @@ func (l *Link) Track(seq uint64, c Canceler) bool {
 // came in on). When the peer's send queue is full, the answer waits for
 // room on a goroutine of its own, as a worker would have (Conn.Send).
 func (l *Link) Answer(seq uint64, id string, start time.Time, res *envelope.Response, err error, held int) {
+	l.nserving.Add(-1) // free before the peer can see the answer (serveOne)
 	wait := l.c.TrySendOwed(l.encodeAnswer(seq, id, start, res, err))
 	if wait == nil {
 		l.endServing(seq, held)

@@ -492,3 +492,41 @@ func renewed(t *testing.T, srv *etcdtest.Server) int64 {
 	t.Fatal("etcd_debugging_lease_renewed_total not in etcd's /metrics")
 	return 0
 }
+
+// TestSetHubNewAddressSameID: a registry made with its hub's id but not
+// its address (before the hub listened) may have its session, and the
+// presence, written before hub.New tells it the address (SetHub with the
+// same id): the presence is rewritten with the address. (A transaction
+// that deleted and put the one key was refused by etcd: "duplicate key
+// given in txn request", a hub failing to start now and then.)
+func TestSetHubNewAddressSameID(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := rawClient(t, srv)
+	r, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/sethub/", Hub: "hub-X"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	presence := func() map[string]any {
+		res, err := cli.Get(t.Context(), "/sethub/hubs/hub-X")
+		if err != nil || len(res.Kvs) == 0 {
+			return nil
+		}
+		var v map[string]any
+		_ = json.Unmarshal(res.Kvs[0].Value, &v)
+		return v
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for presence() == nil { // the session is up
+		if time.Now().After(deadline) {
+			t.Fatal("no presence of hub-X within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := r.SetHub("hub-X", "127.0.0.1:4567"); err != nil {
+		t.Fatalf("SetHub with the same id and an address: %v", err)
+	}
+	if p := presence(); p == nil || p["addr"] != "127.0.0.1:4567" {
+		t.Fatalf("presence after SetHub: %v; want addr 127.0.0.1:4567", p)
+	}
+}

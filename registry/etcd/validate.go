@@ -496,9 +496,17 @@ func (r *Registry) SetHub(id, addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.OpTimeout)
 	defer cancel()
-	_, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(oldKey), "=", lease)).
-		Then(clientv3.OpDelete(oldKey), clientv3.OpPut(r.hubsP+id, val, clientv3.WithLease(lease))).
-		Else(clientv3.OpPut(r.hubsP+id, val, clientv3.WithLease(lease))).Commit()
+	put := clientv3.OpPut(r.hubsP+id, val, clientv3.WithLease(lease))
+	var err error
+	if oldKey == r.hubsP+id {
+		// The same id, a new address (a registry made with the hub's id,
+		// before it listened, its session already running): a txn may
+		// not touch one key twice, so no delete.
+		_, err = r.cli.Put(ctx, r.hubsP+id, val, clientv3.WithLease(lease))
+	} else {
+		_, err = r.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(oldKey), "=", lease)).
+			Then(clientv3.OpDelete(oldKey), put).Else(put).Commit()
+	}
 	if err != nil {
 		return fmt.Errorf("etcd registry: writing the presence of hub %s: %w", id, err)
 	}

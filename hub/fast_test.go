@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
@@ -38,12 +36,7 @@ import (
 // on another instance, a failure not retried, no responders, per-try
 // timeouts, and a refusal by the role table.
 func TestFastPathMatchesChain(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	metrics := telemetry.NewMetrics(nil)
 	rc := reliability.DefaultConfig()
 	fast := reliability.Policy{Backoff: reliability.BackoffConfig{Initial: time.Millisecond, Max: time.Millisecond, Multiplier: 1}}

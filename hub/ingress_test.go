@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
@@ -37,12 +36,7 @@ func ExampleHub_IngressOrder() {
 // span, ended with an error status, and its rpc.server.call.duration
 // observation under the refusal's code, as a served call does.
 func TestRefusedCallTraced(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	metrics := telemetry.NewMetrics(nil)
 	sec := hub.Security{Key: testkit.TestKey}
 	m := meshtest.Start(t, hub.Config{Security: &sec}, hub.WithTelemetry(telemetry.New(p, metrics)))
@@ -50,7 +44,7 @@ func TestRefusedCallTraced(t *testing.T) {
 	c := testkit.MustClient(t, m.WS, mesh.WithToken(tok), mesh.WithoutReliability())
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	err = c.Call(ctx, "mesh.agents", nil, nil)
+	err := c.Call(ctx, "mesh.agents", nil, nil)
 	testkit.WantCode(t, "a reader calling mesh.agents", err, envelope.CodePermissionDenied)
 	if n := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds",
 		map[string]string{"rpc_method": "mesh.agents", "rpc_response_status_code": strconv.Itoa(envelope.CodePermissionDenied.JSONRPC())}); n != 1 {

@@ -2,7 +2,6 @@ package hub_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
@@ -50,12 +48,7 @@ func (l *lockedBuf) String() string {
 // and never reach the agent; calls that fail are logged and traced like
 // the others, without them.
 func TestSecretsNeverRecorded(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	exp, tp := testkit.Tracing(t, "hub")
 	metrics := telemetry.NewMetrics(nil)
 	logs := &lockedBuf{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

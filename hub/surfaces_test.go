@@ -17,7 +17,6 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
@@ -63,12 +62,7 @@ import (
 // and, if the surface has calls of its own worth comparing, an entry of
 // surfaceOps (k.chatAgent is a chat agent that exists, for chat calls).
 func TestSurfaces(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	var hb *hub.Hub
 	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return hb.KnownMethod(m) }))
 	m := meshtest.Start(t, hub.Config{}, hub.WithTelemetry(telemetry.New(p, metrics)))

@@ -283,3 +283,16 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // Payload128 is the 128-byte params of the benchmarks.
 var Payload128 = json.RawMessage(`{"data":"` + strings.Repeat("x", 128-11) + `"}`)
+
+// Tracing returns an in-memory span exporter and a tracing provider for
+// service that exports to it, shut down when the test ends.
+func Tracing(t *testing.T, service string) (*tracetest.InMemoryExporter, *telemetry.Provider) {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: service, Exporter: exp}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	return exp, p
+}

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -784,12 +783,7 @@ func TestAgentickMetricsLikeNative(t *testing.T) {
 // native call of the chat method it maps onto, each under its caller's
 // trace and parent span.
 func TestAgentickTraceLikeNative(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	const (
 		nativeTrace = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -1,7 +1,6 @@
 package mcp_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
@@ -188,12 +186,7 @@ func TestMCPRoles(t *testing.T) {
 // native JSON-RPC call carrying one in meta, each under its caller's
 // trace and parent span.
 func TestMCPTraceLikeNative(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	m := meshtest.Start(t, hub.Config{}, hub.WithTelemetry(telemetry.New(p, nil)))
 	m.RunAgent(t, agents.NewEcho())
 	const (

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
@@ -766,12 +764,7 @@ func TestMulticaMetricsLikeNative(t *testing.T) {
 // meta makes the same spans in the hub as the native call of the same
 // method carrying one, under its caller's trace and parent span.
 func TestMulticaTraceLikeNative(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	if err := m.Client(t).Call(t.Context(), "chat.create", map[string]any{"agent_id": "tr"}, nil); err != nil {
 		t.Fatal(err)

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/agents/chat"
 	"github.com/agentmesh/agentmesh/auth"
@@ -379,12 +377,7 @@ func TestNexus3MetricsLikeNative(t *testing.T) {
 // the native call of the chat method carrying one in meta, each under its
 // caller's trace and parent span.
 func TestNexus3TraceLikeNative(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.NewProvider(t.Context(), telemetry.TracingConfig{ServiceName: "hub", Exporter: exp}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	exp, p := testkit.Tracing(t, "hub")
 	m := testkit.StartNexus3(t, nil, hub.WithTelemetry(telemetry.New(p, nil)))
 	same(t, "create_agent", curl(t, m.HTTP, "/", true, `{"jsonrpc":"2.0","method":"create_agent","params":{"agent_id":"worker-1"},"id":1}`),
 		200, `{"jsonrpc":"2.0","id":1,"result":{"agent_id":"worker-1","url":"/agent/worker-1"}}`)

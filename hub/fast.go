@@ -86,23 +86,30 @@ type fastCall struct {
 
 // serveFast is the link.FastHandler of callers' links.
 func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
-	return h.takeFast(linkOrigin{l}, l.Base(), &fastCall{seq: seq, held: link.RequestBytes(req)}, req)
+	pol := h.fastPolicy(req)
+	return pol != nil && h.takeFast(linkOrigin{l}, l.Base(), &fastCall{seq: seq, held: link.RequestBytes(req)}, req, pol)
 }
 
-// takeFast takes req from origin onto the forward path, with fc's
-// origin-specific fields set and base the origin's context values; false:
-// not taken, nothing done.
-func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request) bool {
+// fastPolicy is req's policy if the forward path may take it; nil for a
+// call the chain treats apart.
+func (h *Hub) fastPolicy(req *envelope.Request) *reliability.Policy {
 	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || guard.IsAgentControl(req.Method) {
-		return false
+		return nil
 	}
 	if _, ok := h.builtins[req.Method]; ok {
-		return false
+		return nil
 	}
 	pol := h.policies.For(req.Method)
 	if pol.HedgeAfter > 0 && pol.Idempotent && pol.Retries > 0 {
-		return false
+		return nil
 	}
+	return pol
+}
+
+// takeFast takes req (fastPolicy gave pol) from origin onto the forward
+// path, with fc's origin-specific fields set and base the origin's
+// context values; false: not taken (the origin is gone), nothing done.
+func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request, pol *reliability.Policy) bool {
 	fc.h, fc.origin, fc.req, fc.start, fc.pol = h, origin, *req, time.Now(), pol
 	if !origin.track(fc) {
 		return false // closed: the chain drops it

@@ -414,11 +414,13 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	}
 	// Counted (tryAdmit) until the answer is queued.
 	if c := &calls[0]; !batch && c.Err == nil {
-		if c.Request.Timestamp == 0 {
-			c.Request.Timestamp = time.Now().UnixMilli()
-		}
-		if rc.h.takeFast(rc, rc.ctx, &fastCall{rpcID: c.ID, rpcNotify: c.Notification, held: n}, &c.Request) {
-			return
+		if pol := rc.h.fastPolicy(&c.Request); pol != nil {
+			if c.Request.Timestamp == 0 {
+				c.Request.Timestamp = time.Now().UnixMilli()
+			}
+			if rc.h.takeFast(rc, rc.ctx, &fastCall{rpcID: c.ID, rpcNotify: c.Notification, held: n}, &c.Request, pol) {
+				return
+			}
 		}
 	}
 	rc.workers.Go(rpcTask{calls, batch, n})

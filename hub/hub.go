@@ -245,7 +245,6 @@ type Hub struct {
 	builtins  map[string]builtin
 	in        envelope.Invoker // the ingress chain (ingress.go), built once by New
 	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
-	retried   envelope.Invoker // routed within the bulkhead: retry → attempt
 	attempts  envelope.Invoker // one attempt, with its span
 	retry     *reliability.RetryOptions
 	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
@@ -416,8 +415,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		OnRetry:  onRetry,
 	}
 	h.attempts = h.tel.Attempt(h.attempt)
-	h.retried = reliability.Retry(ps, *h.retry)(h.attempts)
-	h.routed = h.bulkheads.Middleware(h.retried)
+	h.routed = h.bulkheads.Middleware(reliability.Retry(ps, *h.retry)(h.attempts))
 	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
 	h.in = h.buildIngress()
 	watch, err := h.reg.Watch(ctx)

@@ -331,6 +331,34 @@ func TestRetryDecisions(t *testing.T) {
 				if errors.As(err, &e) && e.Attempts() != tc.wantCalls && tc.name != "final downstream not retried" {
 					t.Errorf("error attempts = %d; want %d", e.Attempts(), tc.wantCalls)
 				}
+				// The loop in parts (the hub's forward path): the first
+				// attempt made outside it, then Settle or Resume, ends
+				// the same way.
+				s2 := &scripted{errs: tc.errs}
+				p := ps.For("m")
+				o := reliability.RetryOptions{}
+				req := &envelope.Request{Method: "m"}
+				o.Begin("m", time.Now())
+				res2, err2 := s2.invoke(context.Background(), req)
+				if err2 != nil {
+					if first := envelope.AsError(err2); !reliability.Retries(p, first) {
+						err2 = o.Settle(p, "m", first)
+					} else {
+						ctx, cancel := context.WithTimeout(context.Background(), p.Timeout)
+						res2, err2 = o.Resume(ctx, req, p, s2.invoke, time.Now(), first)
+						cancel()
+					}
+				}
+				if s2.calls != s.calls || envelope.CodeOf(err2) != envelope.CodeOf(err) {
+					t.Errorf("in parts: %d calls, %v; the loop: %d calls, %v", s2.calls, err2, s.calls, err)
+				}
+				if err != nil && (envelope.AsError(err2).NotSent() != envelope.AsError(err).NotSent() || envelope.AsError(err2).Attempts() != envelope.AsError(err).Attempts()) {
+					t.Errorf("in parts: %v (not sent %v, attempts %d); the loop: %v (not sent %v, attempts %d)", err2, envelope.AsError(err2).NotSent(),
+						envelope.AsError(err2).Attempts(), err, envelope.AsError(err).NotSent(), envelope.AsError(err).Attempts())
+				}
+				if err == nil && res2.Metrics.Retries != res.Metrics.Retries {
+					t.Errorf("in parts: metrics.retries %d; the loop: %d", res2.Metrics.Retries, res.Metrics.Retries)
+				}
 			})
 		})
 	}

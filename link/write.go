@@ -134,7 +134,9 @@ func (c *Conn) writeFrames(frames []*[]byte) error {
 			}
 		}
 		var n, used int
-		if c.batch && len(frames) > 1 {
+		if cc, ok := c.ws.NetConn().(corker); ok && !c.batch && len(frames) > 1 {
+			n, used, err = c.writeCorked(cc, frames)
+		} else if c.batch && len(frames) > 1 {
 			n, used, err = c.writeBatch(frames)
 		} else {
 			n, used = len(*frames[0]), 1
@@ -161,6 +163,10 @@ const closeReserve = 4 << 10
 // frames (as writeBatch picks it), with its WebSocket header.
 func (c *Conn) nextWrite(frames []*[]byte) int {
 	n := len(*frames[0])
+	if _, ok := c.ws.NetConn().(corker); ok && !c.batch && len(frames) > 1 {
+		used, n := c.corkedGroup(frames)
+		return n + 14*used
+	}
 	if c.batch && len(frames) > 1 {
 		budget := c.cfg.Limits.MaxBytes / 2
 		n += 2
@@ -275,6 +281,36 @@ func (c *Conn) writeBatch(frames []*[]byte) (n, used int, err error) {
 		err = cerr
 	}
 	return n, used, err
+}
+
+// writeCorked writes the first frames, each its own message, in one
+// write (corker): at most maxBatchFrames and half the peer's message
+// limit, as a batch. It reports how many it used (at least one).
+func (c *Conn) writeCorked(cc corker, frames []*[]byte) (n, used int, err error) {
+	used, n = c.corkedGroup(frames)
+	cc.cork()
+	for _, b := range frames[:used] {
+		if err == nil {
+			err = c.ws.WriteMessage(websocket.TextMessage, *b)
+		}
+		PutBuf(b)
+	}
+	if uerr := cc.uncork(); err == nil {
+		err = uerr
+	}
+	return n, used, err
+}
+
+// corkedGroup is how many of frames writeCorked writes at once, and
+// their bytes (without the WebSocket headers).
+func (c *Conn) corkedGroup(frames []*[]byte) (used, n int) {
+	budget := c.cfg.Limits.MaxBytes / 2
+	used, n = 1, len(*frames[0])
+	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used]) <= budget {
+		n += len(*frames[used])
+		used++
+	}
+	return used, n
 }
 
 // trySend queues a frame without waiting; false if the queue is full or

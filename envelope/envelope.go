@@ -22,6 +22,11 @@ type Request struct {
 	Params      json.RawMessage
 	Headers     Headers
 	Version     string
+	// Stream marks a streaming call: the callee sends chunks before its
+	// end (the kOS seed's stream(), agentick's streaming methods). On a
+	// native link it travels as the request frame's "stream" member,
+	// which carries the caller's initial credit.
+	Stream bool
 }
 
 // Response is the envelope of a successful answer (the kOS seed's

@@ -97,6 +97,12 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add([]byte(`{"seq":8,"type":"res","result":[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]}`))
 	f.Add([]byte(`{"type":"req","seq":9,"seq":10,"method":"m"`))
 	f.Add([]byte(`{"type":"req","s\u0065q":9,"seq":11}`))
+	f.Add(envelope.AppendStreamRequestFrame(nil, 12, req, 64))
+	f.Add(envelope.AppendChunkFrame(nil, 12, 1, []byte(`{"tok":"a"}`)))
+	f.Add(envelope.AppendCreditFrame(nil, 12, 32))
+	f.Add(envelope.AppendEndFrame(nil, 12, 1, &envelope.Response{ID: "i"}, nil))
+	f.Add(envelope.AppendEndFrame(nil, 12, 7, nil, envelope.NewError(envelope.CodeUnavailable, "lost")))
+	f.Add([]byte(`[{"type":"chunk","seq":3,"n":0},{"type":"credit","seq":3,"n":-1},{"type":"req","seq":4,"method":"m","stream":0}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		envelope.EachFrame(data, fuzzLimits, func(*envelope.Frame, *envelope.Error) {}) // must not panic
 		fr, err := envelope.DecodeFrame(data, fuzzLimits)
@@ -136,6 +142,15 @@ func FuzzDecodeFrame(f *testing.F) {
 		switch fr.Type {
 		case envelope.FrameRequest:
 			out = envelope.AppendRequestFrame(nil, fr.Seq, &fr.Request)
+			if fr.Request.Stream {
+				out = envelope.AppendStreamRequestFrame(nil, fr.Seq, &fr.Request, fr.N)
+			}
+		case envelope.FrameChunk:
+			out = envelope.AppendChunkFrame(nil, fr.Seq, fr.N, fr.Data)
+		case envelope.FrameCredit:
+			out = envelope.AppendCreditFrame(nil, fr.Seq, fr.N)
+		case envelope.FrameEnd:
+			out = envelope.AppendEndFrame(nil, fr.Seq, fr.N, &fr.Response, fr.Err)
 		case envelope.FrameResponse:
 			out = envelope.AppendResponseFrame(nil, fr.Seq, &fr.Response, fr.Err)
 		case envelope.FrameCancel:
@@ -147,15 +162,19 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("re-encoded frame is not JSON: %s", out)
 		}
 		back, err := envelope.DecodeFrame(out, envelope.Limits{})
-		if err != nil || back.Type != fr.Type || back.Seq != fr.Seq {
+		if err != nil || back.Type != fr.Type || back.Seq != fr.Seq || back.N != fr.N {
 			t.Fatalf("re-encoded %s: %+v, %v", out, back, err)
 		}
 		switch fr.Type {
 		case envelope.FrameRequest:
-			if back.Request.Method != fr.Request.Method || back.Request.Headers != fr.Request.Headers || string(back.Request.Params) != string(fr.Request.Params) {
+			if back.Request.Method != fr.Request.Method || back.Request.Headers != fr.Request.Headers || string(back.Request.Params) != string(fr.Request.Params) || back.Request.Stream != fr.Request.Stream {
 				t.Fatalf("request changed: %+v -> %+v", fr.Request, back.Request)
 			}
-		case envelope.FrameResponse:
+		case envelope.FrameChunk:
+			if string(back.Data) != string(fr.Data) {
+				t.Fatalf("chunk data changed: %s -> %s", fr.Data, back.Data)
+			}
+		case envelope.FrameResponse, envelope.FrameEnd:
 			if (back.Err == nil) != (fr.Err == nil) || (fr.Err != nil && (back.Err.Code != fr.Err.Code || back.Err.Message != fr.Err.Message)) {
 				t.Fatalf("error changed: %+v -> %+v", fr.Err, back.Err)
 			}

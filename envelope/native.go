@@ -24,12 +24,25 @@ const (
 	// registration, to another hub now, then close the link once nothing
 	// is pending on it.
 	FrameGoAway
+	// Streams (a request frame with "stream":C, C its initial credit in
+	// chunks; see stream.go): the callee sends its chunks in order, then
+	// an end, and the caller grants more chunks as it consumes them.
+	FrameChunk  // {"type":"chunk","seq":N,"n":K,"data":<JSON>}: the stream's K-th chunk, from 1
+	FrameCredit // {"type":"credit","seq":N,"n":C}: the caller grants C more chunks
+	// FrameEnd is the stream's last frame, a response frame ("res"
+	// members: the result or the error, metrics, headers) of type "end"
+	// whose "n" is the number of chunks sent.
+	FrameEnd
 )
 
 // Frame is one decoded native frame.
 type Frame struct {
-	Type     FrameType
-	Seq      uint64
+	Type FrameType
+	Seq  uint64
+	// N is a chunk's sequence number, a credit frame's grant, an end's
+	// count of chunks sent, and a stream request's initial credit.
+	N        uint64
+	Data     []byte   // a chunk's data (raw JSON)
 	Request  Request  // for FrameRequest
 	Response Response // for FrameResponse (envelope fields also on errors)
 	Err      *Error   // for FrameResponse carrying an error
@@ -66,12 +79,62 @@ func AppendRequestFrame(b []byte, seq uint64, r *Request) []byte {
 	return append(b, '}')
 }
 
+// AppendStreamRequestFrame appends the native request frame for the
+// streaming call r with the caller's initial credit (at least 1 chunk).
+func AppendStreamRequestFrame(b []byte, seq uint64, r *Request, credit uint64) []byte {
+	b = AppendRequestFrame(b, seq, r)
+	b = b[:len(b)-1]
+	b = append(b, `,"stream":`...)
+	b = strconv.AppendUint(b, max(credit, 1), 10)
+	return append(b, '}')
+}
+
 // AppendResponseFrame appends the native response frame answering seq: the
 // result of res, or the error e when e is not nil. res may be nil for an
 // error that has no envelope fields to report.
 func AppendResponseFrame(b []byte, seq uint64, res *Response, e *Error) []byte {
 	b = append(b, `{"type":"res","seq":`...)
 	b = strconv.AppendUint(b, seq, 10)
+	return appendResponseBody(b, res, e)
+}
+
+// AppendEndFrame appends the end of the stream seq after n chunks: a
+// response frame of type "end" (see AppendResponseFrame).
+func AppendEndFrame(b []byte, seq, n uint64, res *Response, e *Error) []byte {
+	b = append(b, `{"type":"end","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"n":`...)
+	b = strconv.AppendUint(b, n, 10)
+	return appendResponseBody(b, res, e)
+}
+
+// AppendChunkFrame appends the n-th chunk of the stream seq; data is raw
+// JSON (a string, number, object...), which the caller vouches for.
+func AppendChunkFrame(b []byte, seq, n uint64, data []byte) []byte {
+	b = append(b, `{"type":"chunk","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"n":`...)
+	b = strconv.AppendUint(b, n, 10)
+	b = append(b, `,"data":`...)
+	if len(data) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, data...)
+	}
+	return append(b, '}')
+}
+
+// AppendCreditFrame appends a grant of n more chunks to the stream seq.
+func AppendCreditFrame(b []byte, seq, n uint64) []byte {
+	b = append(b, `{"type":"credit","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"n":`...)
+	b = strconv.AppendUint(b, n, 10)
+	return append(b, '}')
+}
+
+// appendResponseBody appends a response frame's members after its seq.
+func appendResponseBody(b []byte, res *Response, e *Error) []byte {
 	if res != nil {
 		b = append(b, `,"id":`...)
 		b = appendString(b, res.ID)
@@ -121,6 +184,8 @@ func AppendCancelFrame(b []byte, seq uint64) []byte {
 func AppendGoAwayFrame(b []byte) []byte {
 	return append(b, `{"type":"goaway"}`...)
 }
+
+var nullJSON = []byte("null")
 
 func orVersion(v string) string {
 	if v == "" {
@@ -216,6 +281,7 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 	var params, result, errObj, headers, metrics []byte
 	var id, origin, dest, method, version string
 	var ts int64
+	var stream []byte
 	n, err := eachMemberEnd(data, func(key string, v []byte) *Error {
 		var e *Error
 		switch key {
@@ -247,6 +313,14 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 			headers = v
 		case "metrics":
 			metrics = v
+		case "n":
+			var k int64
+			k, e = intField("n", v, 0, math.MaxInt64)
+			f.N = uint64(k)
+		case "data":
+			f.Data = v
+		case "stream":
+			stream = v
 		}
 		return e
 	})
@@ -259,6 +333,12 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 		f.Type = FrameCancel
 	case "goaway":
 		f.Type = FrameGoAway
+	case "chunk":
+		f.Type = FrameChunk
+	case "credit":
+		f.Type = FrameCredit
+	case "end":
+		f.Type = FrameEnd
 	}
 	if err != nil {
 		return n, err
@@ -273,12 +353,24 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 		if len(params) > 0 && params[0] != 'n' {
 			r.Params = params
 		}
+		if stream != nil && kindOf(stream) != 'n' {
+			c, e := intField("stream", stream, 1, math.MaxInt32)
+			if e != nil {
+				return n, NewError(CodeInvalidRequest, "stream must be the initial credit, a whole number of chunks from 1")
+			}
+			r.Stream, f.N = true, uint64(c)
+		} else {
+			f.N = 0
+		}
 		if headers != nil {
 			if e := decodeHeaders(headers, &r.Headers); e != nil {
 				return n, e
 			}
 		}
-	case FrameResponse:
+	case FrameResponse, FrameEnd:
+		if f.Type == FrameResponse {
+			f.N = 0
+		}
 		r := &f.Response
 		r.ID, r.Origin, r.Destination, r.Timestamp = id, origin, dest, ts
 		if headers != nil {
@@ -303,6 +395,17 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 	case FrameCancel:
 	case FrameGoAway:
 		f.Seq = 0 // a goaway is about the whole link
+	case FrameChunk:
+		if f.N == 0 {
+			return n, NewError(CodeInvalidRequest, "a chunk's n (its sequence number, from 1) is missing")
+		}
+		if f.Data == nil {
+			f.Data = nullJSON
+		}
+	case FrameCredit:
+		if f.N == 0 {
+			return n, NewError(CodeInvalidRequest, "a credit frame must grant at least 1 chunk (n)")
+		}
 	default:
 		return n, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
 	}

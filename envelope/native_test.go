@@ -94,6 +94,12 @@ func TestNativeFrameErrors(t *testing.T) {
 		{"headers an array", `{"type":"req","seq":9,"method":"m","headers":[]}`, envelope.FrameRequest, 9, "headers"},
 		{"error not an object", `{"type":"res","seq":3,"error":"boom"}`, envelope.FrameResponse, 3, "error"},
 		{"not an object", `[1,2]`, 0, 0, "object"},
+		{"stream credit zero", `{"type":"req","seq":4,"method":"m","stream":0}`, envelope.FrameRequest, 4, "stream"},
+		{"stream credit a string", `{"type":"req","seq":4,"method":"m","stream":"64"}`, envelope.FrameRequest, 4, "stream"},
+		{"chunk without n", `{"type":"chunk","seq":5,"data":1}`, envelope.FrameChunk, 5, "n"},
+		{"chunk n negative", `{"type":"chunk","seq":5,"n":-1,"data":1}`, envelope.FrameChunk, 5, "n"},
+		{"credit of nothing", `{"type":"credit","seq":6,"n":0}`, envelope.FrameCredit, 6, "n"},
+		{"end error not an object", `{"type":"end","seq":3,"n":2,"error":"boom"}`, envelope.FrameEnd, 3, "error"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -194,5 +200,40 @@ func TestRecoverFrameSeq(t *testing.T) {
 		if typ != tc.typ || seq != tc.seq || ok != tc.ok {
 			t.Errorf("RecoverFrameSeq(%.60q) = %d, %d, %v; want %d, %d, %v", tc.head, typ, seq, ok, tc.typ, tc.seq, tc.ok)
 		}
+	}
+}
+
+func TestStreamFramesRoundTrip(t *testing.T) {
+	req := &envelope.Request{ID: "r1", Method: "echo.stream", Params: json.RawMessage(`{"n":3}`), Stream: true}
+	f, err := envelope.DecodeFrame(envelope.AppendStreamRequestFrame(nil, 9, req, 64), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameRequest || !f.Request.Stream || f.N != 64 || f.Seq != 9 {
+		t.Fatalf("stream request: %+v %v", f, err)
+	}
+	if f, _ := envelope.DecodeFrame(envelope.AppendRequestFrame(nil, 9, req), envelope.Limits{}); f.Request.Stream || f.N != 0 {
+		t.Fatalf("a plain request frame decoded as a stream: %+v", f)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendChunkFrame(nil, 9, 3, []byte(`{"tok":"é"}`)), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameChunk || f.N != 3 || string(f.Data) != `{"tok":"é"}` {
+		t.Fatalf("chunk: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendChunkFrame(nil, 9, 4, nil), envelope.Limits{})
+	if err != nil || string(f.Data) != "null" {
+		t.Fatalf("empty chunk: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendCreditFrame(nil, 9, 32), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameCredit || f.N != 32 {
+		t.Fatalf("credit: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendEndFrame(nil, 9, 4, &envelope.Response{ID: "r1", Result: json.RawMessage(`{"chunks":4}`)}, nil), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameEnd || f.N != 4 || f.Response.ID != "r1" || string(f.Response.Result) != `{"chunks":4}` || f.Err != nil {
+		t.Fatalf("end: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendEndFrame(nil, 9, 2, nil, envelope.NewError(envelope.CodeUnavailable, "agent lost")), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameEnd || f.N != 2 || f.Err == nil || f.Err.Code != envelope.CodeUnavailable {
+		t.Fatalf("end with an error: %+v %v", f, err)
+	}
+	// A response frame's n means nothing: not read as a count.
+	if f, _ := envelope.DecodeFrame([]byte(`{"type":"res","seq":1,"n":5,"result":1}`), envelope.Limits{}); f.N != 0 {
+		t.Fatalf("res frame kept n=%d", f.N)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -70,10 +71,11 @@ type Agent struct {
 	drain    time.Duration
 	tel      *telemetry.Telemetry
 
-	mu       sync.RWMutex
-	exact    map[string]HandlerFunc
-	patterns []pattern
-	schemas  map[string]control.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
+	mu        sync.RWMutex
+	exact     map[string]HandlerFunc
+	patterns  []pattern
+	schemas   map[string]control.MethodSchema // declared at agent.register (SetSchema, HandleTyped)
+	streaming map[string]bool                 // methods served with HandleStream (declared in their schemas)
 
 	inflight atomic.Int64
 	links    sync.Map       // *link.Link -> struct{}: open links (current, and draining after a goaway)
@@ -520,4 +522,60 @@ type requestKey struct{}
 func RequestFrom(ctx context.Context) *envelope.Request {
 	r, _ := ctx.Value(requestKey{}).(*envelope.Request)
 	return r
+}
+
+// Stream is what a streaming handler sends its chunks with (HandleStream).
+type Stream struct{ s stream.Sender }
+
+// Send sends v (encoded with encoding/json; a json.RawMessage as it is)
+// as the stream's next chunk. It blocks while the caller has granted no
+// credit for it (flow control: a caller that stops reading stops the
+// handler here), and fails when ctx ends or the caller cancelled.
+func (s *Stream) Send(ctx context.Context, v any) error {
+	raw, ok := v.(json.RawMessage)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			return envelope.Errorf(envelope.CodeInternal, "cannot encode a chunk: %v", err)
+		}
+	}
+	return s.s.Send(ctx, raw)
+}
+
+// Sent is how many chunks were sent so far (the last sequence number).
+func (s *Stream) Sent() uint64 { return s.s.Sent() }
+
+// StreamFunc serves a streaming method: it sends chunks with s and
+// returns the stream's end (nil: a clean end; an error: its code ends
+// the stream, after the chunks already sent).
+type StreamFunc func(ctx context.Context, params json.RawMessage, s *Stream) error
+
+// HandleStream registers a streaming method: callers read it with a
+// stream (mesh.Client.Stream, a JSON-RPC call's chunk notifications, SSE,
+// agentick's method:chunk events). A plain call to it is refused with
+// INVALID_REQUEST. Its end carries {"chunks": N}.
+func (a *Agent) HandleStream(method string, h StreamFunc) {
+	a.Handle(method, func(ctx context.Context, params json.RawMessage) (any, error) {
+		snd := stream.SenderFrom(ctx)
+		if snd == nil {
+			return nil, envelope.Errorf(envelope.CodeInvalidRequest, "%s is a streaming method: call it as a stream", method)
+		}
+		if err := h(ctx, params, &Stream{snd}); err != nil {
+			return nil, err
+		}
+		return map[string]uint64{"chunks": snd.Sent()}, nil
+	})
+	a.mu.Lock()
+	if a.streaming == nil {
+		a.streaming = map[string]bool{}
+	}
+	a.streaming[method] = true
+	a.mu.Unlock()
+}
+
+// Streaming reports whether method is served with HandleStream.
+func (a *Agent) Streaming(method string) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.streaming[method]
 }

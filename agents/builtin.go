@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,7 +66,59 @@ func NewEcho(opts ...Option) *Agent {
 			}
 			return SleepResult{Slept: in.MS}, nil
 		}, Errors(envelope.CodeInvalidParams, envelope.CodeTimeout), Idempotent())
+	a.HandleStream("echo.stream", echoStream)
+	a.SetSchema("echo.stream", control.MethodSchema{
+		Description: "Stream n chunks {\"i\":k,\"pad\":...} (k from 1) at intervalMs, each padded to about size bytes; the end is {\"chunks\":n}",
+		Params:      streamParamsSchema, Errors: []string{"INVALID_PARAMS", "TIMEOUT", "CANCELLED"},
+	})
 	return a
+}
+
+var streamParamsSchema, _ = control.SchemaFor[StreamParams]()
+
+// StreamParams are the params of echo.stream.
+type StreamParams struct {
+	N          int64 `json:"n,omitempty" jsonschema:"chunks to send, 0..10000000 (default 10)"`
+	IntervalMS int64 `json:"intervalMs,omitempty" jsonschema:"milliseconds between chunks, 0..60000"`
+	Size       int   `json:"size,omitempty" jsonschema:"bytes to pad each chunk to, 0..1000000"`
+}
+
+// echoStream serves echo.stream.
+func echoStream(ctx context.Context, raw json.RawMessage, s *Stream) error {
+	p := StreamParams{N: 10}
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return envelope.Errorf(envelope.CodeInvalidParams, "echo.stream: %v", err)
+		}
+	}
+	if p.N < 0 || p.N > 10_000_000 || p.IntervalMS < 0 || p.IntervalMS > 60_000 || p.Size < 0 || p.Size > 1_000_000 {
+		return envelope.NewError(envelope.CodeInvalidParams, "echo.stream: n must be within 0..10000000, intervalMs 0..60000, size 0..1000000")
+	}
+	pad := strings.Repeat("x", max(p.Size-24, 0))
+	var t *time.Ticker
+	if p.IntervalMS > 0 {
+		t = time.NewTicker(time.Duration(p.IntervalMS) * time.Millisecond)
+		defer t.Stop()
+	}
+	buf := make([]byte, 0, len(pad)+48)
+	for i := int64(1); i <= p.N; i++ {
+		if t != nil && i > 1 {
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return envelope.AsError(ctx.Err())
+			}
+		}
+		buf = append(buf[:0], `{"i":`...)
+		buf = strconv.AppendInt(buf, i, 10)
+		buf = append(buf, `,"pad":"`...)
+		buf = append(buf, pad...)
+		buf = append(buf, `"}`...)
+		if err := s.Send(ctx, json.RawMessage(buf)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SleepParams are the params of echo.sleep.

@@ -28,10 +28,19 @@ func (a *Agent) SetSchema(method string, s control.MethodSchema) {
 func (a *Agent) Schemas() map[string]control.MethodSchema {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	if len(a.schemas) == 0 {
+	if len(a.schemas) == 0 && len(a.streaming) == 0 {
 		return nil
 	}
-	return maps.Clone(a.schemas)
+	out := maps.Clone(a.schemas)
+	if out == nil {
+		out = map[string]control.MethodSchema{}
+	}
+	for m := range a.streaming {
+		s := out[m]
+		s.Streaming = true
+		out[m] = s
+	}
+	return out
 }
 
 // TypedOption refines the schema HandleTyped declares.

@@ -13,6 +13,7 @@ import (
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -93,7 +94,7 @@ func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 // fastPolicy is req's policy if the forward path may take it; nil for a
 // call the chain treats apart.
 func (h *Hub) fastPolicy(req *envelope.Request) *reliability.Policy {
-	if req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || guard.IsAgentControl(req.Method) {
+	if req.Stream || req.Headers.Hops > 0 || req.Headers.IdempotencyKey != "" || h.draining.Load() || guard.IsAgentControl(req.Method) {
 		return nil
 	}
 	if _, ok := h.builtins[req.Method]; ok {
@@ -207,6 +208,9 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 
 // defaultTimeout is the deadline stage's bound for a call without a ttl.
 func (h *Hub) defaultTimeout(req *envelope.Request) time.Duration {
+	if req.Stream {
+		return stream.DefaultTimeout // a stream's ttl, not a call's (the policy's timeouts bound calls)
+	}
 	d := h.cfg.DefaultTimeout
 	if _, builtin := h.builtins[req.Method]; !builtin && req.Headers.Hops == 0 && h.policies != nil {
 		if p := h.policies.For(req.Method); p.Timeout > 0 && p.Timeout < d {

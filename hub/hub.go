@@ -268,7 +268,8 @@ type Hub struct {
 	// fastTaken counts the calls the forward path took (fast.go), for
 	// tests.
 	fastTaken atomic.Int64
-	started   atomic.Int64 // unix ns: New, then Serve; the warm-up counts from it
+	streaming atomic.Pointer[streamingSet] // the methods declared streaming, per registry snapshot
+	started   atomic.Int64                 // unix ns: New, then Serve; the warm-up counts from it
 
 	stop     context.CancelFunc
 	done     chan struct{}

@@ -210,7 +210,7 @@ func (h *Hub) deadline(next envelope.Invoker) envelope.Invoker {
 // control call).
 func (h *Hub) idempotent(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !guard.IsAgentControl(req.Method) {
+		if req.Headers.IdempotencyKey != "" && req.Headers.Hops == 0 && !req.Stream && !guard.IsAgentControl(req.Method) {
 			caller := ""
 			if p := PrincipalOf(ctx); p != nil && p.Claims != nil {
 				caller = p.Subject

@@ -12,6 +12,7 @@ import (
 	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/internal/openrpc"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/registry"
 )
 
 func mustSchema[T any]() json.RawMessage {
@@ -95,7 +96,7 @@ func (h *Hub) Schema() control.SchemaPayload {
 				}
 			}
 			ms := control.SchemaMethod{Description: s.Description, Params: s.Params, Response: s.Result, Errors: errs,
-				Roles: h.rolesOf(m, s.Roles), Idempotent: s.Idempotent || h.policies.For(m).Idempotent,
+				Roles: h.rolesOf(m, s.Roles), Idempotent: s.Idempotent || h.policies.For(m).Idempotent, Streaming: s.Streaming,
 				Pattern: strings.HasSuffix(m, "*"), Agents: []string{in.Name}}
 			if seen {
 				ms.Agents = append(cur.Agents, in.Name)
@@ -143,4 +144,32 @@ func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage
 		return nil, err
 	}
 	return openrpc.FromSchema(h.Schema()), nil
+}
+
+// streamingSet is the methods agents declared streaming, for one
+// registry snapshot.
+type streamingSet struct {
+	snap *registry.Snapshot
+	set  map[string]bool
+}
+
+// Streaming reports whether an agent declared method a streaming one (its
+// schema's "streaming"): surfaces without a stream call of their own
+// (JSON-RPC, agentick, Multica) call it as a stream.
+func (h *Hub) Streaming(method string) bool {
+	snap := h.reg.Snapshot()
+	c := h.streaming.Load()
+	if c == nil || c.snap != snap {
+		c = &streamingSet{snap: snap, set: map[string]bool{}}
+		for _, in := range snap.Instances() {
+			var decl map[string]struct{ Streaming bool }
+			if len(in.Schemas) > 0 && json.Unmarshal(in.Schemas, &decl) == nil {
+				for m, s := range decl {
+					c.set[m] = c.set[m] || s.Streaming
+				}
+			}
+		}
+		h.streaming.Store(c)
+	}
+	return c.set[method]
 }

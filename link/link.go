@@ -32,6 +32,7 @@ type Link struct {
 	// asyncDeadlines their deadlines, one timer for all; both under mu.
 	async          map[uint64]*asyncCall
 	asyncDeadlines asyncHeap
+	streams        map[uint64]*callerStream // streaming calls awaiting chunks (nil until the first)
 	serving        map[uint64]Canceler
 	closed         bool
 
@@ -248,7 +249,15 @@ func newResultChan() any { return make(chan linkResult, 1) }
 // Call sends req over the link and waits for its answer, the link's loss,
 // or ctx's end. The time left on ctx travels in the ttl header; when ctx
 // ends first, the peer is told to cancel.
+//
+// A request with Stream set is a streaming call: its chunks go to the
+// sink ctx carries (stream.With), which grants its credit, and the call
+// returns at the stream's end. Once a chunk was delivered, its error is
+// final (never retried) and tells the last sequence number (streamError).
 func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if req.Stream {
+		return l.callStream(ctx, req)
+	}
 	seq := l.seq.Add(1)
 	ch := l.results.Get().(chan linkResult)
 	l.mu.Lock()
@@ -381,7 +390,7 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 			l.c.Send(b)
 			return
 		}
-		if f.Type == envelope.FrameResponse && f.Seq != 0 {
+		if (f.Type == envelope.FrameResponse || f.Type == envelope.FrameEnd) && f.Seq != 0 {
 			l.deliver(f.Seq, linkResult{err: l.undecodable(err)})
 			return
 		}
@@ -392,7 +401,13 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	case envelope.FrameResponse:
 		l.onResponse(f)
 	case envelope.FrameRequest:
-		l.startServing(f.Seq, &f.Request)
+		l.startServing(f.Seq, &f.Request, f.N)
+	case envelope.FrameChunk:
+		l.onChunk(f)
+	case envelope.FrameCredit:
+		l.onCredit(f)
+	case envelope.FrameEnd:
+		l.onResponse(f)
 	case envelope.FrameCancel:
 		l.mu.Lock()
 		c := l.serving[f.Seq]

@@ -5,13 +5,15 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/stream"
 )
 
 // Serving the peer's requests: admission, the kept workers that run the
 // handler, the fast handler that may take a request on the reader, and
 // the answers.
 
-func (l *Link) startServing(seq uint64, req *envelope.Request) {
+// credit is a streaming call's initial credit (req.Stream).
+func (l *Link) startServing(seq uint64, req *envelope.Request, credit uint64) {
 	if l.serve == nil {
 		l.reply(seq, nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
 		return
@@ -21,7 +23,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.reply(seq, nil, envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this link", l.maxServing))
 		return
 	}
-	if l.fast != nil {
+	if l.fast != nil && !req.Stream {
 		if !l.c.TryAdmit(1, requestBytes(req)) {
 			l.nserving.Add(-1)
 			l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
@@ -47,10 +49,17 @@ func (l *Link) startServing(seq uint64, req *envelope.Request) {
 		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
 		return
 	}
-	l.serving[seq] = cancelFunc(cancel)
+	var ss *servedStream
+	if req.Stream {
+		ss = newServedStream(l, seq, credit, cancel)
+		ctx = stream.With(ctx, ss)
+		l.serving[seq] = ss
+	} else {
+		l.serving[seq] = cancelFunc(cancel)
+	}
 	r := new(envelope.Request)
 	*r = *req
-	t := task{ctx, cancel, seq, r}
+	t := task{ctx, cancel, seq, r, ss}
 	select {
 	case l.work <- t: // an idle worker takes it
 		l.mu.Unlock()
@@ -67,6 +76,7 @@ type task struct {
 	cancel context.CancelFunc
 	seq    uint64
 	r      *envelope.Request
+	ss     *servedStream // a streaming call's; nil otherwise
 }
 
 // WorkerIdle is how long a kept worker (a link's, or Workers') waits for
@@ -83,7 +93,7 @@ func (l *Link) worker(t task) {
 	idle := time.NewTimer(WorkerIdle)
 	defer idle.Stop()
 	for {
-		l.serveOne(t.ctx, t.cancel, t.seq, t.r)
+		l.serveOne(t)
 		idle.Reset(WorkerIdle)
 		select {
 		case t = <-l.work:
@@ -96,18 +106,23 @@ func (l *Link) worker(t task) {
 }
 
 // serveOne runs the handler for one incoming request and answers it.
-func (l *Link) serveOne(ctx context.Context, cancel context.CancelFunc, seq uint64, r *envelope.Request) {
+func (l *Link) serveOne(t task) {
 	start := time.Now()
-	held := requestBytes(r) // as startServing admitted it, before serve can touch r
-	res, err := l.serve(ctx, l, r)
+	held := requestBytes(t.r) // as startServing admitted it, before serve can touch r
+	res, err := l.serve(t.ctx, l, t.r)
 	// The slot is free before the answer can reach the peer, which may
 	// send its next call at once; the serving map is left after the
 	// answer is queued: Serving() == 0 means every answer is queued (a
 	// draining hub waits for that before closing).
 	l.nserving.Add(-1)
-	l.answer(seq, r.ID, start, res, err)
-	l.endServing(seq, held)
-	cancel()
+	if t.ss != nil {
+		t.ss.CancelServed() // no more chunks: the end follows the last
+		l.c.Send(l.encodeEnd(t.seq, t.ss.Sent(), t.r.ID, start, res, err))
+	} else {
+		l.answer(t.seq, t.r.ID, start, res, err)
+	}
+	l.endServing(t.seq, held)
+	t.cancel()
 }
 
 // answer queues the answer to the served request seq (request id id,
@@ -128,6 +143,22 @@ func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelop
 		res.ID = id
 	}
 	*b = envelope.AppendResponseFrame(*b, seq, res, nil)
+	return b
+}
+
+// encodeEnd encodes the end of the stream seq after n chunks, as
+// encodeAnswer encodes an answer.
+func (l *Link) encodeEnd(seq, n uint64, id string, start time.Time, res *envelope.Response, err error) *[]byte {
+	b := GetBuf()
+	if err != nil {
+		*b = envelope.AppendEndFrame(*b, seq, n, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
+			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
+		return b
+	}
+	if res.ID == "" {
+		res.ID = id
+	}
+	*b = envelope.AppendEndFrame(*b, seq, n, res, nil)
 	return b
 }
 

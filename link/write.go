@@ -6,6 +6,7 @@ package link
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"time"
 
@@ -385,16 +386,37 @@ func (c *Conn) sendWait(b *[]byte, room <-chan struct{}) bool {
 	return false
 }
 
+// SendCredited queues a frame that flow control already bounds (a
+// stream's chunk within its credit, a grant of credit), whatever the
+// queue's length, without waiting: it fails only when the connection is
+// closed. It counts as owed to the peer (the backpressure bounds see it).
+func (c *Conn) SendCredited(b *[]byte) bool {
+	if ok, _ := c.enqueueAny(b, true); ok {
+		return true
+	}
+	PutBuf(b)
+	return false
+}
+
 // enqueue queues b unless the connection is closed or the queue is full;
 // then, if wait, it returns a channel closed when the writer next takes
 // frames out. It starts a writer if none runs, or wakes the idle one.
 func (c *Conn) enqueue(b *[]byte, wait, owed bool) (ok bool, room <-chan struct{}) {
+	return c.enqueueLimit(b, wait, owed, c.cfg.QueueSize)
+}
+
+// enqueueAny is enqueue with no bound on the queue's length.
+func (c *Conn) enqueueAny(b *[]byte, owed bool) (ok bool, room <-chan struct{}) {
+	return c.enqueueLimit(b, false, owed, math.MaxInt)
+}
+
+func (c *Conn) enqueueLimit(b *[]byte, wait, owed bool, limit int) (ok bool, room <-chan struct{}) {
 	c.qmu.Lock()
 	if c.closed {
 		c.qmu.Unlock()
 		return false, nil
 	}
-	if len(c.q) >= c.cfg.QueueSize {
+	if len(c.q) >= limit {
 		if wait {
 			if c.room == nil {
 				c.room = make(chan struct{})

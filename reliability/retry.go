@@ -123,7 +123,10 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 			p := ps.For(req.Method)
 			now := time.Now() // read the clock once: it is not cheap on every host
 			o.Budget.RequestAt(req.Method, now)
-			if p.Timeout > 0 {
+			// A stream is bounded by its own ttl, and never hedged: the
+			// policy's timeouts are for calls, and two attempts would
+			// feed one consumer.
+			if p.Timeout > 0 && !req.Stream {
 				if d, ok := ctx.Deadline(); !ok || d.Sub(now) > p.Timeout {
 					var cancel context.CancelFunc
 					ctx, cancel = context.WithTimeout(ctx, p.Timeout)
@@ -133,7 +136,7 @@ func Retry(ps *PolicySet, o RetryOptions) envelope.Middleware {
 			if o.UseTried && (p.Retries > 0 || p.HedgeAfter > 0) {
 				ctx = &triedCtx{Context: ctx}
 			}
-			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 {
+			if p.HedgeAfter > 0 && p.Idempotent && p.Retries > 0 && !req.Stream {
 				return hedge(ctx, req, p, next, &o)
 			}
 			return retryLoop(ctx, req, p, next, &o, now, nil)
@@ -180,7 +183,7 @@ func (o *RetryOptions) Resume(ctx context.Context, req *envelope.Request, p *Pol
 }
 
 func attempt(ctx context.Context, req *envelope.Request, p *Policy, next envelope.Invoker, o *RetryOptions, start time.Time) (*envelope.Response, error) {
-	if p.PerTryTimeout > 0 {
+	if p.PerTryTimeout > 0 && !req.Stream {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.PerTryTimeout)
 		defer cancel()

@@ -90,6 +90,9 @@ type MethodSchema struct {
 	Errors      []string        `json:"errors,omitempty"`
 	Roles       []string        `json:"roles,omitempty"`
 	Idempotent  bool            `json:"idempotent,omitempty"`
+	// Streaming: the method answers with a stream of chunks, then its end
+	// (agentick's streaming methods; call it as a stream).
+	Streaming bool `json:"streaming,omitempty"`
 }
 
 // SchemaPayload is the answer of schema (the agentick seed's shape).
@@ -111,6 +114,7 @@ type SchemaMethod struct {
 	Errors      []string        `json:"errors,omitempty"`
 	Roles       []string        `json:"roles,omitempty"`
 	Idempotent  bool            `json:"idempotent,omitempty"`
+	Streaming   bool            `json:"streaming,omitempty"` // answered with a stream of chunks
 	// Pattern marks a capability such as "memory.*": no single method.
 	Pattern bool `json:"pattern,omitempty"`
 	// Agents are the names of the agents serving it.

@@ -1,0 +1,160 @@
+package stream
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"sync"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// Pipe is an in-process consumer of a stream: a Sink that holds at most
+// its window of chunks unread, and grants credit back as they are read.
+// Next reads them in order; Finish records the stream's end. Safe for
+// one reader and one feeder at a time.
+type Pipe struct {
+	window uint64
+
+	mu      sync.Mutex
+	buf     [][]byte
+	granted uint64 // credit granted in all
+	used    uint64 // chunks received
+	owed    uint64 // chunks read and not yet granted back
+	grant   func(uint64)
+	done    bool
+	res     *envelope.Response
+	err     error
+	wake    chan struct{} // one token: something arrived
+}
+
+// NewPipe returns a pipe granting window chunks (DefaultWindow if <= 0).
+func NewPipe(window int) *Pipe {
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	return &Pipe{window: uint64(window), granted: uint64(window), wake: make(chan struct{}, 1)}
+}
+
+// Chunk implements Sink.
+func (p *Pipe) Chunk(data []byte) *envelope.Error {
+	c := append([]byte(nil), data...)
+	p.mu.Lock()
+	if p.done {
+		p.mu.Unlock()
+		return envelope.NewError(envelope.CodeCancelled, "the stream's reader is gone")
+	}
+	if p.used >= p.granted {
+		p.mu.Unlock()
+		return BeyondCredit()
+	}
+	p.used++
+	p.buf = append(p.buf, c)
+	p.mu.Unlock()
+	p.signal()
+	return nil
+}
+
+// Attach implements Sink.
+func (p *Pipe) Attach(grant func(uint64)) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.grant = grant
+	return p.granted - p.used
+}
+
+func (p *Pipe) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Finish records the stream's end: Next returns io.EOF (res) or err once
+// the chunks before it are read.
+func (p *Pipe) Finish(res *envelope.Response, err error) {
+	p.mu.Lock()
+	if !p.done {
+		p.done, p.res, p.err = true, res, err
+	}
+	p.mu.Unlock()
+	p.signal()
+}
+
+// Next returns the next chunk, waiting for it; io.EOF after the last
+// chunk of a stream that ended well, the stream's error after the last
+// of one that did not, ctx's error if it ends first.
+func (p *Pipe) Next(ctx context.Context) (json.RawMessage, error) {
+	for {
+		p.mu.Lock()
+		if len(p.buf) > 0 {
+			c := p.buf[0]
+			p.buf[0] = nil
+			p.buf = p.buf[1:]
+			if len(p.buf) == 0 {
+				p.buf = nil // let the array go; a stream reads on
+			}
+			p.owed++
+			var grant func(uint64)
+			var n uint64
+			if p.owed >= max(p.window/2, 1) && !p.done {
+				grant, n = p.grant, p.owed
+				p.granted += n
+				p.owed = 0
+			}
+			p.mu.Unlock()
+			if grant != nil {
+				grant(n)
+			}
+			return c, nil
+		}
+		if p.done {
+			err := p.err
+			p.mu.Unlock()
+			if err == nil {
+				return nil, io.EOF
+			}
+			return nil, err
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.wake:
+		case <-ctx.Done():
+			return nil, envelope.AsError(ctx.Err())
+		}
+	}
+}
+
+// Result is the stream's end (nil until it ended well).
+func (p *Pipe) Result() *envelope.Response {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.res
+}
+
+// Received is how many chunks arrived so far.
+func (p *Pipe) Received() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
+}
+
+// Open runs invoke with req (its Stream set) into a new pipe, on a
+// goroutine, and returns the pipe and a stop function: stop cancels the
+// call if it still runs and waits for the goroutine (call it once done
+// reading).
+func Open(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window int) (p *Pipe, stop func()) {
+	p = NewPipe(window)
+	ctx, cancel := context.WithCancel(With(ctx, p))
+	req.Stream = true
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res, err := invoke(ctx, req)
+		p.Finish(res, err)
+	}()
+	return p, func() {
+		cancel()
+		<-done
+	}
+}

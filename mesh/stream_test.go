@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,5 +112,97 @@ func TestStreamErrorsBeforeAndAfterChunks(t *testing.T) {
 	err = c.Call(ctx, "st.fail", 1, nil)
 	if envelope.CodeOf(err) != envelope.CodeInvalidRequest {
 		t.Fatalf("a plain call to a streaming method: %v", err)
+	}
+}
+
+// TestStreamCancelReachesHandler: a client that closes its stream
+// mid-way cancels the agent's handler context, through the hub, within
+// 50 ms (real sockets), and the handler's next Send fails.
+func TestStreamCancelReachesHandler(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	a := agents.New("slow")
+	cancelled := make(chan time.Time, 1)
+	sendErr := make(chan error, 1)
+	a.HandleStream("slow.tick", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
+		stop := context.AfterFunc(ctx, func() { cancelled <- time.Now() })
+		defer stop()
+		for i := 0; ; i++ {
+			if err := s.Send(ctx, i); err != nil {
+				sendErr <- err
+				return err
+			}
+			select {
+			case <-time.After(5 * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+	})
+	m.RunAgent(t, a)
+	c := m.Client(t)
+	for round := range 5 {
+		s, err := c.Stream(context.Background(), "slow.tick", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if _, err := s.Recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		closed := time.Now()
+		s.Close()
+		select {
+		case at := <-cancelled:
+			if d := at.Sub(closed); d > 50*time.Millisecond {
+				t.Errorf("round %d: the handler saw the cancel %v after the client closed; want within 50ms", round, d)
+			} else {
+				t.Logf("round %d: cancel reached the handler in %v", round, d.Round(10*time.Microsecond))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: the handler never saw the cancel", round)
+		}
+		if err := <-sendErr; envelope.CodeOf(err) != envelope.CodeCancelled {
+			t.Errorf("round %d: the handler's Send after the cancel: %v; want CANCELLED", round, err)
+		}
+	}
+}
+
+// TestStreamFlowControlHoldsTheAgent: a consumer that stops reading holds
+// the agent's handler at its window: the handler has sent exactly the
+// window's chunks and waits in Send, and reading again lets it go on.
+func TestStreamFlowControlHoldsTheAgent(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	a := agents.New("fast")
+	var sent atomic.Int64
+	a.HandleStream("fast.many", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
+		for i := range 1000 {
+			if err := s.Send(ctx, i); err != nil {
+				return err
+			}
+			sent.Add(1)
+		}
+		return nil
+	})
+	m.RunAgent(t, a)
+	c := m.Client(t)
+	s, err := c.Stream(context.Background(), "fast.many", nil, mesh.Window(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return sent.Load() == 8 })
+	time.Sleep(100 * time.Millisecond) // (a real network: the agent could only overrun it late)
+	if n, r := sent.Load(), s.Received(); n != 8 || r != 8 {
+		t.Fatalf("with a window of 8 and nothing read, the agent sent %d and the client holds %d; want 8 and 8", n, r)
+	}
+	got := 0
+	for _, err := range s.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got++
+	}
+	if got != 1000 {
+		t.Fatalf("read %d chunks; want 1000", got)
 	}
 }

@@ -245,7 +245,13 @@ type hub struct {
 // method nobody serves answered METHOD_NOT_FOUND at once.
 func startHub(t *testing.T, extra ...string) *hub {
 	t.Helper()
-	p := start(t, "meshd", append([]string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms", "--warm-up", "0"}, extra...)...)
+	return startHubEnv(t, nil, extra...)
+}
+
+// startHubEnv is startHub with extra environment variables for meshd.
+func startHubEnv(t *testing.T, extraEnv []string, extra ...string) *hub {
+	t.Helper()
+	p := startWithEnv(t, extraEnv, "meshd", append([]string{"--listen", "127.0.0.1:0", "--heartbeat", "200ms", "--warm-up", "0"}, extra...)...)
 	h := &hub{proc: p}
 	waitFor(t, `meshd logging "hub listening"`, 10*time.Second, func() bool {
 		if p.exitedYet() {

@@ -54,58 +54,7 @@ func TestSlowConsumer(t *testing.T) {
 	pid := h.cmd.Process.Pid
 	slow := func() float64 { return metric(h.base, "agentmesh_link_slow_consumers_total") }
 
-	// The 20 callers, dialled once; a phase runs them until stop.
-	callers := make([]*websocket.Conn, clients)
-	for i := range callers {
-		ws, _, err := websocket.DefaultDialer.Dial(h.ws, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws.Close() })
-		callers[i] = ws
-	}
-	phase := func(stop <-chan struct{}) (lat []time.Duration, errs []string) {
-		var wg sync.WaitGroup
-		var lmu sync.Mutex
-		for i, ws := range callers {
-			wg.Go(func() {
-				var mine []time.Duration
-				for n := 0; ; n++ {
-					select {
-					case <-stop:
-						lmu.Lock()
-						lat = append(lat, mine...)
-						lmu.Unlock()
-						return
-					default:
-					}
-					id := fmt.Sprintf("c%d-%d", i, n)
-					req := fmt.Sprintf(`{"jsonrpc":"2.0","id":%q,"method":"echo.echo","params":{"n":%d}}`, id, n)
-					t0 := time.Now()
-					_ = ws.SetWriteDeadline(t0.Add(5 * time.Second))
-					_ = ws.SetReadDeadline(t0.Add(5 * time.Second))
-					err := ws.WriteMessage(websocket.TextMessage, []byte(req))
-					var msg []byte
-					if err == nil {
-						_, msg, err = ws.ReadMessage()
-					}
-					if err == nil && !strings.Contains(string(msg), `"result":{"n":`+strconv.Itoa(n)+`}`) {
-						err = fmt.Errorf("answer %s", msg)
-					}
-					if err != nil {
-						lmu.Lock()
-						errs = append(errs, fmt.Sprintf("%s: %v", id, err))
-						lat = append(lat, mine...)
-						lmu.Unlock()
-						return
-					}
-					mine = append(mine, time.Since(t0))
-				}
-			})
-		}
-		wg.Wait()
-		return lat, errs
-	}
+	phase := echoCallers(t, h.ws, clients)
 	after := func(d time.Duration) <-chan struct{} {
 		ch := make(chan struct{})
 		time.AfterFunc(d, func() { close(ch) })
@@ -458,5 +407,63 @@ func TestSlowConsumerNative(t *testing.T) {
 		if n > 1 {
 			t.Errorf("seq %d answered %d times", seq, n)
 		}
+	}
+}
+
+// echoCallers dials n plain JSON-RPC WebSockets to ws, once; each phase
+// runs them, calling echo.echo one call after another, until stop, and
+// returns every call's latency and the errors (a caller stops at its
+// first).
+func echoCallers(t *testing.T, url string, n int) (phase func(stop <-chan struct{}) (lat []time.Duration, errs []string)) {
+	callers := make([]*websocket.Conn, n)
+	for i := range callers {
+		ws, _, err := websocket.DefaultDialer.Dial(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ws.Close() })
+		callers[i] = ws
+	}
+	return func(stop <-chan struct{}) (lat []time.Duration, errs []string) {
+		var wg sync.WaitGroup
+		var lmu sync.Mutex
+		for i, ws := range callers {
+			wg.Go(func() {
+				var mine []time.Duration
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						lmu.Lock()
+						lat = append(lat, mine...)
+						lmu.Unlock()
+						return
+					default:
+					}
+					id := fmt.Sprintf("c%d-%d", i, n)
+					req := fmt.Sprintf(`{"jsonrpc":"2.0","id":%q,"method":"echo.echo","params":{"n":%d}}`, id, n)
+					t0 := time.Now()
+					_ = ws.SetWriteDeadline(t0.Add(5 * time.Second))
+					_ = ws.SetReadDeadline(t0.Add(5 * time.Second))
+					err := ws.WriteMessage(websocket.TextMessage, []byte(req))
+					var msg []byte
+					if err == nil {
+						_, msg, err = ws.ReadMessage()
+					}
+					if err == nil && !strings.Contains(string(msg), `"result":{"n":`+strconv.Itoa(n)+`}`) {
+						err = fmt.Errorf("answer %s", msg)
+					}
+					if err != nil {
+						lmu.Lock()
+						errs = append(errs, fmt.Sprintf("%s: %v", id, err))
+						lat = append(lat, mine...)
+						lmu.Unlock()
+						return
+					}
+					mine = append(mine, time.Since(t0))
+				}
+			})
+		}
+		wg.Wait()
+		return lat, errs
 	}
 }

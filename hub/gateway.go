@@ -39,7 +39,7 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lim := h.cfg.Conn.Limits
-	data, refused, err := link.ReadChecked(http.MaxBytesReader(w, r.Body, int64(limit)), nil, limit,
+	data, refused, err := link.ReadChecked(http.MaxBytesReader(w, r.Body, int64(limit)), limit,
 		func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) }, 0)
 	if err != nil {
 		var mbe *http.MaxBytesError

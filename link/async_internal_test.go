@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/wspipe"
 )
 
 // asyncPair is a native link over net.Pipe: caller is the side that calls
 // with Go, served serves with h. Both close when the test ends.
 func asyncPair(t *testing.T, h envelope.Invoker) (caller, served *Link) {
-	sws, cws := pipeWS(t)
+	sws, cws := wspipe.Pair(t)
 	served = New(sws, Config{}, WithHandler(h))
 	caller = New(cws, Config{})
 	t.Cleanup(func() { caller.Close(); served.Close() })

@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link/wsconn"
 )
 
 // DefaultHubURL is the hub a client or agent uses unless told otherwise.
@@ -75,7 +76,7 @@ func DialCheck(ctx context.Context, hub, token string, check func(*http.Response
 		ReadBufferSize:   4096,
 		WriteBufferSize:  4096,
 		TLSClientConfig:  cfg.TLS,
-		NetDialContext:   dialReadAhead,
+		NetDialContext:   wsconn.DialReadAhead,
 	}
 	if cfg.Dial != nil {
 		d.NetDialContext = cfg.Dial

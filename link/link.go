@@ -10,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link/wsconn"
 )
 
 // Link is one native-envelope WebSocket (subprotocol agentmesh.v1) between
@@ -32,7 +33,9 @@ type Link struct {
 	// asyncDeadlines their deadlines, one timer for all; both under mu.
 	async          map[uint64]*asyncCall
 	asyncDeadlines asyncHeap
-	streams        map[uint64]*callerStream // streaming calls awaiting chunks (nil until the first)
+	streams        map[uint64]*callerStream   // streaming calls awaiting chunks (nil until the first)
+	parked         map[*servedStream]struct{} // relayed streams waiting for the connection to drain
+	relays         atomic.Int64               // served streams with a feeder attached (relayed)
 	serving        map[uint64]Canceler
 	closed         bool
 
@@ -141,9 +144,9 @@ func WithMaxServing(n int) Option { return func(l *Link) { l.maxServing = n } }
 // link's reader and writer goroutines; Close stops them.
 func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 	c := NewConn(ws, cfg)
-	c.batch = true // both ends of a native link read JSON-array batches
-	lim := c.cfg.Limits
-	c.check = func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) }
+	c.Batched() // both ends of a native link read JSON-array batches
+	lim := c.Config().Limits
+	c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) })
 	l := &Link{
 		c:          c,
 		pending:    map[uint64]chan linkResult{},
@@ -165,8 +168,11 @@ func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 		// (Config.MaxUnwrittenBytes). Only the accepting side
 		// pauses its reader, so two ends never wait on each other.
 		c.WithBackpressure()
-		c.noCallBound = !l.callBound
+		if !l.callBound {
+			c.NoCallBound()
+		}
 	}
+	c.OnDrained(l.unpark)
 	l.ctx, l.cancel = context.WithCancel(l.parent)
 	l.base = context.WithoutCancel(l.ctx)
 	l.c.Start(l.onMessage, l.connClosed)
@@ -230,7 +236,7 @@ func (l *Link) Done() <-chan struct{} { return l.c.Done() }
 func (l *Link) Err() error {
 	select {
 	case <-l.c.Done():
-		return l.c.err
+		return l.c.Err()
 	default:
 		return nil
 	}
@@ -349,12 +355,12 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	answerable := ok && (typ == envelope.FrameRequest || typ == envelope.FrameResponse)
 	// Counted before the peer can see the outcome (an answer or a close),
 	// so that whoever saw it also sees it counted.
-	if l.c.cfg.InvalidFrame != nil {
+	if l.c.Config().InvalidFrame != nil {
 		outcome := "answered"
 		if !answerable {
 			outcome = "closed"
 		}
-		l.c.cfg.InvalidFrame(outcome)
+		l.c.Config().InvalidFrame(outcome)
 	}
 	switch {
 	case ok && typ == envelope.FrameRequest:
@@ -367,7 +373,7 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 		if len(text) > 120 { // a close frame carries at most 123 bytes of text
 			text = text[:120]
 		}
-		l.c.Shutdown(&closeError{code: websocket.CloseInvalidFramePayloadData, text: text})
+		l.c.Shutdown(wsconn.CloseWith(websocket.CloseInvalidFramePayloadData, text))
 	}
 }
 
@@ -468,8 +474,8 @@ func (l *Link) deliver(seq uint64, r linkResult) {
 
 func (l *Link) lateResponse() {
 	l.late.Add(1)
-	if l.c.cfg.LateResponse != nil {
-		l.c.cfg.LateResponse()
+	if l.c.Config().LateResponse != nil {
+		l.c.Config().LateResponse()
 	}
 }
 

@@ -18,10 +18,22 @@ import (
 // (a lost grant would stall the stream).
 
 // MaxRelayCredit bounds the credit a served stream passes on to whatever
-// feeds it (the agent behind a hub): a caller may grant more, but the
-// chunks a relay holds for it are bounded here, about 256 × the chunk
-// size; more is passed on as they are delivered.
+// feeds it (the agent behind a hub), in chunks: a caller may grant more,
+// and it is passed on as chunks are delivered.
 const MaxRelayCredit = 256
+
+// The relay's window. What a hub holds for a caller is bounded by the
+// caller's credit, and also, like an HTTP/2 connection window, by the
+// connection's budget: the bytes owed to the caller
+// (Config.MaxUnwrittenBytes, 4 MiB by default), shared by the streams
+// relayed to it. A relayed stream starts with 1 chunk of credit passed
+// on (the chunks' size is not known yet), then keeps at most its share
+// of the budget (budget / streams relayed on the link, at least 1 chunk)
+// outstanding at its last chunk's size; while the connection holds more
+// than the budget unwritten, no credit is passed on: the streams wait
+// (parked) until its writer drains it. So a caller that stops reading
+// makes the hub hold about 2 × the budget + one chunk per stream,
+// whatever credit it granted.
 
 // servedStream is the callee's side of a stream the link serves: the
 // Sink its handler's chunks go to (a hub's relay through Chunk, an
@@ -36,7 +48,9 @@ type servedStream struct {
 	granted uint64 // by the caller, in all
 	sent    uint64 // chunks sent (the last sequence number)
 	passed  uint64 // passed on to the attached feeder, in all (sent <= passed <= granted)
+	size    int    // the last relayed chunk's size (0: none yet)
 	feed    func(uint64)
+	parked  bool          // waits for the connection to drain (in l.parked)
 	room    chan struct{} // one token: credit arrived, or the stream ended
 	ended   bool
 }
@@ -69,19 +83,50 @@ func (s *servedStream) grant(n uint64) {
 	feed, give := s.topUpLocked()
 	s.mu.Unlock()
 	s.wake()
+	s.pass(feed, give)
+}
+
+// pass hands give chunks of credit to feed, or, when the stream was
+// parked, makes sure a drain that came before it was noticed.
+func (s *servedStream) pass(feed func(uint64), give uint64) {
 	if give > 0 {
 		feed(give)
+		return
+	}
+	if s.l.c.TakeDrained() {
+		s.l.unpark() // the writer drained it between the check and the park
 	}
 }
 
+// topUp passes on what the relay's window allows now.
+func (s *servedStream) topUp() {
+	s.mu.Lock()
+	feed, give := s.topUpLocked()
+	s.mu.Unlock()
+	s.pass(feed, give)
+}
+
 // topUpLocked passes on what the caller granted beyond what the feeder
-// has, up to MaxRelayCredit outstanding.
+// has, within the relay's window, or parks the stream until the
+// connection drains.
 func (s *servedStream) topUpLocked() (func(uint64), uint64) {
-	if s.feed == nil {
+	if s.feed == nil || s.ended {
 		return nil, 0
 	}
 	limit := min(s.granted, s.sent+MaxRelayCredit)
+	if s.size > 0 {
+		limit = min(limit, s.sent+uint64(max(1, s.l.relayShare()/s.size)))
+	} else {
+		limit = min(limit, s.sent+1)
+	}
 	if limit <= s.passed {
+		return nil, 0
+	}
+	if s.l.c.OverBudget() {
+		if !s.parked {
+			s.parked = true
+			s.l.park(s)
+		}
 		return nil, 0
 	}
 	give := limit - s.passed
@@ -93,11 +138,14 @@ func (s *servedStream) topUpLocked() (func(uint64), uint64) {
 func (s *servedStream) Attach(feed func(uint64)) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if (feed == nil) != (s.feed == nil) {
+		s.l.relays.Add(map[bool]int64{true: 1, false: -1}[feed != nil])
+	}
 	s.feed = feed
 	if feed == nil {
 		return 0
 	}
-	s.passed = min(s.granted, s.sent+MaxRelayCredit)
+	s.passed = min(s.granted, s.sent+1) // one chunk, until its size is known
 	return s.passed - s.sent
 }
 
@@ -114,23 +162,17 @@ func (s *servedStream) Chunk(data []byte) *envelope.Error {
 		return stream.BeyondCredit()
 	}
 	s.sent++
+	s.size = len(data) + 48
 	n := s.sent
-	var feed func(uint64)
-	var give uint64
-	if s.passed-s.sent <= MaxRelayCredit/2 {
-		feed, give = s.topUpLocked()
-	}
 	s.mu.Unlock()
 	s.l.sendChunk(s.seq, n, data)
-	if give > 0 {
-		feed(give)
-	}
+	s.topUp() // after the chunk is queued: the budget sees it
 	return nil
 }
 
 // Send implements stream.Sender: it waits for credit, then sends.
 func (s *servedStream) Send(ctx context.Context, data []byte) error {
-	limit := s.l.c.cfg.Limits.MaxBytes
+	limit := s.l.c.Config().Limits.MaxBytes
 	if limit <= 0 {
 		limit = envelope.DefaultLimits().MaxBytes
 	}
@@ -156,8 +198,8 @@ func (s *servedStream) Send(ctx context.Context, data []byte) error {
 			return nil
 		}
 		s.mu.Unlock()
-		if s.l.c.cfg.StreamStall != nil {
-			s.l.c.cfg.StreamStall()
+		if s.l.c.Config().StreamStall != nil {
+			s.l.c.Config().StreamStall()
 		}
 		select {
 		case <-s.room:
@@ -310,5 +352,36 @@ func (l *Link) onCredit(f *envelope.Frame) {
 	l.mu.Unlock()
 	if s != nil {
 		s.grant(f.N)
+	}
+}
+
+// relayShare is a relayed stream's share of the connection's budget.
+func (l *Link) relayShare() int {
+	return l.c.Budget() / int(max(l.relays.Load(), 1))
+}
+
+// park holds s until the connection drains below its budget.
+func (l *Link) park(s *servedStream) {
+	l.mu.Lock()
+	if l.parked == nil {
+		l.parked = map[*servedStream]struct{}{}
+	}
+	l.parked[s] = struct{}{}
+	l.mu.Unlock()
+	l.c.WantDrained()
+}
+
+// unpark tops up the parked streams: the connection's writer drained it
+// below its budget (Conn.drained).
+func (l *Link) unpark() {
+	l.mu.Lock()
+	parked := l.parked
+	l.parked = nil
+	l.mu.Unlock()
+	for s := range parked {
+		s.mu.Lock()
+		s.parked = false
+		s.mu.Unlock()
+		s.topUp()
 	}
 }

@@ -76,14 +76,14 @@ func TestMeshAgentsAndMethods(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(list) != 1 || list[0].AgentID != "echo-1" || list[0].Name != "echo" || list[0].Status != "ready" ||
-		!slices.Equal(list[0].Methods, []string{"echo.echo", "echo.sleep"}) || list[0].Hub != m.Hub.ID() {
-		t.Errorf("mesh.agents = %+v; want echo-1 ready serving echo.echo, echo.sleep", list)
+		!slices.Equal(list[0].Methods, []string{"echo.echo", "echo.sleep", "echo.stream"}) || list[0].Hub != m.Hub.ID() {
+		t.Errorf("mesh.agents = %+v; want echo-1 ready serving echo.echo, echo.sleep, echo.stream", list)
 	}
 	var methods []control.MethodInfo
 	if err := c.Call(t.Context(), "mesh.methods", nil, &methods); err != nil {
 		t.Fatal(err)
 	}
-	want := []control.MethodInfo{{Method: "echo.echo", Agents: []string{"echo-1"}, Ready: 1}, {Method: "echo.sleep", Agents: []string{"echo-1"}, Ready: 1}}
+	want := []control.MethodInfo{{Method: "echo.echo", Agents: []string{"echo-1"}, Ready: 1}, {Method: "echo.sleep", Agents: []string{"echo-1"}, Ready: 1}, {Method: "echo.stream", Agents: []string{"echo-1"}, Ready: 1}}
 	if fmt.Sprint(methods) != fmt.Sprint(want) {
 		t.Errorf("mesh.methods = %+v; want %+v", methods, want)
 	}

@@ -44,28 +44,31 @@ var rules = []rule{
 	{From: "auth", Allow: []string{"envelope", "internal/..."}, Direct: true, Why: "auth knows nothing of the hub"},
 	{From: "contract/...", Allow: []string{"envelope"}, Direct: true, Why: "a contract is the JSON both sides speak: it holds no logic and imports nothing above the wire"},
 	{From: "internal/memnet", Allow: []string{}, Why: "a test network, usable by every package"},
-	{From: "link", Allow: []string{"envelope", "telemetry", "internal/..."}, Direct: true,
+	{From: "stream", Allow: []string{"envelope"}, Direct: true, Why: "the streams' flow-control contract sits just above the wire"},
+	{From: "link/wsconn", Allow: []string{"envelope", "internal/..."}, Direct: true,
+		Why: "the connection layer is one WebSocket with its queue and bounds: it knows no calls"},
+	{From: "link", Allow: []string{"link/wsconn", "stream", "envelope", "telemetry", "internal/..."}, Direct: true,
 		Why: "the link is one framed WebSocket: it knows no principal, hub or surface"},
 	{From: "hub/peering", Allow: []string{"link", "auth", "envelope", "internal/..."}, Direct: true,
 		Why: "the peer pool knows links and the peer handshake; the hub hands it the rest (tracking, the registry's view)"},
 	{From: "hub/guard", Allow: []string{"auth", "envelope", "internal/..."}, Direct: true,
 		Why: "the hub's compiled security policy knows tokens and requests, not links or routing"},
-	{From: "hub/...", Allow: []string{"hub/peering", "hub/guard", "link", "registry", "registry/memory", "reliability", "telemetry", "auth", "envelope", "contract/...", "internal/..."}, Direct: true,
+	{From: "hub/...", Allow: []string{"hub/peering", "hub/guard", "link", "stream", "registry", "registry/memory", "reliability", "telemetry", "auth", "envelope", "contract/...", "internal/..."}, Direct: true,
 		Why: "the hub never imports a surface, the client or agents: the binary mounts the surfaces on it"},
 	{From: "hub/...", Deny: []string{module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/...", "github.com/modelcontextprotocol/..."},
 		Why: "the hub needs neither the etcd backend (the binary hands it one) nor the MCP SDK (a surface's)"},
-	{From: "surface", Allow: []string{"envelope", "link", "auth", "registry", "telemetry", "contract/...", "internal/..."}, Direct: true,
+	{From: "surface", Allow: []string{"envelope", "link", "stream", "auth", "registry", "telemetry", "contract/...", "internal/..."}, Direct: true,
 		Why: "the surfaces' view of the hub is an interface: it imports nothing of the hub's implementation"},
 	{From: "surface/agentick", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
 	{From: "surface/openai", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
 	{From: "surface/multica", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
 	{From: "surface/nexus3", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
 	{From: "surface/mcp", Allow: surfaceAllow, Direct: true, Why: "a surface speaks one protocol over surface.Host: never the hub, another surface or agents"},
-	{From: "mesh", Allow: []string{"link", "envelope", "reliability", "telemetry", "contract/...", "internal/..."}, Direct: true,
+	{From: "mesh", Allow: []string{"link", "stream", "envelope", "reliability", "telemetry", "contract/...", "internal/..."}, Direct: true,
 		Why: "the client is what a caller imports: never the hub or a surface"},
 	{From: "mesh", Deny: []string{module + "/hub/...", module + "/surface/...", module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/...", "github.com/modelcontextprotocol/..."},
 		Why: "a caller compiles no hub, surface, etcd client or MCP SDK"},
-	{From: "agents", Allow: []string{"link", "contract/control", "envelope", "registry", "telemetry", "internal/..."}, Direct: true,
+	{From: "agents", Allow: []string{"link", "stream", "contract/control", "envelope", "registry", "telemetry", "internal/..."}, Direct: true,
 		Why: "the agent SDK speaks the link and the control-plane contract: never the hub, a surface or the client"},
 	{From: "agents", Deny: []string{module + "/hub/...", module + "/surface/...", module + "/mesh", "github.com/modelcontextprotocol/...", "github.com/golang-jwt/...", "github.com/google/jsonschema-go/...", "github.com/sony/gobreaker/...", "go.etcd.io/etcd/client/v3/..."},
 		Why: "an agent compiles no hub, surface, MCP SDK, JWT, jsonschema, breaker or etcd client"},
@@ -75,7 +78,7 @@ var rules = []rule{
 }
 
 // surfaceAllow is what a protocol surface may import of the project.
-var surfaceAllow = []string{"surface", "envelope", "link", "auth", "registry", "telemetry", "contract/...", "internal/..."}
+var surfaceAllow = []string{"surface", "envelope", "link", "stream", "auth", "registry", "telemetry", "contract/...", "internal/..."}
 
 func match(pattern, path string) bool {
 	if p, ok := strings.CutSuffix(pattern, "/..."); ok {

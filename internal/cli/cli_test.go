@@ -97,7 +97,7 @@ func TestMeshctlAgentsAndMethods(t *testing.T) {
 	}
 	r = meshctl(t, "", "methods", "--hub", m.WS, "-o", "json")
 	var methods []control.MethodInfo
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &methods) != nil || len(methods) != 2 {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &methods) != nil || len(methods) != 3 {
 		t.Errorf("methods -o json: exit %d, %q", r.code, r.stdout)
 	}
 }

@@ -101,7 +101,7 @@ func mcpPrincipal(x *mcp.RequestExtra) *auth.Principal {
 func tools(h surface.Host, p *auth.Principal) *mcp.ListToolsResult {
 	out := &mcp.ListToolsResult{Tools: []*mcp.Tool{}}
 	for name, m := range h.Schema().Methods {
-		if m.Builtin || m.Pattern || !surface.ToolName(name) || !h.MayCall(p, name) {
+		if m.Builtin || m.Pattern || m.Streaming || !surface.ToolName(name) || !h.MayCall(p, name) { // a tool answers once: no streams
 			continue
 		}
 		in := surface.ObjectSchema(m.Params)

@@ -1,4 +1,4 @@
-package link
+package wsconn
 
 import (
 	"context"
@@ -215,6 +215,11 @@ type Conn struct {
 	lingering   atomic.Bool // closed as a slow consumer: the reader lingers, then closes
 	quit        chan struct{}
 	quitOnce    sync.Once
+	// drained, if set, runs (on the writer) after a write that left the
+	// bytes owed under the budget, once drainWanted was set: relayed
+	// streams parked on the budget go on (Link.unpark).
+	drained     func()
+	drainWanted atomic.Bool
 }
 
 // writerLinger is how long a writer goroutine waits for more frames

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package link
+package wsconn
 
 import "net"
 

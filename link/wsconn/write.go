@@ -1,4 +1,4 @@
-package link
+package wsconn
 
 // The writer of a Conn: one goroutine, started on the first frame queued
 // and lingering a little after the last, that coalesces queued frames
@@ -113,6 +113,9 @@ func (c *Conn) writeLoop() {
 		c.qowed.Add(-int64(takenN))
 		c.wakeReaderLocked()
 		c.qmu.Unlock()
+		if c.drained != nil && c.TakeDrained() {
+			c.drained()
+		}
 		if err != nil {
 			c.Shutdown(err)
 		}

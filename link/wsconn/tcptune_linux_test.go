@@ -1,4 +1,4 @@
-package link
+package wsconn
 
 import (
 	"net"
@@ -24,7 +24,7 @@ func TestThinLinearTimeouts(t *testing.T) {
 		}
 		accepted <- c
 	}()
-	d, err := dialReadAhead(t.Context(), "tcp", ln.Addr().String())
+	d, err := DialReadAhead(t.Context(), "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package link
+package wsconn
 
 import (
 	"context"
@@ -125,9 +125,9 @@ type readAheadConn struct {
 
 func (c *readAheadConn) Read(p []byte) (int, error) { return c.readAhead.read(p) }
 
-// dialReadAhead dials as gorilla's default dialer does, with a
+// DialReadAhead dials as gorilla's default dialer does, with a
 // readAhead: a link's replies arrive many frames at a time under load.
-func dialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) {
+func DialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {

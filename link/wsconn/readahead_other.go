@@ -1,6 +1,6 @@
 //go:build !unix
 
-package link
+package wsconn
 
 // readAheadOS is false where the read-ahead's non-waiting read is not
 // written: connections read as they did without it.

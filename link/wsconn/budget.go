@@ -1,0 +1,48 @@
+package wsconn
+
+// What link sets and asks of its connection beyond sending: the budget
+// relayed streams share, and the settings made before Start.
+
+// Budget is what the connection may hold unwritten for its peer: the
+// relayed streams' window (MaxUnwrittenBytes; 4 MiB when unbounded).
+func (c *Conn) Budget() int {
+	if m := c.cfg.MaxUnwrittenBytes; m > 0 {
+		return m
+	}
+	return 4 << 20
+}
+
+// OverBudget reports that the bytes owed to the peer, queued or being
+// written, reach the budget.
+func (c *Conn) OverBudget() bool { return c.qbytes.Load() >= int64(c.Budget()) }
+
+// OnDrained sets f to run on the writer after a write that left the
+// bytes owed under the budget, once WantDrained was called since the
+// last time (relayed streams parked on the budget). Set before Start.
+func (c *Conn) OnDrained(f func()) { c.drained = f }
+
+// WantDrained asks for the next OnDrained call.
+func (c *Conn) WantDrained() { c.drainWanted.Store(true) }
+
+// TakeDrained reports, once, a drain asked for and not yet reported
+// while the connection is under its budget (for a caller that parked
+// after the writer last looked).
+func (c *Conn) TakeDrained() bool {
+	return c.drainWanted.Load() && !c.OverBudget() && c.drainWanted.CompareAndSwap(true, false)
+}
+
+// Batched makes the connection send frames queued together as one
+// JSON-array message (both ends of a native link read such batches).
+// Set before Start.
+func (c *Conn) Batched() { c.batch = true }
+
+// NoCallBound lifts the bound on running calls of a connection with
+// backpressure (a peer hub's link). Set before Start.
+func (c *Conn) NoCallBound() { c.noCallBound = true }
+
+// Err reports why the connection closed; valid once Done is closed.
+func (c *Conn) Err() error { return c.err }
+
+// CloseWith returns a Shutdown cause closing the connection with the
+// WebSocket close code and text.
+func CloseWith(code int, text string) error { return &closeError{code: code, text: text} }

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/stream"
 )
 
 // serveRPC is POST /rpc: JSON-RPC 2.0, single or batch. JSON-RPC errors are
@@ -70,6 +72,10 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		hook.serve(w, ctx, &calls[0], r.Header) // a surface's claim (NEXUS3's /rpc alias of /)
 		return
 	}
+	if !batch && acceptsSSE(r) {
+		h.serveSSE(w, ctx, &calls[0])
+		return
+	}
 	out := h.answerAll(ctx, calls, batch, nil)
 	if out == nil {
 		w.WriteHeader(http.StatusNoContent)
@@ -85,14 +91,16 @@ func writeRPCError(w http.ResponseWriter, status int, e *envelope.Error) {
 
 // answerAll runs decoded JSON-RPC calls (a batch concurrently) and returns
 // the encoded reply, or nil when there is nothing to answer (notifications).
-func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *link.Link) []byte {
+// With emit (a WebSocket), a call to a streaming method is called as a
+// stream, its chunks handed to emit before the reply.
+func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, emit chunkEmitter) []byte {
 	if !batch {
-		return h.answer(ctx, &calls[0], l)
+		return h.answer(ctx, &calls[0], emit)
 	}
 	replies := make([][]byte, len(calls))
 	var wg sync.WaitGroup
 	for i := range calls {
-		wg.Go(func() { replies[i] = h.answer(ctx, &calls[i], l) })
+		wg.Go(func() { replies[i] = h.answer(ctx, &calls[i], emit) })
 	}
 	wg.Wait()
 	var out []byte
@@ -116,7 +124,10 @@ func (h *Hub) answerAll(ctx context.Context, calls []RPCCall, batch bool, l *lin
 // RPCCall is a decoded JSON-RPC request (see envelope.RPCCall).
 type RPCCall = envelope.RPCCall
 
-func (h *Hub) answer(ctx context.Context, c *RPCCall, l *link.Link) []byte {
+// chunkEmitter sends the n-th chunk of the streaming call id.
+type chunkEmitter func(id json.RawMessage, n uint64, data json.RawMessage) error
+
+func (h *Hub) answer(ctx context.Context, c *RPCCall, emit chunkEmitter) []byte {
 	if c.Err != nil {
 		if c.Notification {
 			return nil
@@ -127,10 +138,13 @@ func (h *Hub) answer(ctx context.Context, c *RPCCall, l *link.Link) []byte {
 	if req.Timestamp == 0 {
 		req.Timestamp = time.Now().UnixMilli()
 	}
-	if l != nil {
-		ctx = context.WithValue(ctx, linkKey{}, l)
+	var res *envelope.Response
+	var err error
+	if emit != nil && !c.Notification && h.Streaming(req.Method) {
+		res, err = stream.Relay(ctx, h.ingress, req, 0, func(n uint64, data json.RawMessage) error { return emit(c.ID, n, data) })
+	} else {
+		res, err = h.ingress(ctx, req)
 	}
-	res, err := h.ingress(ctx, req)
 	if c.Notification {
 		return nil
 	}
@@ -413,7 +427,7 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		return
 	}
 	// Counted (tryAdmit) until the answer is queued.
-	if c := &calls[0]; !batch && c.Err == nil {
+	if c := &calls[0]; !batch && c.Err == nil && !rc.h.Streaming(c.Request.Method) {
 		if pol := rc.h.fastPolicy(&c.Request); pol != nil {
 			if c.Request.Timestamp == 0 {
 				c.Request.Timestamp = time.Now().UnixMilli()
@@ -436,13 +450,25 @@ type rpcTask struct {
 // answer answers one message's calls and queues the answer.
 func (rc *rpcConn) answer(t rpcTask) {
 	defer rc.c.Release(len(t.calls), t.n)
-	out := rc.h.answerAll(rc.ctx, t.calls, t.batch, nil)
+	out := rc.h.answerAll(rc.ctx, t.calls, t.batch, rc.emitChunk)
 	// Free before the caller can see the answer, and send its next call.
 	rc.busy.Add(-int64(len(t.calls)))
 	if out == nil {
 		return
 	}
 	rc.c.Send(&out) // not copied: a copy is one more answer's size held
+}
+
+// emitChunk sends a streaming call's chunk as a JSON-RPC notification
+// tied to its request id (README, "Streams"): waiting for room in the send
+// queue, so that a client slow to read holds the stream back.
+func (rc *rpcConn) emitChunk(id json.RawMessage, n uint64, data json.RawMessage) error {
+	b := link.GetBuf()
+	*b = envelope.AppendJSONRPCChunk(*b, id, n, data)
+	if !rc.c.Send(b) {
+		return envelope.NewError(envelope.CodeCancelled, "the connection closed")
+	}
+	return nil
 }
 
 // Close closes the connection and waits for its calls to end.

@@ -3,16 +3,22 @@ package hub_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/gorilla/websocket"
 )
 
 // TestStreamAcrossPeerHop: a stream from a client on hub B to an agent on
@@ -81,5 +87,160 @@ func TestStreamAcrossPeerHop(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the cancel did not cross the peer link to the handler on hub A")
+	}
+}
+
+// TestStreamOverJSONRPC: the same stream read through a plain JSON-RPC
+// WebSocket (its chunks as stream.chunk notifications tied to the call's
+// id, then the response) and through POST /rpc as Server-Sent Events
+// (chunk events with their sequence number as id, then an end event
+// holding the JSON-RPC response); a failing stream's end carries the
+// error with the last sequence number.
+func TestStreamOverJSONRPC(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	a := agents.NewEcho()
+	a.HandleStream("echo.fail", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
+		for i := range 3 {
+			if err := s.Send(ctx, i); err != nil {
+				return err
+			}
+		}
+		return envelope.NewError(envelope.CodeUnavailable, "the model went away")
+	})
+	m.RunAgent(t, a)
+
+	ws, _, err := websocket.DefaultDialer.Dial(m.WS, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"jsonrpc":"2.0","id":"s1","method":"echo.stream","params":{"n":500}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; ; n++ {
+		_, msg, err := ws.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var note struct {
+			Method string
+			Params struct {
+				ID   string
+				N    int
+				Data struct{ I int }
+			}
+			ID     string
+			Result json.RawMessage
+		}
+		if err := json.Unmarshal(msg, &note); err != nil {
+			t.Fatalf("%s: %v", msg, err)
+		}
+		if n == 501 {
+			if note.ID != "s1" || string(note.Result) != `{"chunks":500}` {
+				t.Fatalf("after 500 chunks: %s; want the response to s1", msg)
+			}
+			break
+		}
+		if note.Method != envelope.StreamChunkMethod || note.Params.ID != "s1" || note.Params.N != n || note.Params.Data.I != n {
+			t.Fatalf("message %d: %s; want stream.chunk %d of s1", n, msg, n)
+		}
+	}
+
+	// SSE: the chunks, then the end.
+	events := func(body string) []string {
+		req, _ := http.NewRequest(http.MethodPost, m.HTTP+"/rpc", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "text/event-stream")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		if ct := res.Header.Get("Content-Type"); res.StatusCode != 200 || ct != "text/event-stream" {
+			t.Fatalf("POST /rpc with Accept: text/event-stream: %d %s", res.StatusCode, ct)
+		}
+		raw, _ := io.ReadAll(res.Body)
+		return strings.Split(strings.TrimSuffix(string(raw), "\n\n"), "\n\n")
+	}
+	ev := events(`{"jsonrpc":"2.0","id":7,"method":"echo.stream","params":{"n":3}}`)
+	want := []string{
+		"event: chunk\nid: 1\ndata: {\"i\":1,\"pad\":\"\"}",
+		"event: chunk\nid: 2\ndata: {\"i\":2,\"pad\":\"\"}",
+		"event: chunk\nid: 3\ndata: {\"i\":3,\"pad\":\"\"}",
+		"event: end\ndata: {\"jsonrpc\":\"2.0\",\"result\":{\"chunks\":3},\"id\":7}",
+	}
+	if strings.Join(ev, "|") != strings.Join(want, "|") {
+		t.Fatalf("SSE events:\n%q\nwant\n%q", ev, want)
+	}
+	ev = events(`{"jsonrpc":"2.0","id":8,"method":"echo.fail"}`)
+	if len(ev) != 4 || !strings.Contains(ev[3], `"code":"UNAVAILABLE"`) || !strings.Contains(ev[3], `"lastSeq":3`) {
+		t.Fatalf("a failing stream over SSE: %q; want 3 chunks, then an end with UNAVAILABLE and lastSeq 3", ev)
+	}
+	// A method that does not stream: the end alone.
+	if ev := events(`{"jsonrpc":"2.0","id":9,"method":"echo.echo","params":["hi"]}`); len(ev) != 1 || ev[0] != "event: end\ndata: {\"jsonrpc\":\"2.0\",\"result\":[\"hi\"],\"id\":9}" {
+		t.Fatalf("a plain method over SSE: %q", ev)
+	}
+}
+
+// TestStreamOverAgentickAndMultica: the same stream read through the
+// agentick WebSocket (method:chunk events {requestId, method, seq, chunk},
+// a method:end event, then the res) and through a Multica device (stream
+// messages with the seed's StreamPayload {streamId, agentId, event}, the
+// event a chunk, then an end, then the response).
+func TestStreamOverAgentickAndMultica(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	m.RunAgent(t, agents.NewEcho())
+
+	ag, _, err := testkit.DialAgentick(t, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag.Write(`{"type":"connect","clientId":"c1"}`)
+	if f := ag.Read(); f["type"] != "connected" {
+		t.Fatalf("connect: %v", f)
+	}
+	res := ag.Call("r1", "echo.stream", map[string]any{"n": 200})
+	if res["ok"] != true || fmt.Sprint(res["payload"]) != "map[chunks:200]" {
+		t.Fatalf("res: %v", res)
+	}
+	if len(ag.Aside) != 201 {
+		t.Fatalf("%d events before the res; want 200 chunks and an end", len(ag.Aside))
+	}
+	for i, ev := range ag.Aside[:200] {
+		d, _ := ev["data"].(map[string]any)
+		chunk, _ := d["chunk"].(map[string]any)
+		if ev["event"] != "method:chunk" || ev["category"] != "gateway" || d["requestId"] != "r1" || d["method"] != "echo.stream" ||
+			d["seq"] != float64(i+1) || chunk["i"] != float64(i+1) {
+			t.Fatalf("event %d: %v", i+1, ev)
+		}
+	}
+	if end, _ := ag.Aside[200]["data"].(map[string]any); ag.Aside[200]["event"] != "method:end" || end["chunks"] != float64(200) || end["error"] != nil {
+		t.Fatalf("end: %v", ag.Aside[200])
+	}
+
+	d := testkit.ConnectDevice(t, m, "dev-1")
+	d.Write(testkit.MustJSON(t, map[string]any{"id": "m1", "uid": nil, "from": "dev-1", "to": d.Hub, "action": "request",
+		"payload": map[string]any{"requestId": "q1", "method": "echo.stream", "params": map[string]any{"n": 50}}}))
+	for i := 1; i <= 51; i++ {
+		msg := d.Next("stream")
+		p, _ := msg["payload"].(map[string]any)
+		ev, _ := p["event"].(map[string]any)
+		if p["streamId"] != "q1" {
+			t.Fatalf("stream message %d: %v", i, msg)
+		}
+		if i == 51 {
+			if ev["type"] != "end" || ev["chunks"] != float64(50) {
+				t.Fatalf("end: %v", msg)
+			}
+			break
+		}
+		data, _ := ev["data"].(map[string]any)
+		if ev["type"] != "chunk" || ev["seq"] != float64(i) || data["i"] != float64(i) {
+			t.Fatalf("stream message %d: %v", i, msg)
+		}
+	}
+	r := d.Next("response")
+	if p, _ := r["payload"].(map[string]any); p["requestId"] != "q1" || p["ok"] != true {
+		t.Fatalf("response: %v", r)
 	}
 }

@@ -158,3 +158,27 @@ func Open(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, w
 		<-done
 	}
 }
+
+// Relay runs req as a stream through invoke (in a pipe of window chunks)
+// and hands each chunk, numbered from 1, to emit on the calling
+// goroutine, in order; emit may block (a transport with no room holds
+// the producer back through the credit) and its error cancels the
+// stream. It returns the stream's end: what a surface that relays a
+// stream to a protocol of its own (SSE, JSON-RPC notifications, agentick
+// or Multica events) needs.
+func Relay(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window int, emit func(n uint64, data json.RawMessage) error) (*envelope.Response, error) {
+	p, stop := Open(ctx, invoke, req, window)
+	defer stop()
+	for n := uint64(1); ; n++ {
+		c, err := p.Next(ctx)
+		if err == io.EOF {
+			return p.Result(), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := emit(n, c); err != nil {
+			return nil, err
+		}
+	}
+}

@@ -88,6 +88,10 @@ type Host interface {
 	Schema() control.SchemaPayload
 	IsBuiltin(method string) bool
 	KnownMethod(method string) bool
+	// Streaming reports whether an agent declared method a streaming
+	// one: a surface calls it as a stream (stream.Relay through Invoke)
+	// and relays its chunks in its own protocol's events.
+	Streaming(method string) bool
 	Registry() registry.Registry
 
 	// Track registers c to be closed when the hub shuts down; false: the

@@ -92,6 +92,8 @@ var agentickEvents = []control.SchemaEvent{
 	{Type: "execution_end", Category: "orchestration"},
 	{Type: "result", Category: "result"},
 	{Type: "channel", Category: "gateway"},
+	{Type: "method:chunk", Category: "gateway"},
+	{Type: "method:end", Category: "gateway"},
 }
 
 func agentickCategory(event string) string {
@@ -222,8 +224,11 @@ type agClient struct {
 	ctx    context.Context // carries who; ends with the connection
 	cancel context.CancelFunc
 	push   func([]byte) bool // queues a frame without blocking
-	close  func()            // closes the transport
-	wg     sync.WaitGroup    // followers, request handlers
+	// stream queues a streaming method's event, waiting for room (the
+	// stream is held back meanwhile); false: the client is gone.
+	stream func(ctx context.Context, b []byte) bool
+	close  func()         // closes the transport
+	wg     sync.WaitGroup // followers, request handlers
 
 	mu       sync.Mutex
 	subs     map[string]*agSub

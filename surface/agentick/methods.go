@@ -12,6 +12,7 @@ import (
 	"github.com/agentmesh/agentmesh/contract/chat"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/surface"
 )
 
@@ -24,6 +25,20 @@ type agTraceKey struct{}
 // call runs method through the hub's ingress with ctx's caller (and the
 // trace context of /invoke's headers).
 func (gw *gateway) call(ctx context.Context, method string, params any) (json.RawMessage, error) {
+	req, err := newRequest(ctx, method, params)
+	if err != nil {
+		return nil, err
+	}
+	res, err := gw.h.Invoke(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return res.Result, nil
+}
+
+// newRequest is the request of a call to method with params, carrying
+// the trace context of /invoke's headers.
+func newRequest(ctx context.Context, method string, params any) (*envelope.Request, error) {
 	raw, isRaw := params.(json.RawMessage)
 	if params != nil && !isRaw {
 		b, err := json.Marshal(params)
@@ -41,9 +56,44 @@ func (gw *gateway) call(ctx context.Context, method string, params any) (json.Ra
 			}
 		}
 	}
-	res, err := gw.h.Invoke(ctx, req)
+	return req, nil
+}
+
+// agReqKey carries the id of the agentick request being answered.
+type agReqKey struct{}
+
+// streamMethod runs a streaming method for client c: each chunk is a
+// method:chunk event {requestId, method, seq, chunk} sent to c (on its
+// WebSocket, or its event stream for /invoke), waiting for room; then a
+// method:end event {requestId, method, chunks, error?}; the request's
+// answer is the stream's end.
+func (gw *gateway) streamMethod(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
+	if c == nil || c.stream == nil {
+		return nil, agErr(agValidationReq, "%s is a streaming method: call it on the WebSocket, or pass the clientId of your event stream (GET /events)", method)
+	}
+	req, err := newRequest(ctx, method, raw)
 	if err != nil {
-		return nil, err
+		return nil, agentickFromMesh(err, false)
+	}
+	id, _ := ctx.Value(agReqKey{}).(string)
+	var n uint64
+	res, err := stream.Relay(ctx, gw.h.Invoke, req, 0, func(seq uint64, data json.RawMessage) error {
+		n = seq
+		ev := agentickEventFrame("method:chunk", "", map[string]any{"requestId": id, "method": method, "seq": seq, "chunk": data})
+		if !c.stream(ctx, ev) {
+			return envelope.NewError(envelope.CodeCancelled, "the agentick client is gone")
+		}
+		return nil
+	})
+	end := map[string]any{"requestId": id, "method": method, "chunks": n}
+	var ae *agError
+	if err != nil {
+		ae = agentickFromMesh(err, false)
+		end["error"] = ae
+	}
+	c.stream(ctx, agentickEventFrame("method:end", "", end))
+	if ae != nil {
+		return nil, ae
 	}
 	return res.Result, nil
 }
@@ -185,6 +235,9 @@ var agentickMethods = []string{"send", "abort", "status", "history", "reset", "c
 // when it has an event stream here.
 func (gw *gateway) invoke(ctx context.Context, c *agClient, method string, raw json.RawMessage) (any, *agError) {
 	if !slices.Contains(agentickMethods, method) {
+		if gw.h.Streaming(method) && !strings.HasPrefix(method, "agent.") {
+			return gw.streamMethod(ctx, c, method, raw)
+		}
 		return gw.custom(ctx, method, raw)
 	}
 	if who, _ := gw.h.Caller(ctx); !gw.h.MayCall(who, "agentick."+method) {

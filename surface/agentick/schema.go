@@ -227,7 +227,7 @@ func (gw *gateway) answer(ctx context.Context, c *agClient, f *agFrame) (out []b
 			out = agentickRes(f.ID, nil, ae)
 		}
 	}()
-	v, e := gw.invoke(ctx, c, f.Method, f.Params)
+	v, e := gw.invoke(context.WithValue(ctx, agReqKey{}, f.ID), c, f.Method, f.Params)
 	if e != nil {
 		return agentickRes(f.ID, nil, e), e
 	}

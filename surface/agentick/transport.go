@@ -125,6 +125,15 @@ func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 			return false
 		}
 	}
+	c.stream = func(ctx context.Context, b []byte) bool {
+		select {
+		case out <- b:
+			return true
+		case <-ctx.Done():
+		case <-c.ctx.Done():
+		}
+		return false
+	}
 	if e := gw.attach(c); e != nil {
 		c.cancel()
 		writeAgentickJSON(w, e.httpStatus(), agentickErrorFrame(e))
@@ -278,6 +287,7 @@ func (a *agWS) connect(id string) {
 		*buf = append(*buf, b...)
 		return a.c.TrySend(buf)
 	}
+	c.stream = func(_ context.Context, b []byte) bool { return a.send(b) }
 	c.close = func() { a.c.Shutdown(errors.New("agentick client closed")) }
 	if e := a.gw.attach(c); e != nil {
 		c.cancel()

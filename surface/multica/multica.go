@@ -74,6 +74,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/surface"
 )
 
@@ -442,6 +443,8 @@ func (d *multicaDevice) toHub(m *multicaMsg) {
 			var err error
 			if agent, ok := chatSendAgent(rp.req); ok {
 				res, err = d.turn(rp.req, agent)
+			} else if d.s.h.Streaming(rp.req.Method) {
+				res, err = d.stream(rp.req, rp.requestID)
 			} else {
 				res, err = d.s.h.Invoke(d.ctx, rp.req)
 			}
@@ -574,6 +577,45 @@ func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Res
 	t := time.AfterFunc(multicaStreamGrace, stop)
 	<-followed
 	t.Stop()
+	return res, err
+}
+
+// stream runs req, a call to a streaming method, as a stream, and sends
+// the device each chunk as a "stream" message, the seed's StreamPayload
+// {streamId: the requestId, agentId: the destination (if named), event:
+// {type: "chunk", seq, data}}, waiting for room in its queue (the stream
+// is held back meanwhile), then an event {type: "end", chunks, error?},
+// before the request's response.
+func (d *multicaDevice) stream(req *envelope.Request, requestID string) (*envelope.Response, error) {
+	streamID := requestID
+	if streamID == "" {
+		streamID = req.ID
+	}
+	payload := func(event any) json.RawMessage {
+		p, _ := json.Marshal(struct {
+			StreamID string `json:"streamId"`
+			AgentID  string `json:"agentId"`
+			Event    any    `json:"event"`
+		}{streamID, req.Destination, event})
+		return p
+	}
+	var n uint64
+	res, err := stream.Relay(d.ctx, d.s.h.Invoke, req, 0, func(seq uint64, data json.RawMessage) error {
+		n = seq
+		b := link.GetBuf()
+		*b = appendMultica(*b, d.fromHub("stream", nil, payload(map[string]any{"type": "chunk", "seq": seq, "data": data})))
+		if !d.c.Send(b) {
+			return envelope.NewError(envelope.CodeCancelled, "the device is gone")
+		}
+		return nil
+	})
+	end := map[string]any{"type": "end", "chunks": n}
+	if err != nil {
+		end["error"] = multicaError(err)
+	}
+	b := link.GetBuf()
+	*b = appendMultica(*b, d.fromHub("stream", nil, payload(end)))
+	d.c.Send(b)
 	return res, err
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -61,10 +62,33 @@ func (h *Hub) dispatch(ctx context.Context, req *envelope.Request) (*envelope.Re
 // reach it without this hub's "gave up after N attempts" mark, free to be
 // retried on another instance.
 func (h *Hub) route(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	if req.Stream && stream.From(ctx) != nil {
+		return h.streamed(ctx, req)
+	}
 	if req.Headers.Hops > 0 {
 		return h.forwarded(ctx, req)
 	}
 	return h.routed(ctx, req)
+}
+
+// streamed routes a stream, counting its chunks for its span (one per
+// stream: chunks, bytes, time to the first chunk, stalls) and metrics.
+func (h *Hub) streamed(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+	ctx, cnt := stream.Count(ctx)
+	m := h.metrics()
+	m.StreamOpened(req.Method)
+	var res *envelope.Response
+	var err error
+	if req.Headers.Hops > 0 {
+		res, err = h.forwarded(ctx, req)
+	} else {
+		res, err = h.routed(ctx, req)
+	}
+	var st telemetry.StreamStats
+	st.Chunks, st.Bytes, st.FirstChunk, st.Stalls = cnt.Stats()
+	telemetry.AnnotateStream(ctx, st)
+	m.StreamClosed(req.Method, st)
+	return res, err
 }
 
 // attempt is one try of a routed call. It prefers instances the call has

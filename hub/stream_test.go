@@ -18,7 +18,10 @@ import (
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/telemetry"
 	"github.com/gorilla/websocket"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestStreamAcrossPeerHop: a stream from a client on hub B to an agent on
@@ -243,4 +246,95 @@ func TestStreamOverAgentickAndMultica(t *testing.T) {
 	if p, _ := r["payload"].(map[string]any); p["requestId"] != "q1" || p["ok"] != true {
 		t.Fatalf("response: %v", r)
 	}
+}
+
+// TestStreamSpanAndMetrics: a stream is one server span on the hub with
+// its chunks, bytes, time to first chunk and stalls, and the hub's
+// metrics count it (open while it runs, its chunks, bytes, stalls and
+// time to first chunk once it ended). The client holds its 4 chunks of
+// credit unread at first: the agent uses them up, a stall.
+func TestStreamSpanAndMetrics(t *testing.T) {
+	exp, p := testkit.Tracing(t, "hub")
+	var h *hub.Hub
+	metrics := telemetry.NewMetrics(telemetry.NewLabeler(func(m string) bool { return h != nil && h.KnownMethod(m) }))
+	m := meshtest.Start(t, hub.Config{}, hub.WithTelemetry(telemetry.New(p, metrics)))
+	h = m.Hub
+	m.RunAgent(t, agents.NewEcho())
+	c := m.Client(t)
+	s, err := c.Stream(t.Context(), "echo.stream", map[string]any{"n": 100, "size": 100}, mesh.Window(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return s.Received() == 4 })
+	if v := gauge(t, metrics, "agentmesh_streams_open"); v != 1 {
+		t.Errorf("agentmesh_streams_open = %v while the stream runs; want 1", v)
+	}
+	n := 0
+	for _, err := range s.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n != 100 {
+		t.Fatalf("%d chunks; want 100", n)
+	}
+	_ = p.ForceFlush(t.Context())
+	var attrs map[string]any
+	for _, sp := range exp.GetSpans() {
+		if sp.SpanKind == trace.SpanKindServer && sp.Name == "echo.stream" {
+			attrs = map[string]any{}
+			for _, kv := range sp.Attributes {
+				attrs[string(kv.Key)] = kv.Value.AsInterface()
+			}
+		}
+	}
+	if attrs == nil {
+		t.Fatalf("no server span for echo.stream among %d spans", len(exp.GetSpans()))
+	}
+	if attrs["agentmesh.stream.chunks"] != int64(100) || attrs["agentmesh.stream.bytes"].(int64) < 100*90 ||
+		attrs["agentmesh.stream.first_chunk_ms"] == nil || attrs["agentmesh.stream.stalls"].(int64) < 1 {
+		t.Errorf("the stream's span: %v; want 100 chunks, their bytes, the time to the first, at least 1 stall", attrs)
+	}
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return gauge(t, metrics, "agentmesh_streams_open") == 0 })
+	if v := streamCounter(t, metrics, "agentmesh_stream_chunks_total"); v != 100 {
+		t.Errorf("agentmesh_stream_chunks_total = %v; want 100", v)
+	}
+	if v := streamCounter(t, metrics, "agentmesh_stream_flow_control_stalls_total"); v < 1 {
+		t.Errorf("agentmesh_stream_flow_control_stalls_total = %v; want at least 1", v)
+	}
+	if v := streamCounter(t, metrics, "agentmesh_stream_bytes_total"); v < 100*90 {
+		t.Errorf("agentmesh_stream_bytes_total = %v; want the chunks' bytes", v)
+	}
+}
+
+// gauge and streamCounter read the one series of a metric on the hub (method
+// echo.stream).
+func gauge(t *testing.T, m *telemetry.Metrics, name string) float64 {
+	return metricValue(t, m, name, func(mt *dto.Metric) float64 { return mt.GetGauge().GetValue() })
+}
+
+func streamCounter(t *testing.T, m *telemetry.Metrics, name string) float64 {
+	return metricValue(t, m, name, func(mt *dto.Metric) float64 { return mt.GetCounter().GetValue() })
+}
+
+func metricValue(t *testing.T, m *telemetry.Metrics, name string, v func(*dto.Metric) float64) float64 {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, mt := range f.Metric {
+				for _, lp := range mt.Label {
+					if lp.GetName() == "method" && lp.GetValue() == "echo.stream" {
+						return v(mt)
+					}
+				}
+			}
+		}
+	}
+	return 0
 }

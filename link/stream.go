@@ -198,9 +198,6 @@ func (s *servedStream) Send(ctx context.Context, data []byte) error {
 			return nil
 		}
 		s.mu.Unlock()
-		if s.l.c.Config().StreamStall != nil {
-			s.l.c.Config().StreamStall()
-		}
 		select {
 		case <-s.room:
 		case <-ctx.Done():

@@ -36,6 +36,11 @@ var (
 	keyCode           = attribute.Key("agentmesh.error.code")
 	keyNotSent        = attribute.Key("agentmesh.error.not_sent")
 	keyTTL            = attribute.Key("agentmesh.ttl_ms") // the ttl header a server received
+	// A stream's figures, on its server span (EndStream).
+	keyStreamChunks     = attribute.Key("agentmesh.stream.chunks")
+	keyStreamBytes      = attribute.Key("agentmesh.stream.bytes")
+	keyStreamFirstChunk = attribute.Key("agentmesh.stream.first_chunk_ms")
+	keyStreamStalls     = attribute.Key("agentmesh.stream.stalls")
 )
 
 // Prometheus label names: the OTel names, translated.

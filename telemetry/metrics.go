@@ -40,6 +40,7 @@ type Metrics struct {
 	slowConsumers        prometheus.Counter
 	invalidFrames        *prometheus.CounterVec
 	invalidRecords       *prometheus.CounterVec
+	streams              *streamMetrics
 
 	labels *Labeler
 }
@@ -108,6 +109,8 @@ func NewMetrics(labels *Labeler) *Metrics {
 			Name: "agentmesh_link_slow_consumers_total", Help: "WebSockets closed because the peer took none of the bytes written to it for the write timeout (1008 slow consumer).",
 		}),
 	}
+	m.streams = newStreamMetrics()
+	m.Registry.MustRegister(m.streams.collectors()...)
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
@@ -267,6 +270,7 @@ func (m *Metrics) Names() []string {
 	go func() {
 		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
 			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
+			m.streams.open, m.streams.chunks, m.streams.bytes, m.streams.stalls, m.streams.firstChunk,
 			stateCollector{}} {
 			c.Describe(ch)
 		}

@@ -90,10 +90,6 @@ type Config struct {
 	// "slow consumer": its writer made no progress for WriteTimeout. For
 	// metrics; it must not block.
 	SlowConsumer func()
-	// StreamStall, if set, is told each time a stream's sender waits for
-	// the caller's credit (flow control holding the producer back). For
-	// metrics; it must not block.
-	StreamStall func()
 }
 
 // WithDefaults returns c with every zero field set to its default.

@@ -30,6 +30,7 @@ type Report struct {
 	Latencies    Latencies        `json:"latencies"`
 	Histogram    []Bucket         `json:"histogram"`
 	Slowest      []Slow           `json:"slowest"`
+	Stream       *StreamReport    `json:"stream,omitempty"` // --stream: what the streams carried
 	hist         *hdrhistogram.Histogram
 }
 
@@ -105,6 +106,9 @@ func (r *Report) Print(w io.Writer, jaeger string) {
 		v    float64
 	}{{"50 %", r.Latencies.P50}, {"90 %", r.Latencies.P90}, {"95 %", r.Latencies.P95}, {"99 %", r.Latencies.P99}, {"99.9 %", r.Latencies.P999}} {
 		fmt.Fprintf(w, "  %s in %s\n", p.name, fmtMs(p.v))
+	}
+	if r.Stream != nil {
+		r.Stream.print(w)
 	}
 	fmt.Fprintf(w, "\nStatus code distribution:\n  [OK]\t%d responses\n", r.Succeeded)
 	codes := make([]string, 0, len(r.Errors))

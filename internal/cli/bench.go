@@ -14,6 +14,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/bench"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -26,6 +27,8 @@ func (g *ctlFlags) benchCmd() *cobra.Command {
 		conns                        int
 		output, compare, failOn, hdr string
 		metricsAddr, cpuProfile      string
+		streamed                     bool
+		window                       int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench METHOD [PARAMS_JSON|@FILE|-]",
@@ -41,10 +44,15 @@ The report has count, successes, errors by code, requests/s, p50/p90/p95/p99/
 p99.9/max, a latency histogram and the trace ids of the slowest calls (as
 Jaeger links when $MESH_JAEGER_URL is set). -o json writes a machine-readable
 report (ghz/vegeta field names); --compare OLD.json prints the deltas;
---fail-on 'p99>20ms,errors>0.1%' exits 99 when a bound is broken.`,
+--fail-on 'p99>20ms,errors>0.1%' exits 99 when a bound is broken.
+
+--stream calls a streaming method: each call is one stream read to its end
+(its latency is the whole stream's), and the report adds the chunks, chunks/s,
+MB/s and the time to first chunk.`,
 		Example: `  meshctl bench echo.echo '{"data":"hello"}' -c 16 -n 20000
   meshctl bench echo.echo -d 10s --rps 2000 -c 256 --fail-on 'p99>5ms,errors>0'
-  meshctl bench memory.get '{"key":"cat"}' -d 5s -o json > run.json`,
+  meshctl bench memory.get '{"key":"cat"}' -d 5s -o json > run.json
+  meshctl bench echo.stream '{"n":1000,"size":128}' --stream -c 4 -d 10s`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Method = args[0]
@@ -130,10 +138,22 @@ report (ghz/vegeta field names); --compare OLD.json prints the deltas;
 				}
 				defer func() { pprof.StopCPUProfile(); f.Close() }()
 			}
-			rep, err := bench.Run(cmd.Context(), cfg, conns, func(ctx context.Context, i int, req *envelope.Request) error {
+			call := func(ctx context.Context, i int, req *envelope.Request) error {
 				_, err := clients[i].Invoke(ctx, req)
 				return err
-			})
+			}
+			var st *bench.StreamStats
+			if streamed {
+				st = bench.NewStreamStats()
+				call = streamInvoker(clients, window, st)
+				if !cmd.Flags().Changed("timeout") {
+					cfg.Timeout = stream.DefaultTimeout
+				}
+			}
+			rep, err := bench.Run(cmd.Context(), cfg, conns, call)
+			if err == nil && st != nil {
+				rep.Stream = st.Report(time.Duration(rep.TotalSeconds * float64(time.Second)))
+			}
 			if cfg.Progress != nil {
 				fmt.Fprintln(g.stderr)
 			}
@@ -190,5 +210,7 @@ report (ghz/vegeta field names); --compare OLD.json prints the deltas;
 	f.StringVar(&hdr, "hdr-out", "", "write the latency percentiles in HdrHistogram's format to this file")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve the client's Prometheus /metrics here during the run")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write the client's CPU profile (pprof) for the run to this file")
+	f.BoolVar(&streamed, "stream", false, "call METHOD as a stream: each call reads a whole stream; adds chunks/s, MB/s and the time to first chunk")
+	f.IntVar(&window, "window", stream.DefaultWindow, "with --stream: each stream's credit, in chunks")
 	return cmd
 }

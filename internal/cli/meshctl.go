@@ -64,7 +64,7 @@ Exit codes: 0 success, 1 the call failed with a coded error, 2 bad usage,
 	pf.StringVar(&g.tlsKey, "tls-key", envOr("MESH_TLS_KEY", ""), "key of --tls-cert [$MESH_TLS_KEY]")
 	pf.DurationVar(&g.timeout, "timeout", mesh.DefaultCallTimeout, "call timeout (the method's policy timeout caps it)")
 	pf.StringVar(&g.config, "config", envOr("MESH_CONFIG", ""), "YAML file with the client's policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
-	root.AddCommand(g.callCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd(), g.chatCmd())
+	root.AddCommand(g.callCmd(), g.streamCmd(), g.agentsCmd(), g.methodsCmd(), g.agentCmd(), g.benchCmd(), g.tokenCmd(), g.chatCmd())
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	return root

@@ -69,7 +69,7 @@ func declareSchemas(a *agents.Agent) {
 		a.SetSchema(m, list)
 	}
 	a.SetSchema("chat.send", control.MethodSchema{
-		Description: "Run one turn: the message goes to the provider (and the tools it calls); the answer streams as events (chat.events) and is returned whole. Sends to one agent run one at a time, in order.",
+		Description: "Run one turn: the message goes to the provider (and the tools it calls); the answer is returned whole. Called as a stream (mesh.Client.Stream; the Multica and OpenAI surfaces do), the turn's events (those of chat.events) are its chunks, then the answer; a follower that joins late reads them with chat.events. Sends to one agent run one at a time, in order.",
 		Params: paramsWith(`"content":{"type":"string","description":"the user's message"},
 			"request_id":{"type":"string","description":"names the turn for chat.cancel and in its events (default: a new id)"},
 			"conversation":{"type":"integer","minimum":0,"description":"the conversation the message is meant for (chat.get_context's): after a chat.reset since, the send is CANCELLED without running"}`, "content"),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/stream"
 )
 
 // Methods the chat agent serves. The pool's (NEXUS3's GlobalDispatcher):
@@ -107,10 +108,10 @@ func NewService(rt *Runtime, opts ...agents.Option) *agents.Agent {
 		if in.Content == nil {
 			return nil, envelope.NewError(envelope.CodeInvalidParams, "Missing required parameter: content")
 		}
-		if in.Conversation != nil {
-			return ag.SendIn(ctx, *in.Conversation, *in.Content, in.RequestID)
+		if snd := stream.SenderFrom(ctx); snd != nil {
+			return streamTurn(ctx, ag, &in, snd)
 		}
-		return ag.Send(ctx, *in.Content, in.RequestID)
+		return in.send(ctx, ag)
 	})
 	a.Handle("chat.cancel", func(ctx context.Context, p json.RawMessage) (any, error) {
 		var in cancelParams
@@ -216,6 +217,72 @@ type sendParams struct {
 	Content      *string `json:"content"`
 	RequestID    string  `json:"request_id"`
 	Conversation *int    `json:"conversation"`
+}
+
+// send runs the turn on ag.
+func (in *sendParams) send(ctx context.Context, ag *Agent) (*SendResult, error) {
+	if in.Conversation != nil {
+		return ag.SendIn(ctx, *in.Conversation, *in.Content, in.RequestID)
+	}
+	return ag.Send(ctx, *in.Content, in.RequestID)
+}
+
+// streamTurn is chat.send called as a stream: the turn's events, each
+// a chunk (a chat.events event: {seq, streamId, agentId, event,
+// request_id}), as they are published, then the turn's result. The events
+// are read from the agent's log (its bounded ring), not pushed by
+// the turn: a caller slow to read holds back its stream, never the turn;
+// one that falls behind by more than the ring misses events, as a
+// chat.events follower does.
+func streamTurn(ctx context.Context, ag *Agent, in *sendParams, snd stream.Sender) (any, error) {
+	if in.RequestID == "" {
+		in.RequestID = newHexID() + newHexID()
+	}
+	after := ag.events.tail().NextSeq
+	type outcome struct {
+		res *SendResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	running, turnEnded := context.WithCancel(ctx)
+	go func() {
+		res, err := in.send(ctx, ag)
+		done <- outcome{res, err}
+		turnEnded()
+	}()
+	var end *outcome
+	for {
+		// Until the turn ends, wait for its events; then read what the
+		// log holds of it (every event of a turn is in the log before
+		// its answer) and stop.
+		page := ag.Events(running, after, 256, MaxEventWait)
+		for _, e := range page.Events {
+			if e.RequestID != in.RequestID {
+				continue
+			}
+			b, err := json.Marshal(e)
+			if err == nil {
+				err = snd.Send(ctx, b)
+			}
+			if err != nil {
+				if end == nil {
+					<-done // the caller cancelled: ctx ends the turn too
+				}
+				turnEnded()
+				return nil, err
+			}
+		}
+		if page.NextSeq > after {
+			after = page.NextSeq
+		}
+		if end != nil && len(page.Events) == 0 {
+			return end.res, end.err
+		}
+		if end == nil && running.Err() != nil {
+			o := <-done
+			end = &o
+		}
+	}
 }
 
 type cancelParams struct {

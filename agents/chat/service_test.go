@@ -211,3 +211,78 @@ func TestEventRingIsBounded(t *testing.T) {
 		t.Errorf("read of a closed log did not say so")
 	}
 }
+
+// TestSendAsStream: chat.send called as a stream yields the turn's events
+// as its chunks (message_start, updates, message_end, tool events), all of
+// its own request_id, in order, then the turn's answer; another caller's
+// turn on the same agent does not leak into it; a cancelled stream
+// cancels the turn.
+func TestSendAsStream(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	m.RunAgent(t, agents.NewEcho())
+	toolClient := m.Client(t)
+	rt := NewRuntime(Config{DataDir: t.TempDir()}, &Scripted{ChunkSize: 4, Delay: time.Millisecond}, NewTools(MeshCallTool(toolClient, 10*time.Second)))
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	m.RunAgent(t, NewService(rt))
+	c := m.Client(t)
+	ctx := t.Context()
+	if err := c.Call(ctx, "chat.create", map[string]any{"agent_id": "main"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Another caller's turn runs beside it.
+	other := make(chan error, 1)
+	go func() { other <- c.Call(ctx, "chat.send", map[string]any{"agentId": "main", "content": "someone else", "request_id": "r-other"}, nil) }()
+
+	s, err := c.Stream(ctx, "chat.send", map[string]any{"agentId": "main", "content": `/call echo.echo {"ping":2}`, "request_id": "r-stream"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var types []string
+	var last uint64
+	for raw, err := range s.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e SeqEvent
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatalf("chunk %s: %v", raw, err)
+		}
+		if e.RequestID != "r-stream" || e.AgentID != "main" || e.Seq <= last || e.StreamID == "" {
+			t.Fatalf("chunk %s: want main's events of r-stream, in order", raw)
+		}
+		last = e.Seq
+		if n := len(types); n == 0 || types[n-1] != e.Event.Type {
+			types = append(types, e.Event.Type)
+		}
+	}
+	want := []string{EventMessageStart, EventMessageUpdate, EventMessageEnd, EventToolExecutionStart, EventToolExecutionEnd,
+		EventMessageStart, EventMessageUpdate, EventMessageEnd}
+	if !reflect.DeepEqual(types, want) {
+		t.Errorf("event types %v; want %v", types, want)
+	}
+	var res SendResult
+	if r := s.Result(); r == nil || json.Unmarshal(r.Result, &res) != nil || res.RequestID != "r-stream" || res.Content != `Tool mesh_call returned: {"ping":2}` {
+		t.Errorf("the stream's end: %+v", s.Result())
+	}
+	if err := <-other; err != nil {
+		t.Fatal(err)
+	}
+
+	// Cancel mid-turn: the turn is cancelled (its history records it).
+	s, err = c.Stream(ctx, "chat.send", map[string]any{"agentId": "main", "content": strings.Repeat("long answer ", 200), "request_id": "r-cancel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	waitFor(t, func() bool {
+		var page MessagesPage
+		if c.Call(ctx, "chat.getAgentMessages", map[string]any{"agentId": "main", "limit": 100}, &page) != nil || len(page.Messages) == 0 {
+			return false
+		}
+		return page.Messages[len(page.Messages)-1].StopReason == StopAborted
+	})
+}

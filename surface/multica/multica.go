@@ -35,14 +35,14 @@
 //     (UNAVAILABLE, TIMEOUT, OVERLOADED, PERMISSION_DENIED, …) so that a
 //     client can tell a retryable failure.
 //   - A request of chat.send, or a "message" to the hub with payload
-//     {agentId, content}, runs a turn of that chat agent and streams the
-//     agent's events to the sender from the moment it is sent until the
-//     turn's last, each as a "stream" message with the seed's
-//     StreamPayload {streamId, agentId, event} (surface.FollowChat), before
-//     the request's response. (A turn queued behind another caller's turn
-//     of the same agent streams that one's events too, under their own
-//     streamId.) A "message" gets no answer but the stream, or an "error"
-//     if it failed.
+//     {agentId, content}, runs a turn of that chat agent as a stream
+//     (chat.send is a streaming method) and relays the turn's events to
+//     the sender, each as a "stream" message with the seed's
+//     StreamPayload {streamId, agentId, event}, before the request's
+//     response. A request of any other streaming method sends its chunks
+//     as "stream" messages {streamId: the requestId, agentId, event:
+//     {type: "chunk", seq, data}}, then an event {type: "end"}. A
+//     "message" gets no answer but the stream, or an "error" if it failed.
 //   - A message the hub cannot take (not JSON, a field of the wrong type,
 //     an unknown destination, an action the hub does not serve) is answered
 //     with {action: "error", payload: {messageId, code, message[, meshCode]}},
@@ -87,9 +87,6 @@ const (
 	multicaMaxInflight = 1000
 	// multicaMaxID bounds deviceIds, message ids and requestIds.
 	multicaMaxID = envelope.MulticaMaxID
-	// multicaStreamGrace bounds how long a turn's response waits for the
-	// follower to forward the turn's last events.
-	multicaStreamGrace = 5 * time.Second
 )
 
 // multicaMethods maps the seed's method names to the mesh's.
@@ -520,64 +517,30 @@ func chatSendAgent(req *envelope.Request) (string, bool) {
 	return p.AgentID, p.AgentID != ""
 }
 
-// turn runs req (a chat.send of agent) and streams the agent's events from
-// the moment before it starts until its last one to the device, each as a
-// "stream" message, before it returns. The follower goroutine ends with
-// the turn, or with the device's connection.
-func (d *multicaDevice) turn(req *envelope.Request, agent string) (*envelope.Response, error) {
-	tail, err := surface.ChatTail(d.ctx, d.s.h, agent)
-	if envelope.CodeOf(err) == envelope.CodeAgentNotFound {
-		// No agent, no events to follow: the call itself answers, so that
-		// it is chat.send's answer, traced and counted under chat.send as
-		// natively (not chat.events' under no trace).
-		return d.s.h.Invoke(d.ctx, req)
-	}
-	if err != nil {
-		return nil, err
-	}
-	// Only this turn's events go to the device: another caller's turn on
-	// the same agent (before or after this one) is not this request's
-	// stream, and a turn that follows at once must not be relayed twice.
-	rid := surface.WithRequestID(req)
-	fctx, stop := context.WithCancel(d.ctx)
-	defer stop()
-	var mu sync.Mutex
-	last, stopAt := tail, uint64(0)
-	followed := make(chan struct{})
-	go func() {
-		defer close(followed)
-		_, _ = surface.FollowChat(fctx, d.s.h, agent, tail, func(e surface.ChatEvent) bool {
-			sent := true
-			if rid == "" || e.RequestID == rid {
-				p, _ := json.Marshal(struct {
-					StreamID string          `json:"streamId"`
-					AgentID  string          `json:"agentId"`
-					Event    json.RawMessage `json:"event"`
-				}{e.StreamID, e.AgentID, e.Event})
-				sent = d.send(d.fromHub("stream", nil, p))
-			}
-			mu.Lock()
-			last = e.Seq
-			end := stopAt != 0 && last >= stopAt
-			mu.Unlock()
-			return sent && !end
-		})
-	}()
-	res, err := d.s.h.Invoke(d.ctx, req)
-	// Every event of the turn is in the agent's log before its answer:
-	// the follower stops once it has passed the log's end as it is now.
-	end, terr := surface.ChatTail(d.ctx, d.s.h, agent)
-	mu.Lock()
-	if terr != nil || last >= end {
-		stop()
-	} else {
-		stopAt = end
-	}
-	mu.Unlock()
-	t := time.AfterFunc(multicaStreamGrace, stop)
-	<-followed
-	t.Stop()
-	return res, err
+// turn runs req (a chat.send of agent) as a stream: its chunks are the
+// turn's events, each sent to the device as a "stream" message with the
+// seed's StreamPayload {streamId, agentId, event}, waiting for room in
+// its queue (the stream is held back meanwhile, never the turn), before
+// it returns the turn's answer. Only this turn's events: another caller's
+// turn on the same agent is not this request's stream.
+func (d *multicaDevice) turn(req *envelope.Request, _ string) (*envelope.Response, error) {
+	return stream.Relay(d.ctx, d.s.h.Invoke, req, 0, func(_ uint64, data json.RawMessage) error {
+		var e surface.ChatEvent
+		if err := json.Unmarshal(data, &e); err != nil {
+			return envelope.Errorf(envelope.CodeInternal, "chat.send streamed a chunk that is not an event: %v", err)
+		}
+		p, _ := json.Marshal(struct {
+			StreamID string          `json:"streamId"`
+			AgentID  string          `json:"agentId"`
+			Event    json.RawMessage `json:"event"`
+		}{e.StreamID, e.AgentID, e.Event})
+		b := link.GetBuf()
+		*b = appendMultica(*b, d.fromHub("stream", nil, p))
+		if !d.c.Send(b) {
+			return envelope.NewError(envelope.CodeCancelled, "the device is gone")
+		}
+		return nil
+	})
 }
 
 // stream runs req, a call to a streaming method, as a stream, and sends

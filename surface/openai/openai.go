@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/surface"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -188,13 +189,24 @@ func (s *server) newCall(r *http.Request) *openAICall {
 }
 
 func (c *openAICall) call(ctx context.Context, method string, params any, out any) error {
+	return c.callStream(ctx, method, params, out, nil)
+}
+
+// callStream is call, as a stream when emit is set: emit gets each chunk
+// (stream.Relay).
+func (c *openAICall) callStream(ctx context.Context, method string, params any, out any, emit func(uint64, json.RawMessage) error) error {
 	p, err := json.Marshal(params)
 	if err != nil {
 		return envelope.WrapError(envelope.CodeInternal, "cannot encode the params", err)
 	}
 	req := &envelope.Request{ID: envelope.NewID(), Method: method, Params: p, Headers: c.trace,
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
-	res, err := c.h.Invoke(ctx, req)
+	var res *envelope.Response
+	if emit != nil {
+		res, err = stream.Relay(ctx, c.h.Invoke, req, 0, emit)
+	} else {
+		res, err = c.h.Invoke(ctx, req)
+	}
 	if err != nil {
 		return err
 	}

@@ -225,12 +225,39 @@ type runningSend struct {
 func newOpenAIRequestID() string { return "oai-" + envelope.NewID() }
 
 func (t *openAITurn) newSend(ctx context.Context, rid string) *runningSend {
+	return t.startSend(ctx, rid, nil)
+}
+
+// startSend is newSend; with events, chat.send runs as a stream whose
+// chunks (the turn's events) go to events, closed before the answer: a
+// client that stops reading holds the stream back (never the turn), and
+// one that goes away ends it.
+func (t *openAITurn) startSend(ctx context.Context, rid string, events chan<- surface.ChatEvent) *runningSend {
 	s := &runningSend{t: t, ctx: ctx, rid: rid, done: make(chan openAISendOutcome, 1)}
 	var sctx context.Context
 	sctx, s.stop = context.WithCancel(context.WithoutCancel(ctx))
+	var emit func(uint64, json.RawMessage) error
+	if events != nil {
+		emit = func(_ uint64, data json.RawMessage) error {
+			var e surface.ChatEvent
+			if err := json.Unmarshal(data, &e); err != nil {
+				return envelope.Errorf(envelope.CodeInternal, "chat.send streamed a chunk that is not an event: %v", err)
+			}
+			select {
+			case events <- e:
+				return nil
+			case <-ctx.Done():
+			case <-sctx.Done():
+			}
+			return envelope.NewError(envelope.CodeCancelled, "the completion's client is gone")
+		}
+	}
 	go func() {
 		var res openAISendResult
-		err := t.c.call(sctx, "chat.send", map[string]string{"agentId": t.agentID, "content": t.content, "request_id": s.rid}, &res)
+		err := t.c.callStream(sctx, "chat.send", map[string]string{"agentId": t.agentID, "content": t.content, "request_id": s.rid}, &res, emit)
+		if events != nil {
+			close(events)
+		}
 		s.done <- openAISendOutcome{&res, err}
 	}()
 	return s
@@ -353,42 +380,13 @@ func (s *sseWriter) chunk(delta map[string]string, finish string, usage *openAIU
 	s.write(append(append([]byte("data: "), b...), '\n', '\n'))
 }
 
-// stream serves a streamed completion: it follows the agent's events from
-// where they stand, runs chat.send, and turns message updates into deltas.
+// stream serves a streamed completion: it runs chat.send as a stream and
+// turns the turn's message events into deltas.
 func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 	sw := &sseWriter{w: w, rc: http.NewResponseController(w), id: "chatcmpl-" + envelope.NewID(), model: t.req.Model, created: time.Now().Unix()}
-	tail, err := surface.ChatTail(ctx, t.c.h, t.agentID)
-	if err != nil {
-		writeOpenAIError(w, envelope.AsError(err))
-		return
-	}
 	rid := newOpenAIRequestID()
-	fctx, stopFollow := context.WithCancel(ctx)
 	events := make(chan surface.ChatEvent, 64)
-	followed := make(chan struct{})
-	go func() {
-		defer close(followed)
-		defer close(events)
-		_, _ = surface.FollowChat(fctx, t.c.h, t.agentID, tail, func(e surface.ChatEvent) bool {
-			if e.RequestID != rid {
-				return true // another caller's turn on this agent
-			}
-			select {
-			case events <- e:
-			case <-fctx.Done():
-				return false
-			}
-			var ev openAIEvent
-			_ = json.Unmarshal(e.Event, &ev)
-			// A message that ends other than to call tools ends the turn.
-			return !(ev.Type == "message_end" && ev.Message != nil && ev.Message.StopReason != "tool_use")
-		})
-	}()
-	defer func() {
-		stopFollow()
-		<-followed
-	}()
-	s := t.newSend(ctx, rid)
+	s := t.startSend(ctx, rid, events)
 	defer s.cancel()
 
 	var (
@@ -397,7 +395,6 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 		finish                 = "stop"
 		sendDone               bool
 		res                    *openAISendResult
-		grace                  <-chan time.Time
 	)
 	keep := time.NewTicker(openAIKeepAlive)
 	defer keep.Stop()
@@ -458,7 +455,6 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 			s.finish()
 			sendDone = true
 			if o.err != nil {
-				stopFollow()
 				e := envelope.AsError(o.err)
 				if !sw.started {
 					writeOpenAIError(w, e)
@@ -470,12 +466,6 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 				return
 			}
 			res = o.res
-			// The turn's events were all published before the answer:
-			// the follower catches up at once, unless chat.events fails.
-			grace = time.After(openAIStepTimeout)
-		case <-grace:
-			stopFollow()
-			grace = nil
 		case <-keep.C:
 			sw.write([]byte(": keep-alive\n\n"))
 		case <-ctx.Done():
@@ -488,8 +478,8 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 	if !sw.started {
 		sw.chunk(map[string]string{"role": "assistant", "content": ""}, "", nil)
 	}
-	// What the events did not bring (a follower that fell behind) comes
-	// from the answer: the rest of its last message.
+	// What the events did not bring (a stream that fell behind the
+	// agent's ring) comes from the answer: the rest of its last message.
 	if rest, ok := strings.CutPrefix(res.Content, text); ok && rest != "" && utf8.ValidString(rest) {
 		sw.chunk(map[string]string{"content": rest}, "", nil)
 	}

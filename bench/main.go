@@ -5,6 +5,7 @@
 // process; the load generator is the same for all.
 //
 //	cd bench && go run . [-d 3s] [-c 1,16,128]
+//	cd bench && go run . -stream [-d 3s] [-sizes 128,16384]   (stream.go)
 package main
 
 import (
@@ -57,6 +58,9 @@ func main() {
 	rounds := flag.Int("rounds", 1, "measure every cell this many times, the systems interleaved, and report the medians")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
+	streamMode := flag.Bool("stream", false, "instead: measure streaming (chunks/s, MB/s, time to first chunk) at the chunk sizes of -sizes")
+	sizes := flag.String("sizes", "128,16384", "with -stream: chunk sizes in bytes")
+	win := flag.Int("window", 64, "with -stream: the agentmesh client's credit window in chunks (mesh.Window)")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
 	flag.Parse()
 	if *role != "" {
@@ -78,6 +82,28 @@ func main() {
 		if err := idleMemory(*idle, *settle); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
+		}
+		return
+	}
+	if *streamMode {
+		var ss []int
+		for _, s := range strings.Split(*sizes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 || n > 1_000_000 {
+				fmt.Fprintln(os.Stderr, "bad -sizes")
+				os.Exit(2)
+			}
+			ss = append(ss, n)
+		}
+		cells, err := compareStreams(*dur, ss, *only, *rounds, *win)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		printStreamTable(os.Stdout, cells)
+		if *jsonOut != "" {
+			b, _ := json.MarshalIndent(cells, "", "  ")
+			_ = os.WriteFile(*jsonOut, b, 0o644)
 		}
 		return
 	}
@@ -168,6 +194,8 @@ func runRole(role, addr string) error {
 		_ = nc.Flush()
 		<-ctx.Done()
 		return nil
+	case "nats-publisher":
+		return runNATSPublisher(ctx, addr)
 	case "grpc-server":
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {

@@ -60,7 +60,7 @@ func main() {
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
 	streamMode := flag.Bool("stream", false, "instead: measure streaming (chunks/s, MB/s, time to first chunk) at the chunk sizes of -sizes")
 	sizes := flag.String("sizes", "128,16384", "with -stream: chunk sizes in bytes")
-	win := flag.Int("window", 64, "with -stream: the agentmesh client's credit window in chunks (mesh.Window)")
+	win := flag.Int("window", 0, "with -stream: the agentmesh client's credit window in chunks (mesh.Window; 0: the client's default, stream.DefaultWindow)")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
 	flag.Parse()
 	if *role != "" {

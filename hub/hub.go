@@ -377,6 +377,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		// -idle). Write buffers come from a pool only while writing: an
 		// idle link holds none.
 		ReadBufferSize:  1024,
+		WriteBufferSize: 32 << 10, // a 16-KiB chunk or a batch in one frame, one write
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()

@@ -62,8 +62,9 @@ func SenderFrom(ctx context.Context) Sender {
 
 // DefaultWindow is a consumer's credit when it names none: the chunks it
 // may hold unread. A Pipe grants half of it again each time half of it
-// was read.
-const DefaultWindow = 64
+// was read, so the window sets how often a grant crosses the mesh: at
+// 64, small chunks went at half the rate of 256 (bench -stream -window).
+const DefaultWindow = 256
 
 // DefaultTimeout bounds a whole stream whose caller set no deadline: the
 // kOS seed's stream ttl (300000 ms), longer than a call's.

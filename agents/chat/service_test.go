@@ -231,7 +231,9 @@ func TestSendAsStream(t *testing.T) {
 	}
 	// Another caller's turn runs beside it.
 	other := make(chan error, 1)
-	go func() { other <- c.Call(ctx, "chat.send", map[string]any{"agentId": "main", "content": "someone else", "request_id": "r-other"}, nil) }()
+	go func() {
+		other <- c.Call(ctx, "chat.send", map[string]any{"agentId": "main", "content": "someone else", "request_id": "r-other"}, nil)
+	}()
 
 	s, err := c.Stream(ctx, "chat.send", map[string]any{"agentId": "main", "content": `/call echo.echo {"ping":2}`, "request_id": "r-stream"})
 	if err != nil {

@@ -3,10 +3,12 @@ package hub_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
+	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
 	"github.com/gorilla/websocket"
 	dto "github.com/prometheus/client_model/go"
@@ -337,4 +340,77 @@ func metricValue(t *testing.T, m *telemetry.Metrics, name string, v func(*dto.Me
 		}
 	}
 	return 0
+}
+
+// TestStreamRetriesBeforeFirstChunkOnly: before its first chunk a stream
+// follows its method's retry policy (the failing instance's UNAVAILABLE
+// is retried on the other, and the caller sees one clean stream); after
+// a chunk it is never retried (the error reaches the caller, with the
+// last sequence number, and no other instance runs it).
+func TestStreamRetriesBeforeFirstChunkOnly(t *testing.T) {
+	rc := reliability.DefaultConfig()
+	rc.Policies["flaky.*"] = reliability.Policy{Retries: 2, Idempotent: true,
+		Backoff: reliability.BackoffConfig{Initial: time.Millisecond, Max: time.Millisecond, Multiplier: 1}}
+	m := meshtest.Start(t, hub.Config{Reliability: &rc})
+	var runs, triedA atomic.Int64
+	for _, id := range []string{"a", "b"} {
+		a := agents.New("flaky", agents.WithID("flaky-"+id))
+		a.HandleStream("flaky.early", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
+			if id == "a" {
+				triedA.Add(1)
+				return envelope.NewError(envelope.CodeUnavailable, "a is warming up")
+			}
+			for i := range 3 {
+				if err := s.Send(ctx, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		a.HandleStream("flaky.late", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
+			runs.Add(1)
+			if err := s.Send(ctx, "one"); err != nil {
+				return err
+			}
+			return envelope.NewError(envelope.CodeUnavailable, "lost the model after a chunk")
+		})
+		m.RunAgent(t, a)
+	}
+	c := m.Client(t, mesh.WithoutReliability())
+	for range 20 { // the balancer picks a or b first: both orders come up
+		s, err := c.Stream(t.Context(), "flaky.early", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, err := range s.All() {
+			if err != nil {
+				t.Fatalf("flaky.early after %d chunks: %v", n, err)
+			}
+			n++
+		}
+		s.Close()
+		if n != 3 {
+			t.Fatalf("flaky.early: %d chunks; want 3 (retried on b before any chunk)", n)
+		}
+	}
+	if triedA.Load() == 0 {
+		t.Fatal("the balancer never tried a first: the retry went untested")
+	}
+	s, err := c.Stream(t.Context(), "flaky.late", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if c, err := s.Recv(); err != nil || string(c) != `"one"` {
+		t.Fatalf("first chunk: %s %v", c, err)
+	}
+	_, err = s.Recv()
+	var e *envelope.Error
+	if !errors.As(err, &e) || e.Code != envelope.CodeUnavailable || !strings.Contains(string(e.Data), `"lastSeq":1`) {
+		t.Fatalf("after a chunk: %v (%s); want UNAVAILABLE with lastSeq 1", err, e.Data)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("flaky.late ran %d times; want 1 (never retried after a chunk)", n)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/testkit"
@@ -412,5 +413,57 @@ func TestStreamRetriesBeforeFirstChunkOnly(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("flaky.late ran %d times; want 1 (never retried after a chunk)", n)
+	}
+}
+
+// TestStreamingDeclared: a method served with HandleStream is declared
+// streaming in schema, in agentick's schema (the seed's streaming
+// methods, with the method:chunk and method:end events) and in
+// rpc.discover, whose x-agentmesh-stream extension gives the JSON-RPC
+// notification its chunks ride in; a plain method is not.
+func TestStreamingDeclared(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	m.RunAgent(t, agents.NewEcho())
+	c := m.Client(t)
+	var s control.SchemaPayload
+	if err := c.Call(t.Context(), "schema", nil, &s); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Methods["echo.stream"].Streaming || s.Methods["echo.echo"].Streaming {
+		t.Errorf("schema: echo.stream streaming %v, echo.echo %v; want true, false", s.Methods["echo.stream"].Streaming, s.Methods["echo.echo"].Streaming)
+	}
+	var doc struct {
+		Methods []struct {
+			Name   string
+			Stream *struct{ Notification, SSE string } `json:"x-agentmesh-stream"`
+		}
+	}
+	if err := c.Call(t.Context(), "rpc.discover", nil, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range doc.Methods {
+		switch m.Name {
+		case "echo.stream":
+			if m.Stream == nil || m.Stream.Notification != "stream.chunk" || !strings.Contains(m.Stream.SSE, "text/event-stream") {
+				t.Errorf("rpc.discover echo.stream: %+v; want x-agentmesh-stream with stream.chunk and SSE", m.Stream)
+			}
+		case "echo.echo":
+			if m.Stream != nil {
+				t.Errorf("rpc.discover echo.echo has x-agentmesh-stream")
+			}
+		}
+	}
+	ag, _, err := testkit.DialAgentick(t, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag.Write(`{"type":"connect","clientId":"c1"}`)
+	ag.Read()
+	res := ag.Call("s", "schema", nil)
+	p, _ := res["payload"].(map[string]any)
+	methods, _ := p["methods"].(map[string]any)
+	es, _ := methods["echo.stream"].(map[string]any)
+	if es["streaming"] != true || !strings.Contains(fmt.Sprint(p["events"]), "method:chunk") || !strings.Contains(fmt.Sprint(p["events"]), "method:end") {
+		t.Errorf("agentick schema: echo.stream %v, events %v; want streaming, and method:chunk/method:end events", es, p["events"])
 	}
 }

@@ -34,6 +34,29 @@ type Method struct {
 	Params         []Descriptor `json:"params"`
 	Result         *Descriptor  `json:"result,omitempty"`
 	Errors         []Error      `json:"errors,omitempty"`
+	// Stream, on a streaming method (a specification extension), says
+	// how its chunks reach a JSON-RPC caller before its result.
+	Stream *Stream `json:"x-agentmesh-stream,omitempty"`
+}
+
+// Stream is the x-agentmesh-stream extension of a streaming method.
+type Stream struct {
+	// Notification is the method of the notifications that carry the
+	// chunks on a WebSocket, tied to the call by params.id.
+	Notification string          `json:"notification"`
+	Params       json.RawMessage `json:"params"` // their params' JSON Schema
+	// SSE says how to read the stream over HTTP.
+	SSE string `json:"sse"`
+}
+
+// streamSpec is every streaming method's Stream.
+var streamSpec = &Stream{
+	Notification: envelope.StreamChunkMethod,
+	Params: json.RawMessage(`{"type":"object","required":["id","n","data"],"properties":{` +
+		`"id":{"description":"the id of the call the chunk belongs to"},` +
+		`"n":{"type":"integer","minimum":1,"description":"the chunk's sequence number, from 1"},` +
+		`"data":{"description":"the chunk"}}}`),
+	SSE: "POST /rpc with Accept: text/event-stream: an event chunk per chunk (id: its sequence number, data: the chunk), then an event end whose data is the JSON-RPC response",
 }
 
 // Descriptor is a content descriptor.
@@ -71,6 +94,9 @@ func FromSchema(s control.SchemaPayload) Document {
 			res = json.RawMessage(`{}`)
 		}
 		om.Result = &Descriptor{Name: "result", Schema: res}
+		if ms.Streaming {
+			om.Stream = streamSpec
+		}
 		for _, e := range ms.Errors {
 			if c, ok := envelope.ParseCode(e); ok {
 				om.Errors = append(om.Errors, Error{Code: c.JSONRPC(), Message: e})

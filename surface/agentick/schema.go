@@ -22,6 +22,9 @@ type agSchemaMethod struct {
 	Response    json.RawMessage `json:"response,omitempty"`
 	Errors      []string        `json:"errors,omitempty"`
 	Roles       []string        `json:"roles,omitempty"`
+	// Streaming: the seed's "streaming methods", whose chunks arrive as
+	// method:chunk events, then method:end.
+	Streaming bool `json:"streaming,omitempty"`
 }
 
 // agentickBacking names the mesh method behind each built-in whose
@@ -131,7 +134,7 @@ func (gw *gateway) schema(ctx context.Context) (any, *agError) {
 			}
 		}
 		slices.Sort(errs)
-		methods[name] = agSchemaMethod{Description: m.Description, Builtin: m.Builtin, Params: m.Params, Response: m.Response, Errors: errs, Roles: m.Roles}
+		methods[name] = agSchemaMethod{Description: m.Description, Builtin: m.Builtin, Params: m.Params, Response: m.Response, Errors: errs, Roles: m.Roles, Streaming: m.Streaming}
 	}
 	return map[string]any{"protocolVersion": agentickVersion, "methods": methods, "events": agentickEvents, "errors": agentickErrors}, nil
 }

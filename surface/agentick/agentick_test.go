@@ -704,7 +704,7 @@ func TestAgentickNoGoroutineLeft(t *testing.T) {
 	// frame is queued and lets it linger a second) wind down on their own
 	// clock.
 	workers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Link).worker")
-	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link.(*Conn).writeLoop")
+	writers := goleak.IgnoreTopFunction("github.com/agentmesh/agentmesh/link/wsconn.(*Conn).writeLoop")
 	for round := range 3 {
 		c, _, err := testkit.DialAgentick(t, m, nil)
 		if err != nil {

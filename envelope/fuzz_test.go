@@ -97,9 +97,9 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add([]byte(`{"seq":8,"type":"res","result":[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]}`))
 	f.Add([]byte(`{"type":"req","seq":9,"seq":10,"method":"m"`))
 	f.Add([]byte(`{"type":"req","s\u0065q":9,"seq":11}`))
-	f.Add(envelope.AppendStreamRequestFrame(nil, 12, req, 64))
+	f.Add(envelope.AppendStreamRequestFrame(nil, 12, req, 64, 1<<20))
 	f.Add(envelope.AppendChunkFrame(nil, 12, 1, []byte(`{"tok":"a"}`)))
-	f.Add(envelope.AppendCreditFrame(nil, 12, 32))
+	f.Add(envelope.AppendCreditFrame(nil, 12, 32, 65536))
 	f.Add(envelope.AppendEndFrame(nil, 12, 1, &envelope.Response{ID: "i"}, nil))
 	f.Add(envelope.AppendEndFrame(nil, 12, 7, nil, envelope.NewError(envelope.CodeUnavailable, "lost")))
 	f.Add([]byte(`[{"type":"chunk","seq":3,"n":0},{"type":"credit","seq":3,"n":-1},{"type":"req","seq":4,"method":"m","stream":0}]`))
@@ -143,12 +143,12 @@ func FuzzDecodeFrame(f *testing.F) {
 		case envelope.FrameRequest:
 			out = envelope.AppendRequestFrame(nil, fr.Seq, &fr.Request)
 			if fr.Request.Stream {
-				out = envelope.AppendStreamRequestFrame(nil, fr.Seq, &fr.Request, fr.N)
+				out = envelope.AppendStreamRequestFrame(nil, fr.Seq, &fr.Request, fr.N, fr.Bytes)
 			}
 		case envelope.FrameChunk:
 			out = envelope.AppendChunkFrame(nil, fr.Seq, fr.N, fr.Data)
 		case envelope.FrameCredit:
-			out = envelope.AppendCreditFrame(nil, fr.Seq, fr.N)
+			out = envelope.AppendCreditFrame(nil, fr.Seq, fr.N, fr.Bytes)
 		case envelope.FrameEnd:
 			out = envelope.AppendEndFrame(nil, fr.Seq, fr.N, &fr.Response, fr.Err)
 		case envelope.FrameResponse:
@@ -162,7 +162,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("re-encoded frame is not JSON: %s", out)
 		}
 		back, err := envelope.DecodeFrame(out, envelope.Limits{})
-		if err != nil || back.Type != fr.Type || back.Seq != fr.Seq || back.N != fr.N {
+		if err != nil || back.Type != fr.Type || back.Seq != fr.Seq || back.N != fr.N || back.Bytes != fr.Bytes {
 			t.Fatalf("re-encoded %s: %+v, %v", out, back, err)
 		}
 		switch fr.Type {

@@ -200,27 +200,6 @@ func AppendJSONRPCResult(b []byte, id, result json.RawMessage) []byte {
 	return append(b, '}')
 }
 
-// StreamChunkMethod is the method of the JSON-RPC notifications that carry
-// a streaming call's chunks on a WebSocket, before its response:
-// {"jsonrpc":"2.0","method":"stream.chunk","params":{"id":<the call's id>,"n":K,"data":<chunk>}}.
-const StreamChunkMethod = "stream.chunk"
-
-// AppendJSONRPCChunk appends the notification carrying the n-th chunk of
-// the streaming call id (StreamChunkMethod).
-func AppendJSONRPCChunk(b []byte, id json.RawMessage, n uint64, data json.RawMessage) []byte {
-	b = append(b, `{"jsonrpc":"2.0","method":"stream.chunk","params":{"id":`...)
-	b = appendID(b, id)
-	b = append(b, `,"n":`...)
-	b = strconv.AppendUint(b, n, 10)
-	b = append(b, `,"data":`...)
-	if len(data) == 0 {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, data...)
-	}
-	return append(b, "}}"...)
-}
-
 // AppendJSONRPCError appends a JSON-RPC 2.0 error response. The five codes
 // of the specification keep its standard messages ("Method not found");
 // the mesh's own message then goes in data.detail. data also carries the

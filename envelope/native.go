@@ -28,7 +28,7 @@ const (
 	// chunks; see stream.go): the callee sends its chunks in order, then
 	// an end, and the caller grants more chunks as it consumes them.
 	FrameChunk  // {"type":"chunk","seq":N,"n":K,"data":<JSON>}: the stream's K-th chunk, from 1
-	FrameCredit // {"type":"credit","seq":N,"n":C}: the caller grants C more chunks
+	FrameCredit // {"type":"credit","seq":N,"n":C,"bytes":B}: the caller grants C more chunks and B more bytes (either may be 0)
 	// FrameEnd is the stream's last frame, a response frame ("res"
 	// members: the result or the error, metrics, headers) of type "end"
 	// whose "n" is the number of chunks sent.
@@ -41,7 +41,10 @@ type Frame struct {
 	Seq  uint64
 	// N is a chunk's sequence number, a credit frame's grant, an end's
 	// count of chunks sent, and a stream request's initial credit.
-	N        uint64
+	N uint64
+	// Bytes is a credit frame's grant of bytes, and a stream request's
+	// byte window ("streamBytes"; 0: the stream has none).
+	Bytes    uint64
 	Data     []byte   // a chunk's data (raw JSON)
 	Request  Request  // for FrameRequest
 	Response Response // for FrameResponse (envelope fields also on errors)
@@ -80,12 +83,19 @@ func AppendRequestFrame(b []byte, seq uint64, r *Request) []byte {
 }
 
 // AppendStreamRequestFrame appends the native request frame for the
-// streaming call r with the caller's initial credit (at least 1 chunk).
-func AppendStreamRequestFrame(b []byte, seq uint64, r *Request, credit uint64) []byte {
+// streaming call r with the caller's initial credit: chunks (at least 1)
+// and, when bytes is not 0, a byte window ("streamBytes"): the callee
+// then sends a chunk only while it has sent fewer bytes than granted (a
+// chunk may overshoot the window by its own size).
+func AppendStreamRequestFrame(b []byte, seq uint64, r *Request, chunks, bytes uint64) []byte {
 	b = AppendRequestFrame(b, seq, r)
 	b = b[:len(b)-1]
 	b = append(b, `,"stream":`...)
-	b = strconv.AppendUint(b, max(credit, 1), 10)
+	b = strconv.AppendUint(b, max(chunks, 1), 10)
+	if bytes > 0 {
+		b = append(b, `,"streamBytes":`...)
+		b = strconv.AppendUint(b, bytes, 10)
+	}
 	return append(b, '}')
 }
 
@@ -124,12 +134,17 @@ func AppendChunkFrame(b []byte, seq, n uint64, data []byte) []byte {
 	return append(b, '}')
 }
 
-// AppendCreditFrame appends a grant of n more chunks to the stream seq.
-func AppendCreditFrame(b []byte, seq, n uint64) []byte {
+// AppendCreditFrame appends a grant of n more chunks and bytes more
+// bytes to the stream seq.
+func AppendCreditFrame(b []byte, seq, n, bytes uint64) []byte {
 	b = append(b, `{"type":"credit","seq":`...)
 	b = strconv.AppendUint(b, seq, 10)
 	b = append(b, `,"n":`...)
 	b = strconv.AppendUint(b, n, 10)
+	if bytes > 0 {
+		b = append(b, `,"bytes":`...)
+		b = strconv.AppendUint(b, bytes, 10)
+	}
 	return append(b, '}')
 }
 
@@ -281,7 +296,7 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 	var params, result, errObj, headers, metrics []byte
 	var id, origin, dest, method, version string
 	var ts int64
-	var stream []byte
+	var stream, streamBytes []byte
 	n, err := eachMemberEnd(data, func(key string, v []byte) *Error {
 		var e *Error
 		switch key {
@@ -321,6 +336,12 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 			f.Data = v
 		case "stream":
 			stream = v
+		case "streamBytes":
+			streamBytes = v
+		case "bytes":
+			var k int64
+			k, e = intField("bytes", v, 0, math.MaxInt64)
+			f.Bytes = uint64(k)
 		}
 		return e
 	})
@@ -359,8 +380,16 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 				return n, NewError(CodeInvalidRequest, "stream must be the initial credit, a whole number of chunks from 1")
 			}
 			r.Stream, f.N = true, uint64(c)
+			f.Bytes = 0
+			if streamBytes != nil {
+				b, e := intField("streamBytes", streamBytes, 1, math.MaxInt64)
+				if e != nil {
+					return n, NewError(CodeInvalidRequest, "streamBytes must be the byte window, a whole number from 1")
+				}
+				f.Bytes = uint64(b)
+			}
 		} else {
-			f.N = 0
+			f.N, f.Bytes = 0, 0
 		}
 		if headers != nil {
 			if e := decodeHeaders(headers, &r.Headers); e != nil {
@@ -371,6 +400,7 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 		if f.Type == FrameResponse {
 			f.N = 0
 		}
+		f.Bytes = 0
 		r := &f.Response
 		r.ID, r.Origin, r.Destination, r.Timestamp = id, origin, dest, ts
 		if headers != nil {
@@ -396,6 +426,7 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 	case FrameGoAway:
 		f.Seq = 0 // a goaway is about the whole link
 	case FrameChunk:
+		f.Bytes = 0
 		if f.N == 0 {
 			return n, NewError(CodeInvalidRequest, "a chunk's n (its sequence number, from 1) is missing")
 		}
@@ -403,8 +434,8 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 			f.Data = nullJSON
 		}
 	case FrameCredit:
-		if f.N == 0 {
-			return n, NewError(CodeInvalidRequest, "a credit frame must grant at least 1 chunk (n)")
+		if f.N == 0 && f.Bytes == 0 {
+			return n, NewError(CodeInvalidRequest, "a credit frame must grant at least 1 chunk (n) or 1 byte (bytes)")
 		}
 	default:
 		return n, Errorf(CodeInvalidRequest, "unknown frame type %q", typ)
@@ -415,17 +446,25 @@ func decodeFrameEnd(data []byte, f *Frame) (n int, _ *Error) {
 func appendHeaders(b []byte, h *Headers) []byte {
 	b = append(b, '{')
 	n := len(b)
-	field := func(name, v string) {
-		if v == "" {
-			return
-		}
+	key := func(name string) {
 		if len(b) > n {
 			b = append(b, ',')
 		}
 		b = append(b, '"')
 		b = append(b, name...)
 		b = append(b, '"', ':')
-		b = appendString(b, v)
+	}
+	field := func(name, v string) {
+		if v != "" {
+			key(name)
+			b = appendString(b, v)
+		}
+	}
+	number := func(name string, v int64) {
+		if v != 0 {
+			key(name)
+			b = strconv.AppendInt(b, v, 10)
+		}
 	}
 	field("traceId", h.TraceID)
 	field("traceparent", h.Traceparent)
@@ -433,30 +472,12 @@ func appendHeaders(b []byte, h *Headers) []byte {
 	field("baggage", h.Baggage)
 	field("authToken", h.AuthToken)
 	field("userId", h.UserID)
-	if h.TTL != 0 {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, `"ttl":`...)
-		b = strconv.AppendInt(b, h.TTL, 10)
-	}
+	number("ttl", h.TTL)
 	field("priority", h.Priority)
-	if h.RetryCount != 0 {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, `"retryCount":`...)
-		b = strconv.AppendInt(b, int64(h.RetryCount), 10)
-	}
+	number("retryCount", int64(h.RetryCount))
 	field("correlationId", h.CorrelationID)
 	field("idempotencyKey", h.IdempotencyKey)
-	if h.Hops != 0 {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-		b = append(b, `"hops":`...)
-		b = strconv.AppendInt(b, int64(h.Hops), 10)
-	}
+	number("hops", int64(h.Hops))
 	return append(b, '}')
 }
 

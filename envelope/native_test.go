@@ -99,6 +99,8 @@ func TestNativeFrameErrors(t *testing.T) {
 		{"chunk without n", `{"type":"chunk","seq":5,"data":1}`, envelope.FrameChunk, 5, "n"},
 		{"chunk n negative", `{"type":"chunk","seq":5,"n":-1,"data":1}`, envelope.FrameChunk, 5, "n"},
 		{"credit of nothing", `{"type":"credit","seq":6,"n":0}`, envelope.FrameCredit, 6, "n"},
+		{"credit of negative bytes", `{"type":"credit","seq":6,"n":1,"bytes":-5}`, envelope.FrameCredit, 6, "bytes"},
+		{"stream bytes zero", `{"type":"req","seq":4,"method":"m","stream":1,"streamBytes":0}`, envelope.FrameRequest, 4, "streamBytes"},
 		{"end error not an object", `{"type":"end","seq":3,"n":2,"error":"boom"}`, envelope.FrameEnd, 3, "error"},
 	}
 	for _, tc := range cases {
@@ -205,9 +207,13 @@ func TestRecoverFrameSeq(t *testing.T) {
 
 func TestStreamFramesRoundTrip(t *testing.T) {
 	req := &envelope.Request{ID: "r1", Method: "echo.stream", Params: json.RawMessage(`{"n":3}`), Stream: true}
-	f, err := envelope.DecodeFrame(envelope.AppendStreamRequestFrame(nil, 9, req, 64), envelope.Limits{})
-	if err != nil || f.Type != envelope.FrameRequest || !f.Request.Stream || f.N != 64 || f.Seq != 9 {
+	f, err := envelope.DecodeFrame(envelope.AppendStreamRequestFrame(nil, 9, req, 64, 0), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameRequest || !f.Request.Stream || f.N != 64 || f.Bytes != 0 || f.Seq != 9 {
 		t.Fatalf("stream request: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendStreamRequestFrame(nil, 9, req, 64, 1<<20), envelope.Limits{})
+	if err != nil || f.N != 64 || f.Bytes != 1<<20 {
+		t.Fatalf("stream request with a byte window: %+v %v", f, err)
 	}
 	if f, _ := envelope.DecodeFrame(envelope.AppendRequestFrame(nil, 9, req), envelope.Limits{}); f.Request.Stream || f.N != 0 {
 		t.Fatalf("a plain request frame decoded as a stream: %+v", f)
@@ -220,9 +226,13 @@ func TestStreamFramesRoundTrip(t *testing.T) {
 	if err != nil || string(f.Data) != "null" {
 		t.Fatalf("empty chunk: %+v %v", f, err)
 	}
-	f, err = envelope.DecodeFrame(envelope.AppendCreditFrame(nil, 9, 32), envelope.Limits{})
-	if err != nil || f.Type != envelope.FrameCredit || f.N != 32 {
+	f, err = envelope.DecodeFrame(envelope.AppendCreditFrame(nil, 9, 32, 0), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameCredit || f.N != 32 || f.Bytes != 0 {
 		t.Fatalf("credit: %+v %v", f, err)
+	}
+	f, err = envelope.DecodeFrame(envelope.AppendCreditFrame(nil, 9, 0, 4096), envelope.Limits{})
+	if err != nil || f.Type != envelope.FrameCredit || f.N != 0 || f.Bytes != 4096 {
+		t.Fatalf("a grant of bytes alone: %+v %v", f, err)
 	}
 	f, err = envelope.DecodeFrame(envelope.AppendEndFrame(nil, 9, 4, &envelope.Response{ID: "r1", Result: json.RawMessage(`{"chunks":4}`)}, nil), envelope.Limits{})
 	if err != nil || f.Type != envelope.FrameEnd || f.N != 4 || f.Response.ID != "r1" || string(f.Response.Result) != `{"chunks":4}` || f.Err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub/guard"
+	"github.com/agentmesh/agentmesh/hub/sse"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/stream"
 )
@@ -72,8 +74,8 @@ func (h *Hub) serveRPC(w http.ResponseWriter, r *http.Request) {
 		hook.serve(w, ctx, &calls[0], r.Header) // a surface's claim (NEXUS3's /rpc alias of /)
 		return
 	}
-	if !batch && acceptsSSE(r) {
-		h.serveSSE(w, ctx, &calls[0])
+	if !batch && !calls[0].Notification && sse.Accepts(r) {
+		sse.Serve(w, ctx, &calls[0], h.Streaming(calls[0].Request.Method), h.ingress, h.cfg.Conn.WriteTimeout)
 		return
 	}
 	out := h.answerAll(ctx, calls, batch, nil)
@@ -141,7 +143,7 @@ func (h *Hub) answer(ctx context.Context, c *RPCCall, emit chunkEmitter) []byte 
 	var res *envelope.Response
 	var err error
 	if emit != nil && !c.Notification && h.Streaming(req.Method) {
-		res, err = stream.Relay(ctx, h.ingress, req, 0, func(n uint64, data json.RawMessage) error { return emit(c.ID, n, data) })
+		res, err = stream.Relay(ctx, h.ingress, req, stream.RelayWindow, func(n uint64, data json.RawMessage) error { return emit(c.ID, n, data) })
 	} else {
 		res, err = h.ingress(ctx, req)
 	}
@@ -460,12 +462,25 @@ func (rc *rpcConn) answer(t rpcTask) {
 }
 
 // emitChunk sends a streaming call's chunk as a JSON-RPC notification
-// tied to its request id (README, "Streams"): waiting for room in the send
-// queue, so that a client slow to read holds the stream back.
+// tied to its request id (README, "Streams"): waiting while the send
+// queue is half full, so that a client slow to read holds the stream
+// back and the other half stays for the connection's answers.
 func (rc *rpcConn) emitChunk(id json.RawMessage, n uint64, data json.RawMessage) error {
 	b := link.GetBuf()
-	*b = envelope.AppendJSONRPCChunk(*b, id, n, data)
-	if !rc.c.Send(b) {
+	*b = append(*b, `{"jsonrpc":"2.0","method":"`+stream.ChunkMethod+`","params":{"id":`...)
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	*b = append(*b, id...)
+	*b = append(*b, `,"n":`...)
+	*b = strconv.AppendUint(*b, n, 10)
+	*b = append(*b, `,"data":`...)
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	*b = append(*b, data...)
+	*b = append(*b, "}}"...)
+	if !rc.c.SendRoomy(b) {
 		return envelope.NewError(envelope.CodeCancelled, "the connection closed")
 	}
 	return nil

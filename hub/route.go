@@ -135,6 +135,14 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		outcome = err
 	}
 	release()
+	if req.Stream && outcome != nil {
+		if e := envelope.AsError(outcome); e.Code == envelope.CodeTimeout && e.Attempts() > 0 {
+			// A stream that ran out of time after chunks came: its
+			// caller's pace (the credit it held back) or its length, not
+			// the instance's health.
+			outcome = nil
+		}
+	}
 	done(outcome)
 	return res, err
 }

@@ -147,10 +147,12 @@ func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage
 }
 
 // streamingSet is the methods agents declared streaming, for one
-// registry snapshot.
+// registry snapshot, with each instance's own list (decoded once per
+// instance, not once per snapshot).
 type streamingSet struct {
 	snap *registry.Snapshot
 	set  map[string]bool
+	per  map[*registry.Instance][]string
 }
 
 // Streaming reports whether an agent declared method a streaming one (its
@@ -160,16 +162,41 @@ func (h *Hub) Streaming(method string) bool {
 	snap := h.reg.Snapshot()
 	c := h.streaming.Load()
 	if c == nil || c.snap != snap {
-		c = &streamingSet{snap: snap, set: map[string]bool{}}
-		for _, in := range snap.Instances() {
+		c = h.rebuildStreaming(snap)
+	}
+	return c.set[method]
+}
+
+// rebuildStreaming makes the set of snap, one rebuild at a time, reusing
+// the previous set's decoded instances.
+func (h *Hub) rebuildStreaming(snap *registry.Snapshot) *streamingSet {
+	h.streamingMu.Lock()
+	defer h.streamingMu.Unlock()
+	prev := h.streaming.Load()
+	if prev != nil && prev.snap == snap {
+		return prev
+	}
+	c := &streamingSet{snap: snap, set: map[string]bool{}, per: map[*registry.Instance][]string{}}
+	for _, in := range snap.Instances() {
+		ms, ok := []string(nil), false
+		if prev != nil {
+			ms, ok = prev.per[in]
+		}
+		if !ok && len(in.Schemas) > 0 {
 			var decl map[string]struct{ Streaming bool }
-			if len(in.Schemas) > 0 && json.Unmarshal(in.Schemas, &decl) == nil {
+			if json.Unmarshal(in.Schemas, &decl) == nil {
 				for m, s := range decl {
-					c.set[m] = c.set[m] || s.Streaming
+					if s.Streaming {
+						ms = append(ms, m)
+					}
 				}
 			}
 		}
-		h.streaming.Store(c)
+		c.per[in] = ms
+		for _, m := range ms {
+			c.set[m] = true
+		}
 	}
-	return c.set[method]
+	h.streaming.Store(c)
+	return c
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/registry/etcd/etcdtest"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/stream"
 	"github.com/agentmesh/agentmesh/telemetry"
 	"github.com/gorilla/websocket"
 	dto "github.com/prometheus/client_model/go"
@@ -148,7 +149,7 @@ func TestStreamOverJSONRPC(t *testing.T) {
 			}
 			break
 		}
-		if note.Method != envelope.StreamChunkMethod || note.Params.ID != "s1" || note.Params.N != n || note.Params.Data.I != n {
+		if note.Method != stream.ChunkMethod || note.Params.ID != "s1" || note.Params.N != n || note.Params.Data.I != n {
 			t.Fatalf("message %d: %s; want stream.chunk %d of s1", n, msg, n)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link/wsconn"
+	"github.com/agentmesh/agentmesh/stream"
 )
 
 // Link is one native-envelope WebSocket (subprotocol agentmesh.v1) between
@@ -407,7 +408,7 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	case envelope.FrameResponse:
 		l.onResponse(f)
 	case envelope.FrameRequest:
-		l.startServing(f.Seq, &f.Request, f.N)
+		l.startServing(f.Seq, &f.Request, stream.Credit{Chunks: f.N, Bytes: f.Bytes})
 	case envelope.FrameChunk:
 		l.onChunk(f)
 	case envelope.FrameCredit:

@@ -13,7 +13,7 @@ import (
 // the answers.
 
 // credit is a streaming call's initial credit (req.Stream).
-func (l *Link) startServing(seq uint64, req *envelope.Request, credit uint64) {
+func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Credit) {
 	if l.serve == nil {
 		l.reply(seq, nil, envelope.NewError(envelope.CodeMethodNotFound, "this peer serves no methods"))
 		return
@@ -116,8 +116,8 @@ func (l *Link) serveOne(t task) {
 	// draining hub waits for that before closing).
 	l.nserving.Add(-1)
 	if t.ss != nil {
-		t.ss.CancelServed() // no more chunks: the end follows the last
-		l.c.Send(l.encodeEnd(t.seq, t.ss.Sent(), t.r.ID, start, res, err))
+		n := t.ss.end() // no more chunks: the end follows the last
+		l.c.Send(l.encodeEnd(t.seq, n, t.r.ID, start, res, err))
 	} else {
 		l.answer(t.seq, t.r.ID, start, res, err)
 	}

@@ -77,7 +77,7 @@ func TestStreamPeerBreaksProtocol(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				l, peer := callerWithRawPeer(t)
-				p := stream.NewPipe(2)
+				p := stream.NewPipe(stream.Window{Chunks: 2})
 				done := make(chan error, 1)
 				go func() {
 					_, err := l.Call(stream.With(context.Background(), p), &envelope.Request{ID: "s", Method: "m.s", Stream: true})
@@ -205,30 +205,59 @@ func TestStreamCancelFrameReachesHandler(t *testing.T) {
 // credit for a few chunks, not 100; once the caller reads, the parked
 // stream goes on to the end.
 func TestRelayWindowParksOnBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		budget  int
+		small   int // the first chunk's size
+		size    int // the others'
+		maxHeld int // bytes relayed at most while the caller reads nothing
+	}{
+		{"1-KiB chunks", 8 << 10, 1000, 1000, 16 << 10},
+		// A tiny first chunk, then large ones: the relay's byte window
+		// holds them to its share, whatever the first chunk's size said.
+		{"a tiny chunk, then 32-KiB ones", 64 << 10, 1, 32 << 10, 2*(64<<10) + 32<<10},
+	} {
+		t.Run(tc.name, func(t *testing.T) { relayParks(t, tc.budget, tc.small, tc.size, tc.maxHeld) })
+	}
+}
+
+func relayParks(t *testing.T, budget, small, size, maxHeld int) {
 	synctest.Test(t, func(t *testing.T) {
 		sws, cws := wspipe.Pair(t)
-		chunk := json.RawMessage(`"` + strings.Repeat("x", 1000) + `"`)
-		var passed, relayed atomic.Int64
-		served := New(sws, Config{MaxUnwrittenBytes: 8 << 10}, Accepted(), WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		first := json.RawMessage(`"` + strings.Repeat("x", max(small-2, 0)) + `"`)
+		chunk := json.RawMessage(`"` + strings.Repeat("x", size-2) + `"`)
+		var passed, relayed, relayedBytes atomic.Int64
+		served := New(sws, Config{MaxUnwrittenBytes: budget}, Accepted(), WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+			// A feeder that keeps to the credit it is given, as an
+			// agent's link does: chunks, and bytes (overshooting by a
+			// chunk at most).
 			sink := stream.From(ctx)
-			grants := make(chan uint64, 1000)
-			credit := sink.Attach(func(n uint64) { passed.Add(int64(n)); grants <- n })
-			passed.Add(int64(credit))
+			grants := make(chan stream.Credit, 1000)
+			c := sink.Attach(func(n stream.Credit) { passed.Add(int64(n.Chunks)); grants <- n })
+			passed.Add(int64(c.Chunks))
+			chunks, bytes := int64(c.Chunks), int64(c.Bytes)
 			defer sink.Attach(nil)
 			for relayed.Load() < 100 {
-				for credit == 0 {
+				for chunks == 0 || bytes <= 0 {
 					select {
 					case n := <-grants:
-						credit += n
+						chunks += int64(n.Chunks)
+						bytes += int64(n.Bytes)
 					case <-ctx.Done():
 						return nil, ctx.Err()
 					}
 				}
-				if err := sink.Chunk(chunk); err != nil {
+				c := chunk
+				if relayed.Load() == 0 {
+					c = first
+				}
+				if err := sink.Chunk(c); err != nil {
 					return nil, err
 				}
-				credit--
+				chunks--
+				bytes -= int64(len(c))
 				relayed.Add(1)
+				relayedBytes.Add(int64(len(c)))
 			}
 			return &envelope.Response{}, nil
 		}))
@@ -236,10 +265,10 @@ func TestRelayWindowParksOnBudget(t *testing.T) {
 		peer := rawPeer{t, cws}
 		peer.write(`{"type":"req","seq":1,"id":"s","method":"m.s","stream":100}`)
 		synctest.Wait()
-		if p, r := passed.Load(), relayed.Load(); p >= 30 || r != p {
-			t.Fatalf("with the caller reading nothing: %d chunks of credit passed on, %d relayed; want the budget's few (8 KiB of 1-KiB chunks), all relayed", p, r)
+		if r := relayedBytes.Load(); r > int64(maxHeld) {
+			t.Fatalf("with the caller reading nothing: %d chunks, %d bytes relayed; want at most %d bytes (budget %d)", relayed.Load(), r, maxHeld, budget)
 		}
-		t.Logf("parked after %d chunks passed on and relayed", relayed.Load())
+		t.Logf("parked after %d chunks, %d bytes relayed (budget %d)", relayed.Load(), relayedBytes.Load(), budget)
 		var got int
 		for end := false; !end; {
 			for _, f := range peer.read() {
@@ -253,6 +282,46 @@ func TestRelayWindowParksOnBudget(t *testing.T) {
 					end = true
 				}
 			}
+		}
+	})
+}
+
+// TestStreamSendersShareCredit: senders of one stream waiting for credit
+// all go on when a grant covers them (no sender waits on credit another
+// left unused).
+func TestStreamSendersShareCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sws, cws := wspipe.Pair(t)
+		var sent atomic.Int64
+		served := New(sws, Config{}, WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+			s := stream.SenderFrom(ctx)
+			done := make(chan error, 3)
+			for range 3 {
+				go func() {
+					err := s.Send(ctx, json.RawMessage(`1`))
+					sent.Add(1)
+					done <- err
+				}()
+			}
+			for range 3 {
+				if err := <-done; err != nil {
+					return nil, err
+				}
+			}
+			return &envelope.Response{}, nil
+		}))
+		t.Cleanup(served.Close)
+		peer := rawPeer{t, cws}
+		peer.write(`{"type":"req","seq":5,"id":"s","method":"m.s","stream":1}`)
+		peer.read()
+		synctest.Wait()
+		if n := sent.Load(); n != 1 {
+			t.Fatalf("with 1 chunk of credit, %d of 3 senders sent", n)
+		}
+		peer.write(`{"type":"credit","seq":5,"n":2}`)
+		synctest.Wait()
+		if n := sent.Load(); n != 3 {
+			t.Fatalf("after a grant of 2, %d of 3 senders sent; want all", n)
 		}
 	})
 }

@@ -27,12 +27,17 @@ type StreamOption func(*streamOpts)
 
 type streamOpts struct {
 	call   []CallOption
-	window int
+	window stream.Window
 }
 
 // Window sets the chunks the stream may hold unread (its credit; default
 // stream.DefaultWindow): the agent is held back once they are.
-func Window(n int) StreamOption { return func(o *streamOpts) { o.window = n } }
+func Window(n int) StreamOption { return func(o *streamOpts) { o.window.Chunks = n } }
+
+// WindowBytes sets the bytes of chunk data the stream may hold unread
+// (default stream.DefaultWindowBytes; a chunk may overshoot it by its own
+// size).
+func WindowBytes(n int) StreamOption { return func(o *streamOpts) { o.window.Bytes = n } }
 
 // WithCallOptions applies call options (To, WithHeaders, CallTimeout) to
 // the stream's request; CallTimeout bounds the whole stream.
@@ -89,7 +94,9 @@ func (c *Client) Stream(ctx context.Context, method string, params any, opts ...
 // otherwise (one that broke after chunks were delivered says the last
 // sequence number in its details, "lastSeq", and is never retried).
 func (s *Stream) Recv() (json.RawMessage, error) {
-	return s.pipe.Next(s.ctx)
+	// Not s.ctx: at its deadline it would race the stream's own end and
+	// lose its error's lastSeq; the call ends by that deadline anyway.
+	return s.pipe.Next(context.Background())
 }
 
 // All ranges over the chunks; a stream that does not end well yields its

@@ -46,7 +46,7 @@ func (c *Counter) Chunk(data []byte) *envelope.Error {
 	if c.chunks == 1 {
 		c.first = time.Since(c.start)
 	}
-	if c.chunks == c.credit && c.chunks > 1 { // (a relay's first chunk waits by design: its size sets the window)
+	if c.chunks == c.credit && c.chunks > 1 { // (a first chunk that used the whole credit is no stall)
 		c.stalls++
 	}
 	c.mu.Unlock()
@@ -54,18 +54,21 @@ func (c *Counter) Chunk(data []byte) *envelope.Error {
 }
 
 // Attach implements Sink.
-func (c *Counter) Attach(grant func(uint64)) uint64 {
+func (c *Counter) Attach(grant func(Credit)) Credit {
 	if grant == nil {
 		return c.inner.Attach(nil)
 	}
-	n := c.inner.Attach(func(n uint64) {
+	c.mu.Lock()
+	c.credit = c.chunks // a new producer (a retry) starts from here
+	c.mu.Unlock()
+	n := c.inner.Attach(func(n Credit) {
 		c.mu.Lock()
-		c.credit += n
+		c.credit += n.Chunks
 		c.mu.Unlock()
 		grant(n)
 	})
 	c.mu.Lock()
-	c.credit = c.chunks + n // a new producer (a retry) starts from here
+	c.credit += n.Chunks // grants made meanwhile were added already
 	c.mu.Unlock()
 	return n
 }

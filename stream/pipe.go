@@ -14,26 +14,30 @@ import (
 // Next reads them in order; Finish records the stream's end. Safe for
 // one reader and one feeder at a time.
 type Pipe struct {
-	window uint64
+	window Credit
 
 	mu      sync.Mutex
 	buf     [][]byte
-	granted uint64 // credit granted in all
-	used    uint64 // chunks received
-	owed    uint64 // chunks read and not yet granted back
-	grant   func(uint64)
+	granted Credit // granted in all
+	used    Credit // received
+	owed    Credit // read and not yet granted back
+	grant   func(Credit)
 	done    bool
 	res     *envelope.Response
 	err     error
 	wake    chan struct{} // one token: something arrived
 }
 
-// NewPipe returns a pipe granting window chunks (DefaultWindow if <= 0).
-func NewPipe(window int) *Pipe {
-	if window <= 0 {
-		window = DefaultWindow
+// NewPipe returns a pipe granting w (the defaults for its zero fields).
+func NewPipe(w Window) *Pipe {
+	if w.Chunks <= 0 {
+		w.Chunks = DefaultWindow
 	}
-	return &Pipe{window: uint64(window), granted: uint64(window), wake: make(chan struct{}, 1)}
+	if w.Bytes <= 0 {
+		w.Bytes = DefaultWindowBytes
+	}
+	c := Credit{uint64(w.Chunks), uint64(w.Bytes)}
+	return &Pipe{window: c, granted: c, wake: make(chan struct{}, 1)}
 }
 
 // Chunk implements Sink.
@@ -44,11 +48,12 @@ func (p *Pipe) Chunk(data []byte) *envelope.Error {
 		p.mu.Unlock()
 		return envelope.NewError(envelope.CodeCancelled, "the stream's reader is gone")
 	}
-	if p.used >= p.granted {
+	if p.used.Chunks >= p.granted.Chunks || p.used.Bytes >= p.granted.Bytes {
 		p.mu.Unlock()
 		return BeyondCredit()
 	}
-	p.used++
+	p.used.Chunks++
+	p.used.Bytes += uint64(len(data))
 	p.buf = append(p.buf, c)
 	p.mu.Unlock()
 	p.signal()
@@ -56,11 +61,15 @@ func (p *Pipe) Chunk(data []byte) *envelope.Error {
 }
 
 // Attach implements Sink.
-func (p *Pipe) Attach(grant func(uint64)) uint64 {
+func (p *Pipe) Attach(grant func(Credit)) Credit {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.grant = grant
-	return p.granted - p.used
+	c := Credit{p.granted.Chunks - p.used.Chunks, 1}
+	if p.granted.Bytes > p.used.Bytes {
+		c.Bytes = p.granted.Bytes - p.used.Bytes
+	}
+	return c
 }
 
 func (p *Pipe) signal() {
@@ -94,13 +103,15 @@ func (p *Pipe) Next(ctx context.Context) (json.RawMessage, error) {
 			if len(p.buf) == 0 {
 				p.buf = nil // let the array go; a stream reads on
 			}
-			p.owed++
-			var grant func(uint64)
-			var n uint64
-			if p.owed >= max(p.window/2, 1) && !p.done {
+			p.owed.Chunks++
+			p.owed.Bytes += uint64(len(c))
+			var grant func(Credit)
+			var n Credit
+			if (p.owed.Chunks >= max(p.window.Chunks/2, 1) || p.owed.Bytes >= p.window.Bytes/2) && !p.done {
 				grant, n = p.grant, p.owed
-				p.granted += n
-				p.owed = 0
+				p.granted.Chunks += n.Chunks
+				p.granted.Bytes += n.Bytes
+				p.owed = Credit{}
 			}
 			p.mu.Unlock()
 			if grant != nil {
@@ -136,14 +147,14 @@ func (p *Pipe) Result() *envelope.Response {
 func (p *Pipe) Received() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.used
+	return p.used.Chunks
 }
 
 // Open runs invoke with req (its Stream set) into a new pipe, on a
 // goroutine, and returns the pipe and a stop function: stop cancels the
 // call if it still runs and waits for the goroutine (call it once done
 // reading).
-func Open(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window int) (p *Pipe, stop func()) {
+func Open(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window Window) (p *Pipe, stop func()) {
 	p = NewPipe(window)
 	ctx, cancel := context.WithCancel(With(ctx, p))
 	req.Stream = true
@@ -159,14 +170,14 @@ func Open(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, w
 	}
 }
 
-// Relay runs req as a stream through invoke (in a pipe of window chunks)
+// Relay runs req as a stream through invoke (in a pipe of window)
 // and hands each chunk, numbered from 1, to emit on the calling
 // goroutine, in order; emit may block (a transport with no room holds
 // the producer back through the credit) and its error cancels the
 // stream. It returns the stream's end: what a surface that relays a
 // stream to a protocol of its own (SSE, JSON-RPC notifications, agentick
 // or Multica events) needs.
-func Relay(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window int, emit func(n uint64, data json.RawMessage) error) (*envelope.Response, error) {
+func Relay(ctx context.Context, invoke envelope.Invoker, req *envelope.Request, window Window, emit func(n uint64, data json.RawMessage) error) (*envelope.Response, error) {
 	p, stop := Open(ctx, invoke, req, window)
 	defer stop()
 	for n := uint64(1); ; n++ {

@@ -15,10 +15,10 @@ import (
 // chunk); a grant made while nothing is attached is handed over at the
 // next Attach.
 func TestPipeCredit(t *testing.T) {
-	p := stream.NewPipe(4)
-	var grants []uint64
-	if c := p.Attach(func(n uint64) { grants = append(grants, n) }); c != 4 {
-		t.Fatalf("initial credit %d; want 4", c)
+	p := stream.NewPipe(stream.Window{Chunks: 4})
+	var grants []stream.Credit
+	if c := p.Attach(func(n stream.Credit) { grants = append(grants, n) }); c != (stream.Credit{Chunks: 4, Bytes: stream.DefaultWindowBytes}) {
+		t.Fatalf("initial credit %+v; want 4 chunks and the default byte window", c)
 	}
 	for i := range 4 {
 		if err := p.Chunk([]byte{'0' + byte(i)}); err != nil {
@@ -32,14 +32,36 @@ func TestPipeCredit(t *testing.T) {
 	if c, _ := p.Next(ctx); string(c) != "0" || len(grants) != 0 {
 		t.Fatalf("first read: %s, grants %v; want 0 and no grant yet", c, grants)
 	}
-	if c, _ := p.Next(ctx); string(c) != "1" || len(grants) != 1 || grants[0] != 2 {
-		t.Fatalf("second read: %s, grants %v; want 1 and a grant of 2", c, grants)
+	if c, _ := p.Next(ctx); string(c) != "1" || len(grants) != 1 || grants[0] != (stream.Credit{Chunks: 2, Bytes: 2}) {
+		t.Fatalf("second read: %s, grants %v; want 1 and a grant of 2 chunks of 2 bytes", c, grants)
 	}
 	p.Attach(nil)
 	p.Next(ctx)
 	p.Next(ctx) // a grant of 2 with nothing attached
-	if c := p.Attach(func(uint64) {}); c != 4 {
-		t.Fatalf("credit at a new attach: %d; want 4 (all read, none received since)", c)
+	if c := p.Attach(func(stream.Credit) {}); c.Chunks != 4 {
+		t.Fatalf("credit at a new attach: %+v; want 4 chunks (all read, none received since)", c)
+	}
+}
+
+// TestPipeByteWindow: a pipe with a byte window refuses a chunk once the
+// bytes received reach it (a chunk may overshoot it by its own size), and
+// grants bytes back once half the window was read.
+func TestPipeByteWindow(t *testing.T) {
+	p := stream.NewPipe(stream.Window{Chunks: 100, Bytes: 10})
+	var grants []stream.Credit
+	p.Attach(func(n stream.Credit) { grants = append(grants, n) })
+	if err := p.Chunk([]byte("123456")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Chunk([]byte("123456")); err != nil {
+		t.Fatalf("a chunk that overshoots the byte window: %v; want it taken (6 of 10 bytes used before it)", err)
+	}
+	if err := p.Chunk([]byte("1")); err == nil {
+		t.Fatal("a chunk past the byte window (12 of 10 bytes used) was taken")
+	}
+	p.Next(context.Background())
+	if len(grants) != 1 || grants[0] != (stream.Credit{Chunks: 1, Bytes: 6}) {
+		t.Fatalf("after reading 6 of 10 bytes: grants %v; want 1 chunk, 6 bytes", grants)
 	}
 }
 
@@ -48,7 +70,7 @@ func TestPipeCredit(t *testing.T) {
 // whose context ends stops waiting; a chunk after the end is refused.
 func TestPipeEnd(t *testing.T) {
 	ctx := context.Background()
-	p := stream.NewPipe(0)
+	p := stream.NewPipe(stream.Window{})
 	_ = p.Chunk([]byte("a"))
 	p.Finish(&envelope.Response{Result: []byte(`{"chunks":1}`)}, nil)
 	if c, err := p.Next(ctx); string(c) != "a" || err != nil {
@@ -61,7 +83,7 @@ func TestPipeEnd(t *testing.T) {
 		t.Fatal("a chunk after the end was taken")
 	}
 
-	p = stream.NewPipe(0)
+	p = stream.NewPipe(stream.Window{})
 	_ = p.Chunk([]byte("a"))
 	p.Finish(nil, envelope.NewError(envelope.CodeUnavailable, "lost"))
 	p.Next(ctx)
@@ -69,7 +91,7 @@ func TestPipeEnd(t *testing.T) {
 		t.Fatalf("%v; want the stream's error after its chunk", err)
 	}
 
-	p = stream.NewPipe(0)
+	p = stream.NewPipe(stream.Window{})
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
 	if _, err := p.Next(cctx); envelope.CodeOf(err) != envelope.CodeTimeout {
@@ -81,11 +103,11 @@ func TestPipeEnd(t *testing.T) {
 // credit passed to its producer, and a stall each time the producer uses
 // it up (after its first chunk).
 func TestCounter(t *testing.T) {
-	p := stream.NewPipe(2)
+	p := stream.NewPipe(stream.Window{Chunks: 2})
 	ctx, c := stream.Count(stream.With(context.Background(), p))
 	sink := stream.From(ctx)
 	var granted uint64
-	granted += sink.Attach(func(n uint64) { granted += n })
+	granted += sink.Attach(func(n stream.Credit) { granted += n.Chunks }).Chunks
 	_ = sink.Chunk([]byte("ab"))
 	_ = sink.Chunk([]byte("cde")) // uses up the credit of 2: a stall
 	p.Next(ctx)                   // grants 1

@@ -18,6 +18,14 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
+// Credit is a grant of flow-control credit: chunks, and bytes of chunk
+// data. A stream's initial credit with Bytes 0 has no byte window (only
+// chunks count); in a later grant, 0 grants none of that kind. A
+// producer sends a chunk while it has a chunk of credit and, with a byte
+// window, has sent fewer bytes than granted: a chunk may overshoot the
+// byte window by its own size (chunks are not split).
+type Credit struct{ Chunks, Bytes uint64 }
+
 // Sink is where a streaming call's chunks go and where its credit comes
 // from.
 type Sink interface {
@@ -29,7 +37,7 @@ type Sink interface {
 	// and returns the credit granted and not yet used: the initial credit
 	// of the call that feeds the sink (one at a time; a retry attaches
 	// again). grant must not block.
-	Attach(grant func(n uint64)) uint64
+	Attach(grant func(Credit)) Credit
 }
 
 // Sender is a Sink a handler sends to: Send blocks until the consumer
@@ -66,9 +74,28 @@ func SenderFrom(ctx context.Context) Sender {
 // 64, small chunks went at half the rate of 256 (bench -stream -window).
 const DefaultWindow = 256
 
+// DefaultWindowBytes is a consumer's byte window when it names none: the
+// chunk data it may hold unread (and a chunk's size over it).
+const DefaultWindowBytes = 4 << 20
+
+// Window is a consumer's window: the chunks and bytes it may hold unread
+// (zero fields take DefaultWindow, DefaultWindowBytes).
+type Window struct{ Chunks, Bytes int }
+
+// RelayWindow is the window of a surface that relays a stream to a
+// protocol of its own (SSE, JSON-RPC notifications, agentick or Multica
+// events): what the hub holds per stream for a client slow to read, on
+// top of the transport's own queue.
+var RelayWindow = Window{Chunks: 64, Bytes: 1 << 20}
+
 // DefaultTimeout bounds a whole stream whose caller set no deadline: the
 // kOS seed's stream ttl (300000 ms), longer than a call's.
 const DefaultTimeout = 5 * time.Minute
+
+// ChunkMethod is the method of the JSON-RPC notifications that carry a
+// streaming call's chunks on a WebSocket, before its response:
+// {"jsonrpc":"2.0","method":"stream.chunk","params":{"id":<the call's id>,"n":K,"data":<chunk>}}.
+const ChunkMethod = "stream.chunk"
 
 // BeyondCredit is the error of a chunk sent without credit for it.
 func BeyondCredit() *envelope.Error {

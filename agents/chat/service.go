@@ -244,9 +244,12 @@ func streamTurn(ctx context.Context, ag *Agent, in *sendParams, snd stream.Sende
 		err error
 	}
 	done := make(chan outcome, 1)
+	turnCtx, cancelTurn := context.WithCancel(ctx)
+	defer cancelTurn()
 	running, turnEnded := context.WithCancel(ctx)
+	defer turnEnded()
 	go func() {
-		res, err := in.send(ctx, ag)
+		res, err := in.send(turnCtx, ag)
 		done <- outcome{res, err}
 		turnEnded()
 	}()
@@ -264,11 +267,17 @@ func streamTurn(ctx context.Context, ag *Agent, in *sendParams, snd stream.Sende
 			if err == nil {
 				err = snd.Send(ctx, b)
 			}
+			if envelope.CodeOf(err) == envelope.CodeInvalidParams {
+				// An event over the frame limit (a message_update holds
+				// the whole message so far): skipped; the next ones, and
+				// the answer, carry the rest.
+				continue
+			}
 			if err != nil {
+				cancelTurn() // the caller is gone: so is its turn
 				if end == nil {
-					<-done // the caller cancelled: ctx ends the turn too
+					<-done
 				}
-				turnEnded()
 				return nil, err
 			}
 		}

@@ -102,7 +102,7 @@ and exits 1.`,
 func streamInvoker(clients []*mesh.Client, window int, st *bench.StreamStats) bench.Invoker {
 	return func(ctx context.Context, i int, req *envelope.Request) error {
 		start := time.Now()
-		p, stop := stream.Open(ctx, clients[i].Invoke, req, window)
+		p, stop := stream.Open(ctx, clients[i].Invoke, req, stream.Window{Chunks: window})
 		defer stop()
 		for n := 0; ; n++ {
 			c, err := p.Next(ctx)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/stream"
 )
 
 // OpenRPC document (https://spec.open-rpc.org, 1.3).
@@ -51,7 +52,7 @@ type Stream struct {
 
 // streamSpec is every streaming method's Stream.
 var streamSpec = &Stream{
-	Notification: envelope.StreamChunkMethod,
+	Notification: stream.ChunkMethod,
 	Params: json.RawMessage(`{"type":"object","required":["id","n","data"],"properties":{` +
 		`"id":{"description":"the id of the call the chunk belongs to"},` +
 		`"n":{"type":"integer","minimum":1,"description":"the chunk's sequence number, from 1"},` +

@@ -46,3 +46,35 @@ func (c *Conn) Err() error { return c.err }
 // CloseWith returns a Shutdown cause closing the connection with the
 // WebSocket close code and text.
 func CloseWith(code int, text string) error { return &closeError{code: code, text: text} }
+
+// SendControl queues a control frame of this side's own (a stream's
+// grant of credit, a cancel) whatever the queue's length, without
+// waiting: it must not be dropped, and it is not owed to the peer (the
+// backpressure bounds do not count it). It fails only when the
+// connection is closed.
+func (c *Conn) SendControl(b *[]byte) bool {
+	if ok, _ := c.enqueueAny(b, false); ok {
+		return true
+	}
+	PutBuf(b)
+	return false
+}
+
+// SendRoomy queues a frame owed to the peer as Send does, but waits while
+// the queue is half full or more: for a stream's frames relayed in a
+// protocol of the edge's own (SSE, JSON-RPC notifications, agentick,
+// Multica), so that a stream holding back on a slow client leaves the
+// rest of the queue to the connection's other frames, which are sent
+// without waiting (a full queue there is a client not reading).
+func (c *Conn) SendRoomy(b *[]byte) bool {
+	limit := max(c.cfg.QueueSize/2, 1)
+	ok, room := c.enqueueLimit(b, true, true, limit)
+	switch {
+	case ok:
+		return true
+	case room == nil: // closed
+		PutBuf(b)
+		return false
+	}
+	return c.sendWaitLimit(b, room, limit)
+}

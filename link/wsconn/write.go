@@ -360,6 +360,11 @@ func (c *Conn) TrySendOwed(b *[]byte) (wait func() bool) {
 // sendWait waits for room for b, which found the queue full (room: the
 // writer's next take), as Send does.
 func (c *Conn) sendWait(b *[]byte, room <-chan struct{}) bool {
+	return c.sendWaitLimit(b, room, c.cfg.QueueSize)
+}
+
+// sendWaitLimit is sendWait for a queue bounded at limit frames.
+func (c *Conn) sendWaitLimit(b *[]byte, room <-chan struct{}, limit int) bool {
 	var ok bool
 	var t *time.Timer
 	for room != nil {
@@ -381,7 +386,7 @@ func (c *Conn) sendWait(b *[]byte, room <-chan struct{}) bool {
 			PutBuf(b)
 			return false
 		}
-		if ok, room = c.enqueue(b, true, true); ok {
+		if ok, room = c.enqueueLimit(b, true, true, limit); ok {
 			return true
 		}
 	}
@@ -390,9 +395,9 @@ func (c *Conn) sendWait(b *[]byte, room <-chan struct{}) bool {
 }
 
 // SendCredited queues a frame that flow control already bounds (a
-// stream's chunk within its credit, a grant of credit), whatever the
-// queue's length, without waiting: it fails only when the connection is
-// closed. It counts as owed to the peer (the backpressure bounds see it).
+// stream's chunk within its credit), whatever the queue's length, without
+// waiting: it fails only when the connection is closed. It counts as owed
+// to the peer (the backpressure bounds see it).
 func (c *Conn) SendCredited(b *[]byte) bool {
 	if ok, _ := c.enqueueAny(b, true); ok {
 		return true

@@ -77,7 +77,7 @@ func (gw *gateway) streamMethod(ctx context.Context, c *agClient, method string,
 	}
 	id, _ := ctx.Value(agReqKey{}).(string)
 	var n uint64
-	res, err := stream.Relay(ctx, gw.h.Invoke, req, 0, func(seq uint64, data json.RawMessage) error {
+	res, err := stream.Relay(ctx, gw.h.Invoke, req, stream.RelayWindow, func(seq uint64, data json.RawMessage) error {
 		n = seq
 		ev := agentickEventFrame("method:chunk", "", map[string]any{"requestId": id, "method": method, "seq": seq, "chunk": data})
 		if !c.stream(ctx, ev) {

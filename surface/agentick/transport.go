@@ -125,9 +125,13 @@ func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 			return false
 		}
 	}
+	// A stream's events wait for the writer (a slow reader holds the
+	// stream back) on a queue of their own: the subscriptions' events,
+	// which never wait, keep theirs.
+	sout := make(chan []byte)
 	c.stream = func(ctx context.Context, b []byte) bool {
 		select {
-		case out <- b:
+		case sout <- b:
 			return true
 		case <-ctx.Done():
 		case <-c.ctx.Done():
@@ -171,6 +175,10 @@ func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 		case <-c.ctx.Done():
 			return
 		case f := <-out:
+			if !sse(f) {
+				return
+			}
+		case f := <-sout:
 			if !sse(f) {
 				return
 			}
@@ -287,7 +295,11 @@ func (a *agWS) connect(id string) {
 		*buf = append(*buf, b...)
 		return a.c.TrySend(buf)
 	}
-	c.stream = func(_ context.Context, b []byte) bool { return a.send(b) }
+	c.stream = func(_ context.Context, b []byte) bool { // waits while the queue is half full
+		buf := link.GetBuf()
+		*buf = append(*buf, b...)
+		return a.c.SendRoomy(buf)
+	}
 	c.close = func() { a.c.Shutdown(errors.New("agentick client closed")) }
 	if e := a.gw.attach(c); e != nil {
 		c.cancel()

@@ -519,12 +519,12 @@ func chatSendAgent(req *envelope.Request) (string, bool) {
 
 // turn runs req (a chat.send of agent) as a stream: its chunks are the
 // turn's events, each sent to the device as a "stream" message with the
-// seed's StreamPayload {streamId, agentId, event}, waiting for room in
-// its queue (the stream is held back meanwhile, never the turn), before
-// it returns the turn's answer. Only this turn's events: another caller's
+// seed's StreamPayload {streamId, agentId, event}, waiting while its
+// queue is half full (the stream is held back meanwhile, never the turn),
+// before it returns the turn's answer. Only this turn's events: another caller's
 // turn on the same agent is not this request's stream.
 func (d *multicaDevice) turn(req *envelope.Request, _ string) (*envelope.Response, error) {
-	return stream.Relay(d.ctx, d.s.h.Invoke, req, 0, func(_ uint64, data json.RawMessage) error {
+	return stream.Relay(d.ctx, d.s.h.Invoke, req, stream.RelayWindow, func(_ uint64, data json.RawMessage) error {
 		var e surface.ChatEvent
 		if err := json.Unmarshal(data, &e); err != nil {
 			return envelope.Errorf(envelope.CodeInternal, "chat.send streamed a chunk that is not an event: %v", err)
@@ -536,7 +536,7 @@ func (d *multicaDevice) turn(req *envelope.Request, _ string) (*envelope.Respons
 		}{e.StreamID, e.AgentID, e.Event})
 		b := link.GetBuf()
 		*b = appendMultica(*b, d.fromHub("stream", nil, p))
-		if !d.c.Send(b) {
+		if !d.c.SendRoomy(b) {
 			return envelope.NewError(envelope.CodeCancelled, "the device is gone")
 		}
 		return nil
@@ -546,9 +546,10 @@ func (d *multicaDevice) turn(req *envelope.Request, _ string) (*envelope.Respons
 // stream runs req, a call to a streaming method, as a stream, and sends
 // the device each chunk as a "stream" message, the seed's StreamPayload
 // {streamId: the requestId, agentId: the destination (if named), event:
-// {type: "chunk", seq, data}}, waiting for room in its queue (the stream
-// is held back meanwhile), then an event {type: "end", chunks, error?},
-// before the request's response.
+// {type: "chunk", seq, data}}, waiting while its queue is half full (the
+// stream is held back meanwhile; the other half stays for its other
+// messages, which never wait), then an event {type: "end", chunks,
+// error?}, before the request's response.
 func (d *multicaDevice) stream(req *envelope.Request, requestID string) (*envelope.Response, error) {
 	streamID := requestID
 	if streamID == "" {
@@ -563,11 +564,11 @@ func (d *multicaDevice) stream(req *envelope.Request, requestID string) (*envelo
 		return p
 	}
 	var n uint64
-	res, err := stream.Relay(d.ctx, d.s.h.Invoke, req, 0, func(seq uint64, data json.RawMessage) error {
+	res, err := stream.Relay(d.ctx, d.s.h.Invoke, req, stream.RelayWindow, func(seq uint64, data json.RawMessage) error {
 		n = seq
 		b := link.GetBuf()
 		*b = appendMultica(*b, d.fromHub("stream", nil, payload(map[string]any{"type": "chunk", "seq": seq, "data": data})))
-		if !d.c.Send(b) {
+		if !d.c.SendRoomy(b) {
 			return envelope.NewError(envelope.CodeCancelled, "the device is gone")
 		}
 		return nil
@@ -578,7 +579,7 @@ func (d *multicaDevice) stream(req *envelope.Request, requestID string) (*envelo
 	}
 	b := link.GetBuf()
 	*b = appendMultica(*b, d.fromHub("stream", nil, payload(end)))
-	d.c.Send(b)
+	d.c.SendRoomy(b)
 	return res, err
 }
 

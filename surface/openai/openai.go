@@ -203,7 +203,7 @@ func (c *openAICall) callStream(ctx context.Context, method string, params any, 
 		Timestamp: time.Now().UnixMilli(), Version: envelope.Version}
 	var res *envelope.Response
 	if emit != nil {
-		res, err = stream.Relay(ctx, c.h.Invoke, req, 0, emit)
+		res, err = stream.Relay(ctx, c.h.Invoke, req, stream.RelayWindow, emit)
 	} else {
 		res, err = c.h.Invoke(ctx, req)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -217,7 +218,12 @@ type runningSend struct {
 	done     chan openAISendOutcome
 	stop     context.CancelFunc
 	finished bool
+	gone     chan struct{} // closed when the events' reader left (leave)
+	goneOnce sync.Once
 }
+
+// leave tells a streamed send that nothing reads its events any more.
+func (s *runningSend) leave() { s.goneOnce.Do(func() { close(s.gone) }) }
 
 // newSend starts chat.send in a goroutine whose context is detached from
 // ctx: a client that goes away cancels the turn by chat.cancel (cancel).
@@ -233,7 +239,7 @@ func (t *openAITurn) newSend(ctx context.Context, rid string) *runningSend {
 // client that stops reading holds the stream back (never the turn), and
 // one that goes away ends it.
 func (t *openAITurn) startSend(ctx context.Context, rid string, events chan<- surface.ChatEvent) *runningSend {
-	s := &runningSend{t: t, ctx: ctx, rid: rid, done: make(chan openAISendOutcome, 1)}
+	s := &runningSend{t: t, ctx: ctx, rid: rid, done: make(chan openAISendOutcome, 1), gone: make(chan struct{})}
 	var sctx context.Context
 	sctx, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	var emit func(uint64, json.RawMessage) error
@@ -248,6 +254,7 @@ func (t *openAITurn) startSend(ctx context.Context, rid string, events chan<- su
 				return nil
 			case <-ctx.Done():
 			case <-sctx.Done():
+			case <-s.gone:
 			}
 			return envelope.NewError(envelope.CodeCancelled, "the completion's client is gone")
 		}
@@ -387,7 +394,10 @@ func (t *openAITurn) stream(ctx context.Context, w http.ResponseWriter) {
 	rid := newOpenAIRequestID()
 	events := make(chan surface.ChatEvent, 64)
 	s := t.startSend(ctx, rid, events)
-	defer s.cancel()
+	defer func() {
+		s.leave() // a failed write: the stream stops waiting on this loop
+		s.cancel()
+	}()
 
 	var (
 		stream, text, thinking string // the current message's, as sent

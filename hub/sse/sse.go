@@ -1,4 +1,6 @@
-package hub
+// Package sse answers one JSON-RPC call as Server-Sent Events: the hub's
+// POST /rpc with Accept: text/event-stream (README, "Streams").
+package sse
 
 import (
 	"bytes"
@@ -13,20 +15,21 @@ import (
 	"github.com/agentmesh/agentmesh/stream"
 )
 
-// acceptsSSE reports a POST /rpc that asks for an event stream.
-func acceptsSSE(r *http.Request) bool {
+// Accepts reports a request that asks for an event stream.
+func Accepts(r *http.Request) bool {
 	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
 }
 
-// serveSSE answers one JSON-RPC call on POST /rpc as Server-Sent Events:
-// a streaming method's chunks, each an event "chunk" whose id is its
-// sequence number and whose data is the chunk, then one event "end"
-// whose data is the call's JSON-RPC response (its result, or its error
-// with the last sequence number in data.details.lastSeq). A method that
-// does not stream answers with the end alone. A slow reader holds the
-// stream back (each write waits for the client), and a client that goes
-// away cancels it.
-func (h *Hub) serveSSE(w http.ResponseWriter, ctx context.Context, c *RPCCall) {
+// Serve answers c on w as Server-Sent Events: a streaming method's
+// (streaming) chunks, each an event "chunk" whose id is its sequence
+// number and whose data is the chunk, then one event "end" whose data is
+// the call's JSON-RPC response (its result, or its error with the last
+// sequence number in data.details.lastSeq). A method that does not
+// stream answers with the end alone. invoke runs the call (the hub's
+// ingress); each write waits at most writeTimeout. A slow reader holds
+// the stream back (each write waits for the client), and a client that
+// goes away cancels it.
+func Serve(w http.ResponseWriter, ctx context.Context, c *envelope.RPCCall, streaming bool, invoke envelope.Invoker, writeTimeout time.Duration) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-cache")
@@ -43,9 +46,9 @@ func (h *Hub) serveSSE(w http.ResponseWriter, ctx context.Context, c *RPCCall) {
 			buf = strconv.AppendUint(buf, id, 10)
 		}
 		buf = append(buf, "\ndata: "...)
-		buf = append(buf, data...) // one line: JSON as the hub encodes it has no raw newline
+		buf = append(buf, data...) // one line: compactLine
 		buf = append(buf, "\n\n"...)
-		_ = rc.SetWriteDeadline(time.Now().Add(h.cfg.Conn.WriteTimeout))
+		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		if _, err := w.Write(buf); err != nil {
 			return envelope.NewError(envelope.CodeCancelled, "the event stream's client is gone")
 		}
@@ -60,12 +63,12 @@ func (h *Hub) serveSSE(w http.ResponseWriter, ctx context.Context, c *RPCCall) {
 		if req.Timestamp == 0 {
 			req.Timestamp = time.Now().UnixMilli()
 		}
-		if h.Streaming(req.Method) {
-			res, err = stream.Relay(ctx, h.ingress, req, 0, func(n uint64, data json.RawMessage) error {
+		if streaming {
+			res, err = stream.Relay(ctx, invoke, req, stream.RelayWindow, func(n uint64, data json.RawMessage) error {
 				return event("chunk", n, compactLine(data))
 			})
 		} else {
-			res, err = h.ingress(ctx, req)
+			res, err = invoke(ctx, req)
 		}
 	}
 	var end []byte
@@ -84,11 +87,10 @@ func compactLine(data []byte) []byte {
 	if !bytes.ContainsAny(data, "\r\n") {
 		return data
 	}
-	var b strings.Builder
-	for _, r := range string(data) {
-		if r != '\n' && r != '\r' {
-			b.WriteRune(r)
+	return bytes.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' {
+			return -1
 		}
-	}
-	return []byte(b.String())
+		return r
+	}, data)
 }

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub/guard"
+	"github.com/agentmesh/agentmesh/hub/listing"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry"
 )
@@ -233,38 +233,11 @@ func (h *Hub) meshPing(ctx context.Context, _ *link.Link, raw json.RawMessage) (
 }
 
 func (h *Hub) meshAgents(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := envelope.DecodeParams("mesh.agents", raw, &struct{}{}); err != nil {
-		return nil, err
-	}
-	snap := h.reg.Snapshot()
-	out := make([]control.AgentInfo, 0, len(snap.Instances()))
-	for _, in := range snap.Instances() {
-		out = append(out, control.AgentInfo{
-			AgentID: in.InstanceID, Name: in.Name, Hub: in.Hub, Status: in.State(), Load: in.Load(),
-			InFlight: in.InFlight(), Methods: in.Capabilities, LastHeartbeat: in.LastHeartbeat().UTC(),
-			RegisteredAt: in.RegisteredAt.UTC(),
-		})
-	}
-	return out, nil
+	return listing.Agents(h.reg.Snapshot(), raw)
 }
 
 func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := envelope.DecodeParams("mesh.methods", raw, &struct{}{}); err != nil {
-		return nil, err
-	}
-	out := []control.MethodInfo{}
-	for m, ins := range h.reg.Snapshot().Methods() {
-		mi := control.MethodInfo{Method: m}
-		for _, in := range ins {
-			mi.Agents = append(mi.Agents, in.InstanceID)
-			if in.State() == registry.StateReady {
-				mi.Ready++
-			}
-		}
-		out = append(out, mi)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Method < out[j].Method })
-	return out, nil
+	return listing.Methods(h.reg.Snapshot(), raw)
 }
 
 func (h *Hub) meshBreakers(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {

@@ -125,3 +125,24 @@ func Empty() *Snapshot { return NewSnapshot(0, nil, nil) }
 
 // recentTTL is how long a capability stays "known" after its last instance left.
 const RecentTTL = 5 * time.Minute
+
+// Page returns up to limit instances after the id after (""; from the
+// first), in id order, that keep (nil: all) accepts, and the id to pass
+// as after for the next page ("" when none is left). It seeks to after
+// by binary search: a page costs what it returns (and what keep skips),
+// not the registry's size.
+func (s *Snapshot) Page(after string, limit int, keep func(*Instance) bool) (page []*Instance, next string) {
+	i, _ := slices.BinarySearchFunc(s.instances, after, func(in *Instance, id string) int { return strings.Compare(in.InstanceID, id) })
+	if i < len(s.instances) && s.instances[i].InstanceID == after {
+		i++
+	}
+	for ; i < len(s.instances) && len(page) < limit; i++ {
+		if keep == nil || keep(s.instances[i]) {
+			page = append(page, s.instances[i])
+		}
+	}
+	if i < len(s.instances) && len(page) == limit {
+		next = page[len(page)-1].InstanceID
+	}
+	return page, next
+}

@@ -72,7 +72,52 @@ type MethodInfo struct {
 	Method string   `json:"method"`
 	Agents []string `json:"agents"`
 	Ready  int      `json:"ready"`
+	// Count is how many instances serve it, in a page (mesh.methods with
+	// params), whose Agents lists at most MaxMethodAgents of them.
+	Count int `json:"count,omitempty"`
 }
+
+// ListParams page mesh.agents and mesh.methods: with any of them the
+// answer is a page ({agents|methods, next}), without them the whole list
+// (an array; refused past MaxUnpaged entries).
+type ListParams struct {
+	Limit  int    `json:"limit,omitempty"`  // 1..1000 (default 500)
+	Cursor string `json:"cursor,omitempty"` // the previous page's next
+	Method string `json:"method,omitempty"` // agents: serving a method that matches it (a name or a pattern such as "memory.*"); methods: names with this prefix
+	State  string `json:"state,omitempty"`  // agents: in this state
+	Hub    string `json:"hub,omitempty"`    // agents: attached to this hub
+	// Summary answers counts instead of a page: agents by state and by
+	// hub, and the number of methods.
+	Summary bool `json:"summary,omitempty"`
+}
+
+// AgentsPage is a page of mesh.agents.
+type AgentsPage struct {
+	Agents []AgentInfo `json:"agents"`
+	Next   string      `json:"next,omitempty"` // the cursor of the next page; empty on the last
+}
+
+// MethodsPage is a page of mesh.methods.
+type MethodsPage struct {
+	Methods []MethodInfo `json:"methods"`
+	Next    string       `json:"next,omitempty"`
+}
+
+// AgentsSummary is mesh.agents {"summary": true}.
+type AgentsSummary struct {
+	Agents  int            `json:"agents"`
+	ByState map[string]int `json:"byState"`
+	ByHub   map[string]int `json:"byHub"`
+	Methods int            `json:"methods"`
+}
+
+// Listing bounds.
+const (
+	MaxUnpaged      = 2000 // entries an unpaged mesh.agents or mesh.methods answers at most
+	MaxPage         = 1000 // a page's limit at most
+	DefaultPage     = 500
+	MaxMethodAgents = 100 // agent ids a page's MethodInfo lists at most
+)
 
 // MaxSchemaBytes bounds the schemas an agent declares when it registers
 // (encoded): they travel in every registry record of the instance.

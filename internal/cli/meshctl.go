@@ -12,17 +12,14 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/agentmesh/agentmesh/agents"
-	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/config"
 	"github.com/agentmesh/agentmesh/link"
@@ -262,88 +259,6 @@ func outputMode(o string, w io.Writer, human, machine string) (bool, error) {
 		return false, nil
 	}
 	return false, usageErr("-o must be %s or %s", human, machine)
-}
-
-func (g *ctlFlags) listCall(ctx context.Context, method string, out any) error {
-	c, err := g.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	var raw json.RawMessage
-	if err := c.Call(ctx, method, nil, &raw, mesh.CallTimeout(g.timeout)); err != nil {
-		return g.callErr(err, false)
-	}
-	if out == nil {
-		fmt.Fprintf(g.stdout, "%s\n", raw)
-		return nil
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return withCode(ExitError, fmt.Errorf("unexpected answer to %s: %v", method, err))
-	}
-	return nil
-}
-
-func (g *ctlFlags) agentsCmd() *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:   "agents",
-		Short: "List the registered agents (mesh.agents)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			table, err := outputMode(output, g.stdout, "table", "json")
-			if err != nil {
-				return err
-			}
-			if !table {
-				return g.listCall(cmd.Context(), "mesh.agents", nil)
-			}
-			var list []control.AgentInfo
-			if err := g.listCall(cmd.Context(), "mesh.agents", &list); err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "AGENT ID\tNAME\tSTATUS\tLOAD\tINFLIGHT\tLAST HEARTBEAT\tMETHODS")
-			for _, a := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%d\t%s ago\t%s\n", a.AgentID, a.Name, a.Status, a.Load, a.InFlight,
-					time.Since(a.LastHeartbeat).Round(100*time.Millisecond), strings.Join(a.Methods, ","))
-			}
-			return tw.Flush()
-		},
-	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, else json)")
-	return cmd
-}
-
-func (g *ctlFlags) methodsCmd() *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:   "methods",
-		Short: "List the methods served and the agents serving them (mesh.methods)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			table, err := outputMode(output, g.stdout, "table", "json")
-			if err != nil {
-				return err
-			}
-			if !table {
-				return g.listCall(cmd.Context(), "mesh.methods", nil)
-			}
-			var list []control.MethodInfo
-			if err := g.listCall(cmd.Context(), "mesh.methods", &list); err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "METHOD\tREADY\tAGENTS")
-			for _, m := range list {
-				sort.Strings(m.Agents)
-				fmt.Fprintf(tw, "%s\t%d/%d\t%s\n", m.Method, m.Ready, len(m.Agents), strings.Join(m.Agents, ","))
-			}
-			return tw.Flush()
-		},
-	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, else json)")
-	return cmd
 }
 
 func (g *ctlFlags) agentCmd() *cobra.Command {

@@ -141,7 +141,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	}
 	b := &binding{link: l, id: id}
 	h.bindings.Store(id, b)
-	_, err = h.reg.Register(ctx, registry.Registration{
+	in, err := h.reg.Register(ctx, registry.Registration{
 		InstanceID: id, Name: name, Hub: h.cfg.ID, HubAddr: h.cfg.Advertise, Capabilities: p.Capabilities,
 		Intents: p.Intents, Metadata: p.Metadata, ContractHash: p.ContractHash, Schemas: schemas,
 		HeartbeatInterval: h.cfg.HeartbeatInterval,
@@ -153,6 +153,7 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 		}
 		return nil, envelope.WrapError(envelope.CodeUnavailable, "registry refused the registration", err)
 	}
+	b.inst.Store(in)
 	b.ready.Store(true)
 	h.log.Info("agent registered", "agent", id, "name", name, "capabilities", p.Capabilities, "remote", l.Remote)
 	return control.RegisterResult{

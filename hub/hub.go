@@ -299,7 +299,8 @@ type closer interface{ Close() }
 type binding struct {
 	link  *link.Link
 	id    string
-	ready atomic.Bool // set once the registry holds the instance
+	ready atomic.Bool                       // set once the registry holds the instance
+	inst  atomic.Pointer[registry.Instance] // the instance registered over link (once ready)
 }
 
 // New validates cfg and returns a hub. It does no I/O.
@@ -672,29 +673,4 @@ func (h *Hub) untrack(c closer) {
 	h.mu.Lock()
 	delete(h.conns, c)
 	h.mu.Unlock()
-}
-
-// follow watches the registry: an instance attached here that left the
-// registry (expired, or deregistered by another path) loses its link, so
-// that the calls pending on it fail at once with UNAVAILABLE.
-func (h *Hub) follow(watch <-chan *registry.Snapshot) {
-	defer close(h.done)
-	for range watch {
-		snap := h.reg.Snapshot()
-		h.bindings.Range(func(k, v any) bool {
-			b := v.(*binding)
-			// ready is set once the registry has published the instance;
-			// snap may predate that (a registration that completed since
-			// it was taken), so a miss is checked against a snapshot taken
-			// after ready was seen.
-			if b.ready.Load() && snap.Instance(b.id) == nil && h.reg.Snapshot().Instance(b.id) == nil {
-				h.log.Info("instance left the registry; closing its link", "agent", b.id)
-				h.metrics().Expired()
-				h.bindings.CompareAndDelete(k, v)
-				h.breakers.Forget(b.id)
-				go b.link.Close()
-			}
-			return true
-		})
-	}
 }

@@ -7,25 +7,34 @@ import (
 	"time"
 )
 
-// Publisher is the part every backend shares: it turns the backend's set
-// of instances into immutable snapshots (remembering recently served
-// capabilities), stores the current one for lock-free reads, and hands
-// each new one to the watchers without ever blocking on them. The zero
-// value is not ready: use NewPublisher. Safe for concurrent use.
+// Publisher is the part every backend shares: it derives each new
+// immutable snapshot from the last by the changes (Apply) or by the
+// difference with the backend's whole set (Publish), remembers recently
+// served capabilities, stores the current snapshot for lock-free reads,
+// and hands each new one to the watchers without ever blocking on them.
+// The zero value is not ready: use NewPublisher. Safe for concurrent use.
 type Publisher struct {
 	snap     atomic.Pointer[Snapshot]
 	mu       sync.Mutex
 	rev      uint64
-	recent   map[string]time.Time // capability -> when its last instance left
+	seq      uint64             // departures numbered so far (Snapshot.Removed)
+	ready    map[*Instance]bool // the instances indexed, and whether as ready
+	recent   []recentCap        // capabilities whose last instance left, oldest first
 	watchers map[chan *Snapshot]struct{}
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup // one goroutine per watcher
 }
 
+// recentCap is a capability left by its last instance at at.
+type recentCap struct {
+	c  string
+	at time.Time
+}
+
 // NewPublisher returns a publisher holding the empty snapshot.
 func NewPublisher() *Publisher {
-	p := &Publisher{recent: map[string]time.Time{}, watchers: map[chan *Snapshot]struct{}{}, stop: make(chan struct{})}
+	p := &Publisher{ready: map[*Instance]bool{}, watchers: map[chan *Snapshot]struct{}{}, stop: make(chan struct{})}
 	p.snap.Store(Empty())
 	return p
 }
@@ -33,36 +42,77 @@ func NewPublisher() *Publisher {
 // Snapshot returns the current snapshot. It takes no lock.
 func (p *Publisher) Snapshot() *Snapshot { return p.snap.Load() }
 
-// Left records that in left the registry (its capabilities stay known for
-// RecentTTL).
-func (p *Publisher) Left(in *Instance, now time.Time) {
+// Apply publishes the snapshot with puts added (or, for an instance
+// already there, re-indexed: its state changed; another instance of the
+// same id is replaced) and gone removed (when they are still the
+// instances of their ids): one batch, one snapshot. Its cost is that of
+// the instances changed, not of the registry.
+func (p *Publisher) Apply(puts, gone []*Instance) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range in.Capabilities {
-		p.recent[c] = now
+	cur := p.snap.Load()
+	b := newBuilder(cur, time.Now())
+	for _, in := range gone {
+		if cur.Instance(in.InstanceID) == in {
+			b.drop(in, true)
+			delete(p.ready, in)
+		}
 	}
+	for _, in := range puts {
+		if old := cur.Instance(in.InstanceID); old != nil && old != in {
+			delete(p.ready, old)
+		}
+		b.put(in)
+		p.ready[in] = in.State() == StateReady
+	}
+	p.commitLocked(b)
 }
 
-// Publish builds a snapshot of insts and hands it to every watcher,
-// replacing an unread older one, so that no send blocks.
+// Publish publishes the snapshot of insts, the backend's whole set: it
+// applies the difference with the current one (what left, what came,
+// what changed state) as one batch.
 func (p *Publisher) Publish(insts map[string]*Instance) {
-	now := time.Now()
-	list := make([]*Instance, 0, len(insts))
-	for _, in := range insts {
-		list = append(list, in)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var recent []string
-	for c, t := range p.recent {
-		if now.Sub(t) > RecentTTL {
-			delete(p.recent, c)
-			continue
+	cur := p.snap.Load()
+	b := newBuilder(cur, time.Now())
+	for _, in := range cur.Instances() {
+		if insts[in.InstanceID] != in {
+			if insts[in.InstanceID] == nil {
+				b.drop(in, true)
+			}
+			delete(p.ready, in)
 		}
-		recent = append(recent, c)
+	}
+	for _, in := range insts {
+		ready, indexed := p.ready[in]
+		if !indexed || ready != (in.State() == StateReady) {
+			b.put(in)
+			p.ready[in] = in.State() == StateReady
+		}
+	}
+	p.commitLocked(b)
+}
+
+// commitLocked commits b (p.mu held), expiring the capabilities left
+// longer than RecentTTL ago, stores the snapshot and hands it to every
+// watcher, replacing an unread older one, so that no send blocks.
+func (p *Publisher) commitLocked(b *builder) {
+	for len(p.recent) > 0 && b.now.Sub(p.recent[0].at) > RecentTTL {
+		r := p.recent[0]
+		p.recent = p.recent[1:]
+		if e, ok := b.caps.Get([]byte(r.c)); ok && e.count == 0 && e.left.Equal(r.at) {
+			b.entry(r.c) // touched: commit's expire takes it out
+		}
+	}
+	for c, e := range b.touched {
+		if e.count == 0 && e.left.Equal(b.now) {
+			p.recent = append(p.recent, recentCap{c, b.now})
+		}
 	}
 	p.rev++
-	snap := NewSnapshot(p.rev, list, recent)
+	snap, seq := b.commit(p.rev, func(_ string, e *capEntry) bool { return b.now.Sub(e.left) > RecentTTL }, p.seq)
+	p.seq = seq
 	p.snap.Store(snap)
 	for ch := range p.watchers {
 		select {

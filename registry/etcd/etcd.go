@@ -529,8 +529,7 @@ func (r *Registry) expire() {
 }
 
 func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
-	r.delInstLocked(in.InstanceID)
-	r.Left(in, now)
+	r.delInstLocked(in.InstanceID) // its capabilities stay known a while: Publish records the departure
 }
 
 // setInstLocked puts in into the view, written by o.
@@ -600,12 +599,7 @@ func (r *Registry) setHubLocked(id string, h hubState, now time.Time) {
 	if id == "" || id == r.cfg.Hub {
 		return
 	}
-	r.hubs[id] = h
-	for _, in := range r.insts {
-		if in.Hub == id && !r.routable(in) {
-			r.Left(in, now)
-		}
-	}
+	r.hubs[id] = h // its instances that stop being routable leave at the next Publish
 }
 
 // pruneLocked forgets revisions of instances and hubs long gone, so the

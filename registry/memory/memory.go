@@ -60,7 +60,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 		return nil, registry.ErrClosed
 	}
 	r.insts[reg.InstanceID] = in
-	r.publishLocked()
+	r.Apply([]*registry.Instance{in}, nil)
 	return in, nil
 }
 
@@ -73,7 +73,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, b registry.Beat) er
 	if in.Beat(b, time.Now()) {
 		r.mu.Lock()
 		if r.insts[id] == in {
-			r.publishLocked()
+			r.Apply([]*registry.Instance{in}, nil) // re-indexed: ready or not
 		}
 		r.mu.Unlock()
 	}
@@ -88,17 +88,10 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 	if !ok {
 		return registry.ErrNotFound
 	}
-	r.removeLocked(in, time.Now())
-	r.publishLocked()
+	delete(r.insts, id)
+	r.Apply(nil, []*registry.Instance{in})
 	return nil
 }
-
-func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
-	delete(r.insts, in.InstanceID)
-	r.Left(in, now)
-}
-
-func (r *Registry) publishLocked() { r.Publish(r.insts) }
 
 func (r *Registry) reap() {
 	defer close(r.done)
@@ -110,15 +103,15 @@ func (r *Registry) reap() {
 			return
 		case now := <-t.C:
 			r.mu.Lock()
-			changed := false
+			var gone []*registry.Instance
 			for _, in := range r.insts {
 				if in.Expired(now) {
-					r.removeLocked(in, now)
-					changed = true
+					delete(r.insts, in.InstanceID)
+					gone = append(gone, in)
 				}
 			}
-			if changed {
-				r.publishLocked()
+			if len(gone) > 0 {
+				r.Apply(nil, gone) // one batch, one snapshot
 			}
 			r.mu.Unlock()
 		}

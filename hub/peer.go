@@ -11,7 +11,8 @@ import (
 // forward sends a call for an instance attached to another hub over the
 // peer link to that hub, which serves it locally (Hops stops it from
 // forwarding again). peerLost reports a failure of the peer link itself
-// (unreachable, or lost with the call in flight), not of the instance.
+// (unreachable, lost with the call in flight, or stalled when the call
+// ran out of time), not of the instance.
 func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.Instance) (res *envelope.Response, peerLost bool, err error) {
 	if req.Headers.Hops > 0 {
 		return nil, false, link.UnavailableNotSent("agent " + in.InstanceID + " is not attached to this hub, and the request already crossed a peer link")
@@ -31,7 +32,17 @@ func (h *Hub) forward(ctx context.Context, req *envelope.Request, in *registry.I
 	r.Destination = in.InstanceID
 	r.Headers.Hops++
 	res, err = l.Call(ctx, &r)
-	return res, err != nil && l.Err() != nil, err
+	if err == nil {
+		return res, false, nil
+	}
+	// A call that ran out of time on a peer link that has read nothing,
+	// not even a pong, for longer than a ping interval failed with the
+	// link (a TCP stream held up by retransmissions, a path cut), not
+	// with the agent: counted against its breaker, such a stall of a
+	// few seconds opened the breaker of every agent behind the peer for
+	// the whole recovery timeout (the lab's S07b under 5 % loss).
+	lost := l.Err() != nil || envelope.AsError(err).Code == envelope.CodeTimeout && l.Stalled()
+	return res, lost, err
 }
 
 // wantedPeer reports whether some instance in the registry is attached to

@@ -78,3 +78,82 @@ func TestPeerLinkBlackholedThenHealed(t *testing.T) {
 		t.Errorf("first call 1.5 s after heal: %v; want the link re-dialled by then", err)
 	}
 }
+
+// TestPeerLinkStallDoesNotOpenBreakers: calls that run out of time on a
+// stalled peer link (blackholed: it reads nothing, not even pongs) fail
+// with TIMEOUT, but the agent behind the peer is not to blame: its
+// breaker on the origin hub stays closed, and once the path heals the
+// agent answers at once. Six calls time out together on the stall, more
+// than the breaker's five consecutive failures; before, they opened it
+// for its 30 s recovery timeout (CI's lab S07b under 5 % loss: a 2.5 s
+// stall of the cross-hub link, then 30 s of CIRCUIT_OPEN).
+func TestPeerLinkStallDoesNotOpenBreakers(t *testing.T) {
+	srv := etcdtest.Start(t)
+	newReg := func() *etcd.Registry {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/stall/"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	// Pings every 200 ms: stalled after 325 ms of silence, dead after 500.
+	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", PeerHeartbeat: 200 * time.Millisecond}, newReg())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(t.Context(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	c := meshtest.StartClusterOn(t, hub.Config{ID: "hub-C", Advertise: proxy.Addr()}, newReg(), ln)
+	c.RunAgent(t, agents.NewEcho(agents.WithID("echo-c")))
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("echo-c") != nil })
+	cl := a.Client(t, mesh.WithoutReliability())
+	if err := cl.Call(t.Context(), "echo.echo", "through the proxy", nil); err != nil {
+		t.Fatalf("call through the peer link: %v", err)
+	}
+
+	proxy.Blackhole()
+	errs := make(chan error, 6)
+	for range 6 {
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
+			defer cancel()
+			errs <- cl.Call(ctx, "echo.echo", "stalled", nil)
+		}()
+	}
+	for range 6 {
+		if err := <-errs; envelope.CodeOf(err) != envelope.CodeTimeout {
+			t.Errorf("call on the stalled peer link = %v; want TIMEOUT", err)
+		}
+	}
+	if st := breakerState(t, cl, "echo.echo", "echo-c"); st == "open" {
+		t.Errorf("breaker of echo-c for echo.echo on hub A is %q after timeouts on a stalled peer link; want it not open", st)
+	}
+
+	proxy.Unblackhole()
+	// The link was found dead at 500 ms; the background re-dial brings
+	// it back within its backoff, and the agent answers.
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return cl.Call(t.Context(), "echo.echo", "healed", nil) == nil })
+	if st := breakerState(t, cl, "echo.echo", "echo-c"); st != "" && st != "closed" {
+		t.Errorf("breaker of echo-c for echo.echo on hub A is %q after the heal; want closed", st)
+	}
+}
+
+// breakerState is the state mesh.breakers lists for (method, instance),
+// "" when it lists none.
+func breakerState(t *testing.T, cl *mesh.Client, method, instance string) string {
+	t.Helper()
+	var list []struct{ Method, Instance, State string }
+	if err := cl.Call(t.Context(), "mesh.breakers", nil, &list); err != nil {
+		t.Fatalf("mesh.breakers: %v", err)
+	}
+	for _, b := range list {
+		if b.Method == method && b.Instance == instance {
+			return b.State
+		}
+	}
+	return ""
+}

@@ -233,6 +233,11 @@ func (l *Link) SendGoAway() {
 // Done is closed when the link has closed.
 func (l *Link) Done() <-chan struct{} { return l.c.Done() }
 
+// Stalled reports that the link has read nothing for longer than a ping
+// and its pong take (wsconn.Conn.Stalled): it will be closed as dead
+// unless something arrives.
+func (l *Link) Stalled() bool { return l.c.Stalled() }
+
 // Err reports why the link closed (nil while open).
 func (l *Link) Err() error {
 	select {

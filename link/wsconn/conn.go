@@ -209,6 +209,7 @@ type Conn struct {
 	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
 	credit      int         // bytes the kernel can take without a new look (writer only)
 	lingering   atomic.Bool // closed as a slow consumer: the reader lingers, then closes
+	heard       atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
 	quit        chan struct{}
 	quitOnce    sync.Once
 	// drained, if set, runs (on the writer) after a write that left the
@@ -379,6 +380,11 @@ const pausedPong = time.Second
 // wake-up away.
 func (c *Conn) setReadDeadline(t time.Time) error {
 	err := c.ws.SetReadDeadline(t)
+	if t.IsZero() {
+		c.heard.Store(0) // paused: not reading, so silence says nothing
+	} else {
+		c.heard.Store(t.Add(-c.cfg.IdleTimeout).UnixNano())
+	}
 	if c.lingering.Load() {
 		err = c.ws.SetReadDeadline(time.Now())
 	}
@@ -622,6 +628,20 @@ func (c *Conn) Close() {
 	c.quitOnce.Do(func() { close(c.quit) })
 	c.Shutdown(nil)
 	c.wg.Wait()
+}
+
+// Stalled reports that the connection has read nothing, not even the
+// pong to a ping sent since, for longer than a ping interval and a
+// margin (IdleTimeout/4: the reader notes what it reads only every
+// IdleTimeout/8, and the pong takes a round trip). A connection that is
+// healthy always has something to read by then; one that is stalled
+// (its TCP stream held up by retransmission timeouts, its path cut) will
+// be closed at IdleTimeout. Calls that ran out of time on a stalled
+// connection say nothing of the agent behind it. False while the reader
+// is paused by backpressure (it reads nothing then, by choice).
+func (c *Conn) Stalled() bool {
+	heard := c.heard.Load()
+	return heard != 0 && time.Since(time.Unix(0, heard)) > c.cfg.PingInterval+c.cfg.IdleTimeout/4
 }
 
 // done is closed once the connection started closing.

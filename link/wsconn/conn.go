@@ -206,9 +206,9 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
-	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
-	credit      int         // bytes the kernel can take without a new look (writer only)
-	lingering   atomic.Bool // closed as a slow consumer: the reader lingers, then closes
+	roomKept    atomic.Bool  // raw is set: the writer keeps room for a close frame
+	credit      int          // bytes the kernel can take without a new look (writer only)
+	lingering   atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
 	heard       atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
 	quit        chan struct{}
 	quitOnce    sync.Once

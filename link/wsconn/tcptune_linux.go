@@ -5,21 +5,43 @@ import (
 	"syscall"
 )
 
-// tcpThinLinearTimeouts is TCP_THIN_LINEAR_TIMEOUTS (linux/tcp.h).
-const tcpThinLinearTimeouts = 16
+// Socket options of linux/tcp.h that x/sys/unix does not name yet.
+const (
+	tcpThinLinearTimeouts = 16 // TCP_THIN_LINEAR_TIMEOUTS
+	tcpRTOMaxMS           = 44 // TCP_RTO_MAX_MS, Linux 6.14
+	tcpRTOMinUS           = 45 // TCP_RTO_MIN_US, Linux 6.15
+)
+
+// A link's retransmission timeout bounds (see tuneTCP).
+const (
+	linkRTOMin = 50_000 // µs
+	linkRTOMax = 1000   // ms
+)
 
 // tuneTCP sets what a link's socket needs beyond Go's defaults (which
-// already disable Nagle): linear retransmission timeouts while the
-// stream is thin (fewer than 4 segments in flight, Linux's test). A
-// link carries small frames, many calls over one connection, so one
-// lost segment with nothing behind it to trigger a fast retransmit
-// waits a retransmission timeout (200 ms at least), and every call
-// behind it waits too. With the default exponential backoff, losing the
-// retransmission as well costs 200 + 400 ms, then 800 ms more: on one
-// cross-hub link under 5 % loss (the lab's S07b) such a chain pushed the
-// p99 past 1 s. Linear timeouts keep each further try at the first RTO
-// for the first 6 retransmissions (RFC 6298 allows a sender not to back
-// off for these; Linux documents it for thin streams, tcp(7)).
+// already disable Nagle), best effort: a kernel without an option keeps
+// its default.
+//
+// A link carries small frames, many calls over one connection, so every
+// call behind a lost segment waits for its retransmission. Linux waits
+// at least 200 ms for it when nothing behind the segment triggers a fast
+// retransmit (tcp_rto_min, a floor set for bulk transfers across
+// 2000-era WANs), and doubles the wait for each retransmission lost in
+// turn. Under 5 % loss on one cross-hub link (the lab's S07b) chains of
+// 200 + 400 ms came in every run, and a longer one (200 + 400 + 800 +
+// 1600 ms) stalled the link 2.5 s until its heartbeat gave up on it.
+//
+//   - The floor is 50 ms (TCP_RTO_MIN_US): above Linux's shortest
+//     delayed ACK (40 ms), so a peer that delays its ACK rarely costs a
+//     spurious retransmission, and one costs a small segment, undone by
+//     the sender's spurious-RTO detection. The timeout is still srtt +
+//     4 rttvar where the path is longer: only short paths gain.
+//   - The backoff stops at 1 s (TCP_RTO_MAX_MS): a link waiting longer
+//     for one segment has missed its pings; a retransmission every
+//     second costs nothing and finds the path as soon as it heals.
+//   - Linear timeouts while the stream is thin (fewer than 4 segments in
+//     flight): the first 6 retransmissions wait the RTO each, without
+//     backing off (RFC 6298 allows it; tcp(7)).
 func tuneTCP(c net.Conn) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
@@ -31,5 +53,7 @@ func tuneTCP(c net.Conn) {
 	}
 	_ = raw.Control(func(fd uintptr) {
 		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpThinLinearTimeouts, 1)
+		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpRTOMinUS, linkRTOMin)
+		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpRTOMaxMS, linkRTOMax)
 	})
 }

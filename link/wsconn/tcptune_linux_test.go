@@ -1,14 +1,17 @@
 package wsconn
 
 import (
+	"errors"
 	"net"
 	"syscall"
 	"testing"
 )
 
-// TestThinLinearTimeouts: both ends of a link's socket, dialed and
-// accepted, back off linearly while thin (tuneTCP).
-func TestThinLinearTimeouts(t *testing.T) {
+// TestLinkRetransmissionTimeouts: both ends of a link's socket, dialed
+// and accepted, back off linearly while thin, and retransmit after 50 ms
+// at least, 1 s at most (tuneTCP). A kernel older than 6.15 has no
+// per-socket bounds: the test says so and checks the rest.
+func TestLinkRetransmissionTimeouts(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,13 +42,24 @@ func TestThinLinearTimeouts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var v int
-		var gerr error
-		_ = raw.Control(func(fd uintptr) {
-			v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpThinLinearTimeouts)
-		})
-		if gerr != nil || v != 1 {
-			t.Errorf("%s socket: TCP_THIN_LINEAR_TIMEOUTS = %d, %v; want 1", name, v, gerr)
+		get := func(opt int) (v int, err error) {
+			_ = raw.Control(func(fd uintptr) { v, err = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt) })
+			return v, err
+		}
+		if v, err := get(tcpThinLinearTimeouts); err != nil || v != 1 {
+			t.Errorf("%s socket: TCP_THIN_LINEAR_TIMEOUTS = %d, %v; want 1", name, v, err)
+		}
+		// The kernel keeps the floor in jiffies: 50 ms reads back as up
+		// to one jiffy (10 ms at HZ=100) more.
+		if v, err := get(tcpRTOMinUS); errors.Is(err, syscall.ENOPROTOOPT) {
+			t.Logf("%s socket: this kernel has no TCP_RTO_MIN_US", name)
+		} else if err != nil || v < linkRTOMin || v > linkRTOMin+10_000 {
+			t.Errorf("%s socket: TCP_RTO_MIN_US = %d, %v; want %d", name, v, err, linkRTOMin)
+		}
+		if v, err := get(tcpRTOMaxMS); errors.Is(err, syscall.ENOPROTOOPT) {
+			t.Logf("%s socket: this kernel has no TCP_RTO_MAX_MS", name)
+		} else if err != nil || v != linkRTOMax {
+			t.Errorf("%s socket: TCP_RTO_MAX_MS = %d, %v; want %d", name, v, err, linkRTOMax)
 		}
 	}
 }

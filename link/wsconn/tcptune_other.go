@@ -4,5 +4,5 @@ package wsconn
 
 import "net"
 
-// tuneTCP: linear retransmission timeouts for thin streams are Linux's.
+// tuneTCP: the retransmission timeouts it bounds are Linux's options.
 func tuneTCP(net.Conn) {}

@@ -58,6 +58,11 @@ func main() {
 	rounds := flag.Int("rounds", 1, "measure every cell this many times, the systems interleaved, and report the medians")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
+	fleetN := flag.Int("fleet", 0, "instead: measure what this many idle agents cost one hub (registration, idle CPU, echo throughput beside them against -fleet-base, dropping them all)")
+	fleetBase := flag.Int("fleet-base", 10, "with -fleet: the baseline's idle agents")
+	fleetIdle := flag.Duration("fleet-idle", 10*time.Second, "with -fleet: how long the hub's idle CPU is measured")
+	fleetParallel := flag.Int("fleet-parallel", 64, "with -fleet: registrations in flight at once")
+	fleetRuns := flag.Int("fleet-runs", 1, "with -fleet: runs, each on a fresh hub")
 	streamMode := flag.Bool("stream", false, "instead: measure streaming (chunks/s, MB/s, time to first chunk) at the chunk sizes of -sizes")
 	sizes := flag.String("sizes", "128,16384", "with -stream: chunk sizes in bytes")
 	win := flag.Int("window", 0, "with -stream: the agentmesh client's credit window in chunks (mesh.Window; 0: the client's default, stream.DefaultWindow)")
@@ -80,6 +85,13 @@ func main() {
 	}
 	if *idle > 0 {
 		if err := idleMemory(*idle, *settle); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *fleetN > 0 {
+		if err := fleet(fleetOpts{n: *fleetN, base: *fleetBase, idleFor: *fleetIdle, loadFor: *dur, parallel: *fleetParallel, runs: *fleetRuns}); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
@@ -225,6 +237,8 @@ func runRole(role, addr string) error {
 		return h.Serve(ctx, ln)
 	case "mesh-agent":
 		return agents.NewEcho().Run(ctx, "ws://"+addr+"/ws")
+	case "fleet-agents":
+		return runFleetAgents(ctx, addr)
 	case "idle-agents":
 		// N agents in this one process, registered and then idle (they
 		// heartbeat every 5 s).

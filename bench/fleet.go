@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/mesh"
+)
+
+// fleetOpts are -fleet's knobs.
+type fleetOpts struct {
+	n, base  int           // idle agents at scale, and at the baseline
+	idleFor  time.Duration // how long the hub's idle CPU is measured
+	loadFor  time.Duration // how long each echo throughput is measured
+	parallel int           // registrations in flight in the agents' process
+	runs     int
+}
+
+// FleetRun is one run of -fleet: one hub, first with base idle agents,
+// then with n more, then with those n killed at once.
+type FleetRun struct {
+	RegisterAll    time.Duration // n agents dialled and registered
+	HubReady       int           // agents the hub listed ready then
+	IdleCPU        float64       // the hub's CPU at n idle agents, % of a core
+	IdleCPUBase    float64       // the same at base idle agents
+	EchoBase       float64       // echo calls/s at base idle agents
+	EchoN          float64       // echo calls/s at n idle agents
+	Relinked       int64         // agents that registered again: their link was closed under them
+	DropAll        time.Duration // the n links closed at once until the hub lists none of them
+	HubRSSMiB      float64
+	DropIncomplete bool // the hub still listed some after 60 s
+}
+
+// fleet runs -fleet: what N idle agents cost one hub (registration, idle
+// CPU, routing throughput beside them, the drop of them all), runs
+// times, each on a fresh hub.
+func fleet(o fleetOpts) error {
+	var rs []FleetRun
+	for i := range o.runs {
+		r, err := fleetRun(o)
+		if err != nil {
+			return fmt.Errorf("run %d: %w", i+1, err)
+		}
+		rs = append(rs, r)
+		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB\n",
+			i+1, o.n, r.RegisterAll.Round(time.Millisecond), r.HubReady, r.IdleCPU, r.IdleCPUBase, o.base,
+			r.EchoN, o.n, r.EchoBase, o.base, r.EchoN/r.EchoBase, r.Relinked, o.n, r.DropAll.Round(time.Millisecond),
+			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.HubRSSMiB)
+	}
+	if len(rs) > 1 {
+		var relinked int64
+		for _, r := range rs {
+			relinked += r.Relinked
+		}
+		fmt.Printf("%d runs: %d agents relinked in all\n", len(rs), relinked)
+	}
+	return nil
+}
+
+func fleetRun(o fleetOpts) (FleetRun, error) {
+	var r FleetRun
+	addr := freeAddr()
+	hub, err := startRole("mesh-hub", addr)
+	if err != nil {
+		return r, err
+	}
+	defer hub.stop()
+	if err := waitDial(addr); err != nil {
+		return r, err
+	}
+	echo, err := startRole("mesh-agent", addr)
+	if err != nil {
+		return r, err
+	}
+	defer echo.stop()
+	cl, err := mesh.NewClient([]string{"ws://" + addr + "/ws"}, mesh.WithoutReliability(), mesh.WithWaitForReady())
+	if err != nil {
+		return r, err
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	summary := func() (control.AgentsSummary, error) {
+		var s control.AgentsSummary
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := cl.Call(c, "mesh.agents", control.ListParams{Summary: true}, &s)
+		return s, err
+	}
+
+	base, err := startFleetAgents(addr, o.base, o.parallel)
+	if err != nil {
+		return r, err
+	}
+	defer base.stop()
+	time.Sleep(2 * time.Second)
+	r.IdleCPUBase = cpuShare(hub, o.idleFor)
+	if r.EchoBase, err = echoRate(addr, o.loadFor); err != nil {
+		return r, err
+	}
+
+	start := time.Now()
+	many, err := startFleetAgents(addr, o.n, o.parallel)
+	if err != nil {
+		return r, err
+	}
+	defer many.stop()
+	r.RegisterAll = time.Since(start)
+	s, err := summary()
+	if err != nil {
+		return r, err
+	}
+	r.HubReady = s.ByState["ready"]
+	time.Sleep(3 * time.Second) // the registrations' garbage collected, heartbeats in their rhythm
+	r.IdleCPU = cpuShare(hub, o.idleFor)
+	r.HubRSSMiB = float64(rss(hub.cmd.Process.Pid)) / (1 << 20)
+	if r.EchoN, err = echoRate(addr, o.loadFor); err != nil {
+		return r, err
+	}
+	r.Relinked = many.relinked.Load()
+
+	// All n links closed at once: the kernel closes the process's sockets.
+	_ = many.cmd.Process.Signal(syscall.SIGKILL)
+	start = time.Now()
+	want := o.base + 1
+	for {
+		s, err := summary()
+		if err == nil && s.Agents <= want {
+			r.DropAll = time.Since(start)
+			break
+		}
+		if time.Since(start) > 60*time.Second {
+			r.DropAll, r.DropIncomplete = time.Since(start), true
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return r, nil
+}
+
+// cpuShare is p's CPU over d, in % of one core.
+func cpuShare(p *proc, d time.Duration) float64 {
+	c0 := p.cpu()
+	time.Sleep(d)
+	return 100 * float64(p.cpu()-c0) / float64(d)
+}
+
+// echoRate is the echo calls/s of 16 callers on one plain JSON-RPC
+// connection over d.
+func echoRate(addr string, d time.Duration) (float64, error) {
+	const c = 16
+	cl, err := dialJSONRPC("ws://"+addr+"/ws", c)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.close()
+	var calls, errs atomic.Int64
+	var wg sync.WaitGroup
+	warm := time.Now().Add(300 * time.Millisecond)
+	end := warm.Add(d)
+	var start time.Time
+	var startOnce sync.Once
+	for w := range c {
+		wg.Go(func() {
+			for {
+				now := time.Now()
+				if now.After(end) {
+					return
+				}
+				err := cl.call(w)
+				if now.Before(warm) {
+					continue
+				}
+				startOnce.Do(func() { start = now })
+				calls.Add(1)
+				if err != nil {
+					errs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := errs.Load(); n > 0 {
+		return 0, fmt.Errorf("echo: %d of %d calls failed", n, calls.Load())
+	}
+	return float64(calls.Load()) / time.Since(start).Seconds(), nil
+}
+
+// fleetAgents is a process of idle agents (-role fleet-agents).
+type fleetAgents struct {
+	cmd      *exec.Cmd
+	relinked atomic.Int64
+	done     chan struct{}
+}
+
+// startFleetAgents starts n idle agents in a process of their own and
+// returns once all registered. The process reports each agent that
+// registers again (its link was closed under it) on a line of its own.
+func startFleetAgents(addr string, n, parallel int) (*fleetAgents, error) {
+	cmd := exec.Command(os.Args[0], "-role", "fleet-agents", "-addr", fmt.Sprintf("%s,%d,%d", addr, n, parallel))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	f := &fleetAgents{cmd: cmd, done: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		defer close(f.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			switch line := sc.Text(); {
+			case line == "ready":
+				close(ready)
+			case strings.HasPrefix(line, "relinked "):
+				f.relinked.Add(1)
+			}
+		}
+	}()
+	select {
+	case <-ready:
+		return f, nil
+	case <-f.done:
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("the agents' process ended before all %d registered", n)
+	case <-time.After(5 * time.Minute):
+		f.stop()
+		return nil, fmt.Errorf("%d agents did not register within 5 minutes", n)
+	}
+}
+
+func (f *fleetAgents) stop() {
+	_ = f.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		_ = f.cmd.Process.Kill()
+	}
+	_ = f.cmd.Wait()
+}
+
+// runFleetAgents is the fleet-agents role: n idle agents, parallel of
+// them registering at a time, as a fleet of agents starting
+// independently would; "ready" once all registered, then "relinked ID"
+// for each registration after an agent's first.
+func runFleetAgents(ctx context.Context, spec string) error {
+	f := strings.Split(spec, ",")
+	if len(f) != 3 {
+		return fmt.Errorf("fleet-agents: want addr,n,parallel")
+	}
+	n, _ := strconv.Atoi(f[1])
+	parallel, _ := strconv.Atoi(f[2])
+	out := &lockedWriter{w: bufio.NewWriter(os.Stdout)}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(parallel, 1))
+	var registered sync.WaitGroup
+	for i := range n {
+		id := fmt.Sprintf("idle-%d-%d", os.Getpid(), i)
+		// Each serves a method of its own kind, not echo.echo: the echo
+		// calls measured beside them go to the one echo agent.
+		a := agents.New("idle", agents.WithID(id), agents.WithLogger(slog.New(&registrations{id: id, out: out})))
+		a.Handle("idle.noop", func(context.Context, json.RawMessage) (any, error) { return nil, nil })
+		sem <- struct{}{}
+		registered.Add(1)
+		wg.Go(func() { _ = a.Run(ctx, "ws://"+f[0]+"/ws") })
+		go func() {
+			select {
+			case <-a.Registered():
+			case <-ctx.Done():
+			}
+			<-sem
+			registered.Done()
+		}()
+	}
+	registered.Wait()
+	out.line("ready")
+	wg.Wait()
+	return nil
+}
+
+// registrations is a log handler that writes "relinked ID" for every
+// "registered" record of an agent after its first.
+type registrations struct {
+	id   string
+	seen atomic.Int32
+	out  *lockedWriter
+}
+
+func (h *registrations) Enabled(context.Context, slog.Level) bool { return true }
+func (h *registrations) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "registered" && h.seen.Add(1) > 1 {
+		h.out.line("relinked " + h.id)
+	}
+	return nil
+}
+func (h *registrations) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *registrations) WithGroup(string) slog.Handler      { return h }
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (l *lockedWriter) line(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = io.WriteString(l.w, s+"\n")
+	_ = l.w.Flush()
+}

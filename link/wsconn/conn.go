@@ -210,6 +210,7 @@ type Conn struct {
 	credit      int          // bytes the kernel can take without a new look (writer only)
 	lingering   atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
 	heard       atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
+	pingsSent   atomic.Int64 // pings this side wrote (tests)
 	quit        chan struct{}
 	quitOnce    sync.Once
 	// drained, if set, runs (on the writer) after a write that left the
@@ -456,11 +457,36 @@ func (c *Conn) sendPing() {
 		return
 	default:
 	}
-	if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.WriteTimeout)); err != nil {
+	now := time.Now()
+	if heard := c.heard.Load(); heard != 0 && now.UnixNano()-heard < int64(c.cfg.PingInterval/2) {
+		// Heard from the peer within half an interval (its pings, its
+		// frames): the link is alive without a ping of ours. Of two ends
+		// that both ping so, one pings each interval and the other only
+		// answers: one exchange per link per interval, not two. The
+		// silence between exchanges stays under 1.5 intervals (a check
+		// that skips comes within half an interval of the last sign of
+		// life, the next one pings), well inside IdleTimeout's 2.
+		c.ping.Reset(c.cfg.PingInterval)
+		return
+	}
+	if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(c.cfg.WriteTimeout)); err != nil {
 		c.Shutdown(err)
 		return
 	}
+	c.pingsSent.Add(1)
 	c.ping.Reset(c.cfg.PingInterval)
+}
+
+// heardFrom notes, on the reader goroutine, that something arrived at
+// now: the read deadline moves IdleTimeout past it, but only once the
+// last move has aged an eighth of IdleTimeout (moving it costs a runtime
+// timer update, which at tens of thousands of messages a second showed
+// in profiles). A link is thus closed after between 7/8 × IdleTimeout
+// and IdleTimeout of silence.
+func (c *Conn) heardFrom(now time.Time) {
+	if now.UnixNano()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
+		_ = c.setReadDeadline(now.Add(c.cfg.IdleTimeout))
+	}
 }
 
 func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
@@ -469,20 +495,11 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	_ = c.setReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
-	// The deadline moves with each message, but only when it has aged by
-	// an eighth of idle: moving it costs a runtime timer update, which at
-	// tens of thousands of messages a second showed in profiles. A link
-	// is thus closed after between 7/8 × idle and idle of silence.
-	last := time.Now()
 	for {
 		if c.bp {
-			ok, waited := c.underBounds()
-			if !ok {
+			if ok, _ := c.underBounds(); !ok {
 				c.readerExit()
 				return
-			}
-			if waited {
-				last = time.Now() // underBounds moved the deadline
 			}
 		}
 		typ, data, refused, err := c.readMessage()
@@ -491,10 +508,7 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 			c.readerExit()
 			return
 		}
-		if now := time.Now(); now.Sub(last) >= idle/8 {
-			_ = c.setReadDeadline(now.Add(idle))
-			last = now
-		}
+		c.heardFrom(time.Now())
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(len(data), 0)
 		}
@@ -509,7 +523,9 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 // peer ping policy, then answers with a pong as gorilla's default handler
 // does. An error ends the read loop, which closes the connection.
 func (c *Conn) onPing(data string) error {
-	if !c.pings.allow(time.Now()) {
+	now := time.Now()
+	c.heardFrom(now) // the peer's pings are its sign of life when this side's own are skipped (sendPing)
+	if !c.pings.allow(now) {
 		if c.cfg.PingAbuse != nil {
 			c.cfg.PingAbuse()
 		}

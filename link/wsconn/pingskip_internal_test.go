@@ -1,0 +1,78 @@
+package wsconn
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/wspipe"
+)
+
+// TestOneExchangePerInterval: two ends that both ping every second keep
+// their link alive with one ping a second between them, not two (the
+// end that heard from the other within half an interval skips its own);
+// an end whose peer never pings pings every interval itself; an end whose
+// peer goes silent closes the link within IdleTimeout.
+func TestOneExchangePerInterval(t *testing.T) {
+	cfg := Config{PingInterval: time.Second}
+	nothing := func([]byte, *envelope.Error) {}
+	t.Run("both ends ping", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sws, cws := wspipe.Pair(t)
+			a, b := NewConn(sws, cfg), NewConn(cws, cfg)
+			a.Start(nothing, nil)
+			time.Sleep(300 * time.Millisecond) // out of phase
+			b.Start(nothing, nil)
+			time.Sleep(60 * time.Second)
+			synctest.Wait()
+			if a.Err() != nil || b.Err() != nil {
+				t.Fatalf("link closed: %v, %v", a.Err(), b.Err())
+			}
+			sent := a.pingsSent.Load() + b.pingsSent.Load()
+			t.Logf("60 s: %d pings (a %d, b %d)", sent, a.pingsSent.Load(), b.pingsSent.Load())
+			if sent < 55 || sent > 65 {
+				t.Errorf("60 s at 1 s intervals: %d pings in all; want about 60 (one exchange a second)", sent)
+			}
+			a.Close()
+			b.Close()
+		})
+	})
+	t.Run("peer never pings", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sws, cws := wspipe.Pair(t)
+			a := NewConn(sws, cfg)
+			a.Start(nothing, nil)
+			go func() { // answers pings (gorilla's default handler), sends nothing
+				for {
+					if _, _, err := cws.ReadMessage(); err != nil {
+						return
+					}
+				}
+			}()
+			time.Sleep(30 * time.Second)
+			synctest.Wait()
+			if a.Err() != nil {
+				t.Fatalf("link closed: %v", a.Err())
+			}
+			if n := a.pingsSent.Load(); n < 28 || n > 31 {
+				t.Errorf("30 s at 1 s intervals, peer silent but answering: %d pings; want 30", n)
+			}
+			a.Close()
+			cws.Close()
+		})
+	})
+	t.Run("peer goes silent", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sws, cws := wspipe.Pair(t)
+			a := NewConn(sws, cfg)
+			start := time.Now()
+			a.Start(nothing, nil) // cws never reads: no pong, nothing
+			<-a.Done()
+			if took := time.Since(start); took > a.cfg.IdleTimeout {
+				t.Errorf("silent peer found dead after %v; want within IdleTimeout %v", took, a.cfg.IdleTimeout)
+			}
+			cws.Close()
+		})
+	})
+}

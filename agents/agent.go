@@ -339,7 +339,7 @@ func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registe
 		}
 	}()
 	defer a.setRegistered(false)
-	interval, err := a.register(ctx, l)
+	interval, linkLive, err := a.register(ctx, l)
 	if err != nil {
 		return false, nil, err
 	}
@@ -348,9 +348,16 @@ func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registe
 	if prev != nil {
 		a.retire(ctx, prev, "")
 	}
-	a.log.Info("registered", "hub", hub, "agent", a.ID(), "methods", a.Methods(), "heartbeat", interval.String())
+	a.log.Info("registered", "hub", hub, "agent", a.ID(), "methods", a.Methods(), "heartbeat", interval.String(), "linkLiveness", linkLive)
+	// This agent has no state or load of its own to report: where the
+	// hub takes the link for its heartbeat, it sends none.
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	beats := tick.C
+	if linkLive {
+		tick.Stop()
+		beats = nil
+	}
 	for {
 		select {
 		case <-l.Done():
@@ -360,15 +367,20 @@ func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registe
 			return true, nil, nil
 		case <-l.GoAway():
 			return true, a.keep(ctx, l, interval), nil
-		case <-tick.C:
+		case <-beats:
 			if err := a.heartbeat(ctx, l, interval); err != nil {
 				if errors.Is(err, envelope.ErrAgentNotFound) {
 					// The hub expired us (a pause longer than the TTL):
 					// register again on the same link.
-					if interval, err = a.register(ctx, l); err != nil {
+					if interval, linkLive, err = a.register(ctx, l); err != nil {
 						return true, nil, err
 					}
-					tick.Reset(interval)
+					if linkLive {
+						tick.Stop()
+						beats = nil
+					} else {
+						tick.Reset(interval)
+					}
 					continue
 				}
 				a.log.Warn("heartbeat failed", "error", err)
@@ -389,7 +401,10 @@ func (a *Agent) Pending() int {
 	return n
 }
 
-func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, error) {
+// register registers the agent over l; it returns the heartbeat interval
+// the hub assigned, and whether the hub takes the link for the
+// heartbeat (control.LivenessLink).
+func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, bool, error) {
 	p := control.RegisterParams{AgentID: a.ID(), Name: a.name, Capabilities: a.Methods(), Intents: []string{"serve"}, Schemas: a.Schemas()}
 	md := map[string]any{"hostname": hostname(), "version": envelope.Version}
 	for k, v := range a.metadata {
@@ -406,10 +421,10 @@ func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, erro
 		err = callLink(ctx, l, "agent.register", p, &res, 10*time.Second)
 	}
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if !res.Accepted {
-		return 0, errors.New("agents: the hub did not accept the registration")
+		return 0, false, errors.New("agents: the hub did not accept the registration")
 	}
 	if res.AgentID != "" {
 		a.assigned.Store(&res.AgentID)
@@ -418,7 +433,7 @@ func (a *Agent) register(ctx context.Context, l *link.Link) (time.Duration, erro
 	if iv <= 0 {
 		iv = 5 * time.Second
 	}
-	return iv, nil
+	return iv, res.Liveness == control.LivenessLink, nil
 }
 
 func (a *Agent) heartbeat(ctx context.Context, l *link.Link, interval time.Duration) error {

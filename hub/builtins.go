@@ -156,11 +156,15 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	b.inst.Store(in)
 	b.ready.Store(true)
 	h.log.Info("agent registered", "agent", id, "name", name, "capabilities", p.Capabilities, "remote", l.Remote)
-	return control.RegisterResult{
+	res := control.RegisterResult{
 		AgentID: id, Accepted: true,
 		HeartbeatInterval:    h.cfg.HeartbeatInterval.Seconds(),
 		AssignedCapabilities: p.Capabilities,
-	}, nil
+	}
+	if h.linkLiveness() {
+		res.Liveness = control.LivenessLink
+	}
+	return res, nil
 }
 
 // agentOfLink checks that id is attached over l: an agent may speak only

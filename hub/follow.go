@@ -1,6 +1,11 @@
 package hub
 
-import "github.com/agentmesh/agentmesh/registry"
+import (
+	"context"
+	"time"
+
+	"github.com/agentmesh/agentmesh/registry"
+)
 
 // follow watches the registry: an instance attached here that left the
 // registry (expired, or deregistered by another path) loses its link, so
@@ -11,10 +16,30 @@ import "github.com/agentmesh/agentmesh/registry"
 // new link, and one whose registration completes meanwhile is never taken
 // for gone (the race of comparing the bindings with a snapshot taken
 // before they were made).
+//
+// Between snapshots it renews the registrations of the agents attached
+// here, once per heartbeat interval (renew).
 func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 	defer close(h.done)
 	var seen uint64
-	for snap := range watch {
+	var renewals <-chan time.Time
+	if h.linkLiveness() {
+		t := time.NewTicker(h.cfg.HeartbeatInterval)
+		defer t.Stop()
+		renewals = t.C
+	}
+	for {
+		var snap *registry.Snapshot
+		select {
+		case s, ok := <-watch:
+			if !ok {
+				return
+			}
+			snap = s
+		case <-renewals:
+			h.renew()
+			continue
+		}
 		gone, upTo, complete := snap.Removed(seen)
 		seen = upTo
 		if !complete { // too far behind the log: compare with the whole snapshot
@@ -38,4 +63,30 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 			go b.link.Close()
 		}
 	}
+}
+
+// linkLiveness reports whether an agent's link is its heartbeat here
+// (control.LivenessLink): the links the hub serves ping at least once a
+// heartbeat interval, so a link that stops answering is closed (and its
+// agent deregistered) within the time three missed heartbeats took.
+func (h *Hub) linkLiveness() bool {
+	return h.cfg.Conn.WithDefaults().PingInterval <= h.cfg.HeartbeatInterval
+}
+
+// renew beats, in the registry, every agent attached here over a link
+// that is open and not stalled: what the agents' agent.heartbeat calls
+// did, one call per agent per interval over the network, done here in
+// one pass. A link that dies is closed by its idle timeout, which
+// deregisters its agent; a stalled one is not renewed, so its agent
+// expires no later than it did when it heartbeat itself.
+func (h *Hub) renew() {
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.HeartbeatInterval)
+	defer cancel()
+	h.bindings.Range(func(_, v any) bool {
+		b := v.(*binding)
+		if b.ready.Load() && b.link.Err() == nil && !b.link.Stalled() {
+			_ = h.reg.Heartbeat(ctx, b.id, registry.Beat{Load: -1}) // not found: follow closes its link
+		}
+		return ctx.Err() == nil
+	})
 }

@@ -29,7 +29,17 @@ type RegisterResult struct {
 	HeartbeatInterval    float64  `json:"heartbeatInterval"`
 	AssignedCapabilities []string `json:"assignedCapabilities"`
 	Restrictions         []string `json:"restrictions,omitempty"`
+	// Liveness "link" says the agent's link is its heartbeat: the hub
+	// keeps the registration alive while the link answers its pings
+	// (which come at least once per heartbeat interval), and the agent
+	// sends agent.heartbeat only to report a change of state or load.
+	// Absent: the agent heartbeats every interval, as the seeds say. An
+	// agent that heartbeats anyway is served as before.
+	Liveness string `json:"liveness,omitempty"`
 }
+
+// LivenessLink is RegisterResult.Liveness when the link is the heartbeat.
+const LivenessLink = "link"
 
 // HeartbeatParams are the params of agent.heartbeat.
 type HeartbeatParams struct {

@@ -118,6 +118,7 @@ type Registry struct {
 	owners  map[string]owner              // instance id → the hub epoch and lease it was written under
 	perHub  map[string]int                // instances in insts, by hub
 	local   map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
+	expiry  registry.Expiry               // local instances by the deadline their heartbeats set; under mu
 	hubs    map[string]hubState           // other hubs' presence as last seen
 	modRev  map[string]int64              // latest etcd revision applied or written per instance
 	rev     int64                         // highest revision applied
@@ -373,6 +374,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
 	delete(r.orphans, reg.InstanceID)
 	r.local[reg.InstanceID] = in
+	r.expiry.Add(in)
 	r.setInstLocked(in, owner{epoch: r.epoch})
 	r.publishLocked()
 	return in, nil
@@ -482,14 +484,13 @@ func (r *Registry) expire() {
 		case now := <-t.C:
 			var gone []string
 			r.mu.Lock()
-			for id, in := range r.local {
-				if in.Expired(now) {
-					delete(r.local, id)
-					if r.insts[id] == in {
-						r.removeLocked(in, now)
-					}
-					gone = append(gone, id)
+			for _, in := range r.expiry.Due(now, func(in *registry.Instance) bool { return r.local[in.InstanceID] == in }) {
+				id := in.InstanceID
+				delete(r.local, id)
+				if r.insts[id] == in {
+					r.removeLocked(in, now)
 				}
+				gone = append(gone, id)
 			}
 			lease := r.session
 			if len(gone) > 0 {

@@ -17,6 +17,7 @@ type Registry struct {
 
 	mu     sync.Mutex
 	insts  map[string]*registry.Instance
+	expiry registry.Expiry // under mu
 	closed bool
 
 	check time.Duration
@@ -60,6 +61,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 		return nil, registry.ErrClosed
 	}
 	r.insts[reg.InstanceID] = in
+	r.expiry.Add(in)
 	r.Apply([]*registry.Instance{in}, nil)
 	return in, nil
 }
@@ -103,12 +105,9 @@ func (r *Registry) reap() {
 			return
 		case now := <-t.C:
 			r.mu.Lock()
-			var gone []*registry.Instance
-			for _, in := range r.insts {
-				if in.Expired(now) {
-					delete(r.insts, in.InstanceID)
-					gone = append(gone, in)
-				}
+			gone := r.expiry.Due(now, func(in *registry.Instance) bool { return r.insts[in.InstanceID] == in })
+			for _, in := range gone {
+				delete(r.insts, in.InstanceID)
 			}
 			if len(gone) > 0 {
 				r.Apply(nil, gone) // one batch, one snapshot

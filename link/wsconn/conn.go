@@ -458,7 +458,7 @@ func (c *Conn) sendPing() {
 	default:
 	}
 	now := time.Now()
-	if heard := c.heard.Load(); heard != 0 && now.UnixNano()-heard < int64(c.cfg.PingInterval/2) {
+	if heard := c.heard.Load(); heard != 0 && c.mayskip() && now.UnixNano()-heard < int64(c.cfg.PingInterval/2) {
 		// Heard from the peer within half an interval (its pings, its
 		// frames): the link is alive without a ping of ours. Of two ends
 		// that both ping so, one pings each interval and the other only
@@ -476,6 +476,12 @@ func (c *Conn) sendPing() {
 	c.pingsSent.Add(1)
 	c.ping.Reset(c.cfg.PingInterval)
 }
+
+// mayskip reports whether a ping may be skipped at all: the silence it
+// allows (up to 1.5 intervals) must stay inside the 7/8 × IdleTimeout at
+// which the link may be closed, as with the default IdleTimeout of 2
+// intervals. With a shorter one every ping goes out, as configured.
+func (c *Conn) mayskip() bool { return c.cfg.PingInterval*12 < c.cfg.IdleTimeout*7 }
 
 // heardFrom notes, on the reader goroutine, that something arrived at
 // now: the read deadline moves IdleTimeout past it, but only once the

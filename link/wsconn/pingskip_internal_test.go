@@ -58,6 +58,9 @@ func TestOneExchangePerInterval(t *testing.T) {
 			if n := a.pingsSent.Load(); n < 28 || n > 31 {
 				t.Errorf("30 s at 1 s intervals, peer silent but answering: %d pings; want 30", n)
 			}
+			if NewConn(sws, Config{PingInterval: time.Second, IdleTimeout: 1500 * time.Millisecond}).mayskip() {
+				t.Error("with IdleTimeout 1.5 intervals pings may be skipped; want every ping sent (a skip allows 1.5 intervals of silence)")
+			}
 			a.Close()
 			cws.Close()
 		})

@@ -120,6 +120,11 @@ type Registry struct {
 	local   map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
 	expiry  registry.Expiry               // local instances by the deadline their heartbeats set; under mu
 	hubs    map[string]hubState           // other hubs' presence as last seen
+	// dirty: the instances whose record, owner or routability changed
+	// since the last publish (publishLocked applies only them); allDirty:
+	// everything may have (a hub's presence changed, a full listing).
+	dirty    map[string]struct{}
+	allDirty bool
 	modRev  map[string]int64              // latest etcd revision applied or written per instance
 	rev     int64                         // highest revision applied
 	pending map[string]int                // registrations being written now
@@ -262,7 +267,7 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		cfg: cfg, epoch: epoch, log: log,
 		Publisher: registry.NewPublisher(),
 		insts:     map[string]*registry.Instance{}, owners: map[string]owner{}, perHub: map[string]int{}, local: map[string]*registry.Instance{},
-		hubs: map[string]hubState{}, modRev: map[string]int64{}, pending: map[string]int{}, orphans: map[string]bool{}, upCh: make(chan struct{}),
+		hubs: map[string]hubState{}, dirty: map[string]struct{}{}, modRev: map[string]int64{}, pending: map[string]int{}, orphans: map[string]bool{}, upCh: make(chan struct{}),
 		warned: map[string]string{}, repairs: map[string]int64{}, repairC: make(chan struct{}, 1),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -374,6 +379,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
 	delete(r.orphans, reg.InstanceID)
 	r.local[reg.InstanceID] = in
+	r.dirty[reg.InstanceID] = struct{}{}
 	r.expiry.Add(in)
 	r.setInstLocked(in, owner{epoch: r.epoch})
 	r.publishLocked()
@@ -394,6 +400,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, b registry.Beat) er
 		return nil
 	}
 	r.mu.Lock()
+	r.dirty[id] = struct{}{}
 	r.publishLocked()
 	r.mu.Unlock()
 	if lease == 0 {
@@ -445,6 +452,7 @@ func (r *Registry) Deregister(ctx context.Context, id string) error {
 	lease := r.session
 	if ok {
 		delete(r.local, id)
+		r.dirty[id] = struct{}{}
 		if r.insts[id] == in {
 			r.removeLocked(in, time.Now())
 		}
@@ -487,6 +495,8 @@ func (r *Registry) expire() {
 			for _, in := range r.expiry.Due(now, func(in *registry.Instance) bool { return r.local[in.InstanceID] == in }) {
 				id := in.InstanceID
 				delete(r.local, id)
+				r.dirty[id] = struct{}{}
+		r.dirty[id] = struct{}{}
 				if r.insts[id] == in {
 					r.removeLocked(in, now)
 				}
@@ -542,6 +552,7 @@ func (r *Registry) setInstLocked(in *registry.Instance, o owner) {
 	r.insts[id] = in
 	r.perHub[in.Hub]++
 	r.owners[id] = o
+	r.dirty[id] = struct{}{}
 }
 
 func (r *Registry) delInstLocked(id string) {
@@ -554,6 +565,7 @@ func (r *Registry) delInstLocked(id string) {
 	}
 	delete(r.insts, id)
 	delete(r.owners, id)
+	r.dirty[id] = struct{}{}
 }
 
 // routable reports whether an instance may be routed to: a local one
@@ -573,7 +585,30 @@ func (r *Registry) routable(in *registry.Instance) bool {
 	return h.epoch != "" && o.epoch == h.epoch && o.lease == h.lease
 }
 
+// publishLocked publishes what changed since the last publish: the dirty
+// instances alone (a watch event costs the instances it names, not the
+// registry's size), or the whole view after a listing or a change of a
+// hub's presence.
 func (r *Registry) publishLocked() {
+	if !r.allDirty {
+		if len(r.dirty) == 0 {
+			return
+		}
+		snap := r.Snapshot()
+		var puts, gone []*registry.Instance
+		for id := range r.dirty {
+			if in := r.insts[id]; in != nil && r.routable(in) {
+				puts = append(puts, in) // new, replaced, or its state changed: indexed again
+			} else if cur := snap.Instance(id); cur != nil {
+				gone = append(gone, cur)
+			}
+		}
+		clear(r.dirty)
+		r.Apply(puts, gone)
+		return
+	}
+	r.allDirty = false
+	clear(r.dirty)
 	hidden := 0
 	for _, in := range r.insts {
 		if !r.routable(in) {
@@ -599,6 +634,9 @@ func (r *Registry) publishLocked() {
 func (r *Registry) setHubLocked(id string, h hubState, now time.Time) {
 	if id == "" || id == r.cfg.Hub {
 		return
+	}
+	if r.hubs[id] != h {
+		r.allDirty = true // its instances may come or go: the next publish looks at all
 	}
 	r.hubs[id] = h // its instances that stop being routable leave at the next Publish
 }

@@ -164,6 +164,7 @@ func (r *Registry) list() (int64, error) {
 		r.cfg.Trace("list", rev, "")
 	}
 	r.pruneLocked()
+	r.allDirty = true // a listing: the whole view is looked at again
 	r.publishLocked()
 	return rev, nil
 }
@@ -321,6 +322,7 @@ func (r *Registry) upsertLocked(id string, kv *mvccpb.KeyValue) (*registry.Insta
 			return loc, ""
 		}
 		delete(r.local, id) // the agent moved to another hub
+		r.dirty[id] = struct{}{}
 	} else if o.epoch == r.epoch && r.pending[id] == 0 {
 		// Written by us, but not (or no longer) attached here: a
 		// registration that landed after its caller gave up, or a

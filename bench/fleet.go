@@ -7,14 +7,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
@@ -49,6 +54,11 @@ type FleetRun struct {
 // CPU, routing throughput beside them, the drop of them all), runs
 // times, each on a fresh hub.
 func fleet(o fleetOpts) error {
+	ctl, err := pingControl(o.n, o.idleFor)
+	if err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+	fmt.Printf("control: a plain gorilla/websocket server with %d idle connections, each pinging every 5 s: %.1f %% of a core\n", o.n, ctl)
 	var rs []FleetRun
 	for i := range o.runs {
 		r, err := fleetRun(o)
@@ -74,7 +84,7 @@ func fleet(o fleetOpts) error {
 func fleetRun(o fleetOpts) (FleetRun, error) {
 	var r FleetRun
 	addr := freeAddr()
-	hub, err := startRole("mesh-hub", addr)
+	hub, err := startRoleEnv("mesh-hub", addr, profileDir != "", "BENCH_WINDOW_PROFILE="+filepath.Join(profileDir, fmt.Sprintf("fleet-%d-idle-hub.pprof", o.n)))
 	if err != nil {
 		return r, err
 	}
@@ -125,7 +135,13 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	}
 	r.HubReady = s.ByState["ready"]
 	time.Sleep(3 * time.Second) // the registrations' garbage collected, heartbeats in their rhythm
+	if profileDir != "" {
+		_ = hub.cmd.Process.Signal(syscall.SIGUSR1)
+	}
 	r.IdleCPU = cpuShare(hub, o.idleFor)
+	if profileDir != "" {
+		_ = hub.cmd.Process.Signal(syscall.SIGUSR2)
+	}
 	r.HubRSSMiB = float64(rss(hub.cmd.Process.Pid)) / (1 << 20)
 	if r.EchoN, err = echoRate(addr, o.loadFor); err != nil {
 		return r, err
@@ -322,4 +338,154 @@ func (l *lockedWriter) line(s string) {
 	defer l.mu.Unlock()
 	_, _ = io.WriteString(l.w, s+"\n")
 	_ = l.w.Flush()
+}
+
+// startRoleEnv is startRole with env added to the process's environment
+// when add is set.
+func startRoleEnv(role, addr string, add bool, env ...string) (*proc, error) {
+	cmd := exec.Command(os.Args[0], "-role", role, "-addr", addr)
+	cmd.Stderr = os.Stderr
+	if add {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &proc{cmd, role}, nil
+}
+
+// profileWindow profiles the CPU to path between SIGUSR1 and SIGUSR2;
+// the returned func ends a profile still running.
+func profileWindow(path string) func() {
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	var mu sync.Mutex
+	var stop func()
+	go func() {
+		for s := range sig {
+			mu.Lock()
+			switch {
+			case s == syscall.SIGUSR1 && stop == nil:
+				if st, err := startProfile(path); err == nil {
+					stop = st
+				}
+			case s == syscall.SIGUSR2 && stop != nil:
+				stop()
+				stop = nil
+			}
+			mu.Unlock()
+		}
+	}()
+	return func() {
+		signal.Stop(sig)
+		mu.Lock()
+		defer mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+	}
+}
+
+// runPingServer is the ping-server role, -fleet's control: a plain
+// gorilla/websocket server that reads every connection and answers
+// pings (gorilla's default handler), nothing else. What it costs at N
+// idle connections pinging every 5 s is the floor of one ping exchange
+// per link per interval on this machine.
+func runPingServer(ctx context.Context, addr string) error {
+	up := websocket.Upgrader{}
+	srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		go func() {
+			defer ws.Close()
+			for {
+				if _, _, err := ws.ReadMessage(); err != nil {
+					return
+				}
+			}
+		}()
+	})}
+	go func() { <-ctx.Done(); srv.Close() }()
+	if err := srv.ListenAndServe(); err != http.ErrServerClosed {
+		return err
+	}
+	return nil
+}
+
+// runPingClients is the ping-clients role: N plain WebSocket clients of
+// addr, each pinging every 5 s (and reading the pongs), 64 dialling at a
+// time; "ready" once all are connected.
+func runPingClients(ctx context.Context, spec string) error {
+	host, ns, _ := strings.Cut(spec, ",")
+	n, _ := strconv.Atoi(ns)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	var dialled sync.WaitGroup
+	for range n {
+		sem <- struct{}{}
+		dialled.Add(1)
+		wg.Go(func() {
+			ws, _, err := websocket.DefaultDialer.DialContext(ctx, "ws://"+host+"/", nil)
+			<-sem
+			dialled.Done()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "ping-clients:", err)
+				return
+			}
+			defer ws.Close()
+			go func() {
+				for {
+					if _, _, err := ws.ReadMessage(); err != nil {
+						return
+					}
+				}
+			}()
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(5*time.Second)) != nil {
+						return
+					}
+				}
+			}
+		})
+	}
+	dialled.Wait()
+	fmt.Println("ready")
+	wg.Wait()
+	return nil
+}
+
+// pingControl measures the ping-server's CPU with n ping-clients idle.
+func pingControl(n int, d time.Duration) (float64, error) {
+	addr := freeAddr()
+	srv, err := startRole("ping-server", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer srv.stop()
+	if err := waitDial(addr); err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(os.Args[0], "-role", "ping-clients", "-addr", fmt.Sprintf("%s,%d", addr, n))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		return 0, fmt.Errorf("ping clients did not come up: %w", err)
+	}
+	time.Sleep(6 * time.Second) // every client's ticker in its rhythm
+	return cpuShare(srv, d), nil
 }

@@ -69,7 +69,11 @@ func main() {
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
 	flag.Parse()
 	if *role != "" {
-		if f := os.Getenv("BENCH_CPUPROFILE"); f != "" {
+		if f := os.Getenv("BENCH_WINDOW_PROFILE"); f != "" {
+			// A profile of a window the harness marks: SIGUSR1 starts it,
+			// SIGUSR2 ends it (-fleet's idle window).
+			defer profileWindow(f)()
+		} else if f := os.Getenv("BENCH_CPUPROFILE"); f != "" {
 			stop, err := startProfile(f)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, *role+":", err)
@@ -237,6 +241,10 @@ func runRole(role, addr string) error {
 		return h.Serve(ctx, ln)
 	case "mesh-agent":
 		return agents.NewEcho().Run(ctx, "ws://"+addr+"/ws")
+	case "ping-server":
+		return runPingServer(ctx, addr)
+	case "ping-clients":
+		return runPingClients(ctx, addr)
 	case "fleet-agents":
 		return runFleetAgents(ctx, addr)
 	case "idle-agents":

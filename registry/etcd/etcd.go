@@ -113,28 +113,28 @@ type Registry struct {
 	synced              atomic.Bool
 	lastSync            atomic.Int64 // unix ns of the last list of the prefix by follow (LastSync)
 
-	mu      sync.Mutex
-	insts   map[string]*registry.Instance // every instance in etcd or local, routable or not
-	owners  map[string]owner              // instance id → the hub epoch and lease it was written under
-	perHub  map[string]int                // instances in insts, by hub
-	local   map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
-	expiry  registry.Expiry               // local instances by the deadline their heartbeats set; under mu
-	hubs    map[string]hubState           // other hubs' presence as last seen
+	mu     sync.Mutex
+	insts  map[string]*registry.Instance // every instance in etcd or local, routable or not
+	owners map[string]owner              // instance id → the hub epoch and lease it was written under
+	perHub map[string]int                // instances in insts, by hub
+	local  map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
+	expiry registry.Expiry               // local instances by the deadline their heartbeats set; under mu
+	hubs   map[string]hubState           // other hubs' presence as last seen
 	// dirty: the instances whose record, owner or routability changed
 	// since the last publish (publishLocked applies only them); allDirty:
 	// everything may have (a hub's presence changed, a full listing).
 	dirty    map[string]struct{}
 	allDirty bool
-	modRev  map[string]int64              // latest etcd revision applied or written per instance
-	rev     int64                         // highest revision applied
-	pending map[string]int                // registrations being written now
-	orphans map[string]bool               // keys of ours with no local agent, still to delete
-	warned  map[string]string             // key → why it was refused, logged once
-	repairs map[string]int64              // keys of ours overwritten or deleted by others → the revision seen (0: deleted)
-	repairC chan struct{}                 // wakes repair
-	session clientv3.LeaseID              // 0 while there is none
-	upCh    chan struct{}                 // closed while a session is up; replaced when it is lost
-	closed  bool
+	modRev   map[string]int64  // latest etcd revision applied or written per instance
+	rev      int64             // highest revision applied
+	pending  map[string]int    // registrations being written now
+	orphans  map[string]bool   // keys of ours with no local agent, still to delete
+	warned   map[string]string // key → why it was refused, logged once
+	repairs  map[string]int64  // keys of ours overwritten or deleted by others → the revision seen (0: deleted)
+	repairC  chan struct{}     // wakes repair
+	session  clientv3.LeaseID  // 0 while there is none
+	upCh     chan struct{}     // closed while a session is up; replaced when it is lost
+	closed   bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -496,7 +496,7 @@ func (r *Registry) expire() {
 				id := in.InstanceID
 				delete(r.local, id)
 				r.dirty[id] = struct{}{}
-		r.dirty[id] = struct{}{}
+				r.dirty[id] = struct{}{}
 				if r.insts[id] == in {
 					r.removeLocked(in, now)
 				}

@@ -267,10 +267,8 @@ type Hub struct {
 	inflight atomic.Int64
 	// fastTaken counts the calls the forward path took (fast.go), for
 	// tests.
-	fastTaken   atomic.Int64
-	streaming   atomic.Pointer[streamingSet] // the methods declared streaming, per registry snapshot
-	streamingMu sync.Mutex                   // one rebuild of it at a time
-	started     atomic.Int64                 // unix ns: New, then Serve; the warm-up counts from it
+	fastTaken atomic.Int64
+	started   atomic.Int64 // unix ns: New, then Serve; the warm-up counts from it
 
 	stop     context.CancelFunc
 	done     chan struct{}

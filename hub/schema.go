@@ -12,7 +12,6 @@ import (
 	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/internal/openrpc"
 	"github.com/agentmesh/agentmesh/link"
-	"github.com/agentmesh/agentmesh/registry"
 )
 
 func mustSchema[T any]() json.RawMessage {
@@ -146,57 +145,8 @@ func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage
 	return openrpc.FromSchema(h.Schema()), nil
 }
 
-// streamingSet is the methods agents declared streaming, for one
-// registry snapshot, with each instance's own list (decoded once per
-// instance, not once per snapshot).
-type streamingSet struct {
-	snap *registry.Snapshot
-	set  map[string]bool
-	per  map[*registry.Instance][]string
-}
-
 // Streaming reports whether an agent declared method a streaming one (its
 // schema's "streaming"): surfaces without a stream call of their own
-// (JSON-RPC, agentick, Multica) call it as a stream.
-func (h *Hub) Streaming(method string) bool {
-	snap := h.reg.Snapshot()
-	c := h.streaming.Load()
-	if c == nil || c.snap != snap {
-		c = h.rebuildStreaming(snap)
-	}
-	return c.set[method]
-}
-
-// rebuildStreaming makes the set of snap, one rebuild at a time, reusing
-// the previous set's decoded instances.
-func (h *Hub) rebuildStreaming(snap *registry.Snapshot) *streamingSet {
-	h.streamingMu.Lock()
-	defer h.streamingMu.Unlock()
-	prev := h.streaming.Load()
-	if prev != nil && prev.snap == snap {
-		return prev
-	}
-	c := &streamingSet{snap: snap, set: map[string]bool{}, per: map[*registry.Instance][]string{}}
-	for _, in := range snap.Instances() {
-		ms, ok := []string(nil), false
-		if prev != nil {
-			ms, ok = prev.per[in]
-		}
-		if !ok && len(in.Schemas) > 0 {
-			var decl map[string]struct{ Streaming bool }
-			if json.Unmarshal(in.Schemas, &decl) == nil {
-				for m, s := range decl {
-					if s.Streaming {
-						ms = append(ms, m)
-					}
-				}
-			}
-		}
-		c.per[in] = ms
-		for _, m := range ms {
-			c.set[m] = true
-		}
-	}
-	h.streaming.Store(c)
-	return c
-}
+// (JSON-RPC, agentick, Multica) call it as a stream. The snapshot counts
+// the declarations as instances come and go (Snapshot.Streaming).
+func (h *Hub) Streaming(method string) bool { return h.reg.Snapshot().Streaming(method) }

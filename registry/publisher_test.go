@@ -1,6 +1,7 @@
 package registry_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -154,5 +155,32 @@ func TestRemovedLogTruncates(t *testing.T) {
 	_, upTo, _ := s.Removed(0)
 	if gone, _, complete := s.Removed(upTo - 10); !complete || len(gone) != 10 {
 		t.Fatalf("the last 10 departures: %d, complete %v", len(gone), complete)
+	}
+}
+
+// TestSnapshotStreaming: the snapshot counts the instances whose schemas
+// declare a method streaming, as they come, are replaced and go, in any
+// state, without a walk of the registry.
+func TestSnapshotStreaming(t *testing.T) {
+	p := registry.NewPublisher()
+	mk := func(id, schemas string) *registry.Instance {
+		return registry.NewInstance(registry.Registration{InstanceID: id, Name: "s", Capabilities: []string{"s.*"},
+			Schemas: json.RawMessage(schemas), HeartbeatInterval: time.Second}, time.Now())
+	}
+	a := mk("a", `{"s.watch":{"streaming":true},"s.get":{}}`)
+	b := mk("b", `{"s.watch":{"streaming":true}}`)
+	p.Apply([]*registry.Instance{a, b}, nil)
+	if s := p.Snapshot(); !s.Streaming("s.watch") || s.Streaming("s.get") || s.Streaming("s.other") {
+		t.Fatalf("two instances declaring s.watch: Streaming(s.watch, s.get, s.other) = %v, %v, %v; want true, false, false",
+			s.Streaming("s.watch"), s.Streaming("s.get"), s.Streaming("s.other"))
+	}
+	a.Beat(registry.Beat{State: registry.StateBusy, Load: -1}, time.Now())
+	p.Apply([]*registry.Instance{a}, []*registry.Instance{b})
+	if !p.Snapshot().Streaming("s.watch") {
+		t.Fatal("b gone, a busy: s.watch no longer streaming; want it still (a declares it, in any state)")
+	}
+	p.Apply([]*registry.Instance{mk("a", `{"s.get":{}}`)}, nil) // a replaced by a version without the stream
+	if p.Snapshot().Streaming("s.watch") {
+		t.Fatal("no instance declares s.watch any more, yet it is still streaming")
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -132,6 +134,29 @@ type instState struct {
 	inflight atomic.Int64
 	lastBeat atomic.Int64 // unix nanoseconds
 	state    atomic.Pointer[string]
+	streams  sync.Once
+	streamed []string // StreamingMethods, decoded once
+}
+
+// StreamingMethods returns the methods the instance's schemas declare
+// streaming ({"method": {"streaming": true, ...}}), decoded once.
+func (in *Instance) StreamingMethods() []string {
+	if in.st == nil || len(in.Schemas) == 0 {
+		return nil
+	}
+	in.st.streams.Do(func() {
+		var decl map[string]struct{ Streaming bool }
+		if json.Unmarshal(in.Schemas, &decl) != nil {
+			return
+		}
+		for m, d := range decl {
+			if d.Streaming {
+				in.st.streamed = append(in.st.streamed, m)
+			}
+		}
+		slices.Sort(in.st.streamed)
+	})
+	return in.st.streamed
 }
 
 // NewInstance makes an instance for r, ready and heartbeated now.

@@ -20,10 +20,11 @@ type Snapshot struct {
 	Rev      uint64
 	byID     *iradix.Tree[*Instance]
 	caps     *iradix.Tree[*capEntry]
-	patterns []string      // the pattern capabilities in caps ("memory.*", "*")
-	prefixes []prefixEntry // ready instances per pattern, longest first
-	removed  *removal      // departures, newest first (Removed)
-	floor    uint64        // departures up to this seq were dropped from the log
+	streams  *iradix.Tree[int] // method → instances whose schemas declare it streaming
+	patterns []string          // the pattern capabilities in caps ("memory.*", "*")
+	prefixes []prefixEntry     // ready instances per pattern, longest first
+	removed  *removal          // departures, newest first (Removed)
+	floor    uint64            // departures up to this seq were dropped from the log
 
 	listOnce sync.Once
 	list     []*Instance
@@ -112,6 +113,16 @@ func (s *Snapshot) Known(method string) bool {
 	return false
 }
 
+// Streaming reports whether an instance of the snapshot, in any state,
+// declares method streaming in its schemas (Instance.StreamingMethods).
+func (s *Snapshot) Streaming(method string) bool {
+	if s.streams == nil {
+		return false
+	}
+	n, _ := s.streams.Get([]byte(method))
+	return n > 0
+}
+
 // Instance returns the instance with that id, or nil.
 func (s *Snapshot) Instance(id string) *Instance {
 	in, _ := s.byID.Get([]byte(id))
@@ -184,7 +195,7 @@ func (s *Snapshot) Removed(since uint64) (gone []*Instance, upTo uint64, complet
 	return gone, upTo, since >= s.floor
 }
 
-var empty = &Snapshot{byID: iradix.New[*Instance](), caps: iradix.New[*capEntry]()}
+var empty = &Snapshot{byID: iradix.New[*Instance](), caps: iradix.New[*capEntry](), streams: iradix.New[int]()}
 
 // Empty is the snapshot of an empty registry.
 func Empty() *Snapshot { return empty }
@@ -198,6 +209,7 @@ type builder struct {
 	now     time.Time
 	byID    *iradix.Txn[*Instance]
 	caps    *iradix.Txn[*capEntry]
+	streams *iradix.Txn[int]
 	touched map[string]*capEntry // entries copied in this batch, private until commit
 	gone    []*Instance          // departures of this batch
 }
@@ -206,7 +218,7 @@ func newBuilder(base *Snapshot, now time.Time) *builder {
 	if base.byID == nil {
 		base = empty
 	}
-	return &builder{base: base, now: now, byID: base.byID.Txn(), caps: base.caps.Txn(), touched: map[string]*capEntry{}}
+	return &builder{base: base, now: now, byID: base.byID.Txn(), caps: base.caps.Txn(), streams: base.streams.Txn(), touched: map[string]*capEntry{}}
 }
 
 // entry returns capability c's entry for change in this batch.
@@ -247,12 +259,26 @@ func (b *builder) put(in *Instance) {
 	}
 	if old != in {
 		b.byID.Insert([]byte(in.InstanceID), in)
+		b.stream(in, 1)
+	}
+}
+
+// stream counts in's streaming methods in (d 1) or out (d -1).
+func (b *builder) stream(in *Instance, d int) {
+	for _, m := range in.StreamingMethods() {
+		n, _ := b.streams.Get([]byte(m))
+		if n += d; n > 0 {
+			b.streams.Insert([]byte(m), n)
+		} else {
+			b.streams.Delete([]byte(m))
+		}
 	}
 }
 
 // drop removes in; gone: it left the registry (not replaced).
 func (b *builder) drop(in *Instance, gone bool) {
 	b.byID.Delete([]byte(in.InstanceID))
+	b.stream(in, -1)
 	for _, c := range in.Capabilities {
 		e := b.entry(c)
 		e.count--
@@ -282,7 +308,7 @@ func (b *builder) commit(rev uint64, expire func(c string, e *capEntry) bool, se
 		}
 		patterns = patterns || strings.HasSuffix(c, "*")
 	}
-	s := &Snapshot{Rev: rev, byID: b.byID.CommitOnly(), caps: b.caps.CommitOnly(), patterns: b.base.patterns,
+	s := &Snapshot{Rev: rev, byID: b.byID.CommitOnly(), caps: b.caps.CommitOnly(), streams: b.streams.CommitOnly(), patterns: b.base.patterns,
 		prefixes: b.base.prefixes, removed: b.base.removed, floor: b.base.floor}
 	if patterns {
 		s.patterns, s.prefixes = nil, nil

@@ -127,41 +127,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// pingBurst is how many pings a peer may send at once; past that it must
-// keep to the sustained rate of one per PeerPingMin.
-const pingBurst = 5
-
-// pingPolicy enforces PeerPingMin with the generic cell rate algorithm:
-// tat is the theoretical arrival time of the next ping at the sustained
-// rate; a ping at or before tat - burst × min breaks the policy. One
-// comparison and no allocation per ping; the reader goroutine owns it.
-type pingPolicy struct {
-	min   time.Duration // <= 0: no limit
-	burst time.Duration // pingBurst × min
-	tat   time.Time
-}
-
-func newPingPolicy(min time.Duration) pingPolicy {
-	return pingPolicy{min: min, burst: pingBurst * min}
-}
-
-// allow records a ping received at now and reports whether the peer keeps
-// within the policy.
-func (p *pingPolicy) allow(now time.Time) bool {
-	if p.min <= 0 {
-		return true
-	}
-	tat := p.tat
-	if tat.Before(now) {
-		tat = now
-	}
-	if tat.Sub(now) >= p.burst {
-		return false
-	}
-	p.tat = tat.Add(p.min)
-	return true
-}
-
 // Conn runs one WebSocket with one reader goroutine and at most one
 // writer goroutine (gorilla allows no more). Frames to send go into a
 // bounded queue; the writer is started when a frame is queued and exits
@@ -450,51 +415,6 @@ func (c *Conn) Start(onMessage func(data []byte, refused *envelope.Error), onClo
 	go c.readLoop(onMessage)
 }
 
-// sendPing runs on the ping timer's goroutine.
-func (c *Conn) sendPing() {
-	select {
-	case <-c.closing:
-		return
-	default:
-	}
-	now := time.Now()
-	if heard := c.heard.Load(); heard != 0 && c.mayskip() && now.UnixNano()-heard < int64(c.cfg.PingInterval/2) {
-		// Heard from the peer within half an interval (its pings, its
-		// frames): the link is alive without a ping of ours. Of two ends
-		// that both ping so, one pings each interval and the other only
-		// answers: one exchange per link per interval, not two. The
-		// silence between exchanges stays under 1.5 intervals (a check
-		// that skips comes within half an interval of the last sign of
-		// life, the next one pings), well inside IdleTimeout's 2.
-		c.ping.Reset(c.cfg.PingInterval)
-		return
-	}
-	if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(c.cfg.WriteTimeout)); err != nil {
-		c.Shutdown(err)
-		return
-	}
-	c.pingsSent.Add(1)
-	c.ping.Reset(c.cfg.PingInterval)
-}
-
-// mayskip reports whether a ping may be skipped at all: the silence it
-// allows (up to 1.5 intervals) must stay inside the 7/8 × IdleTimeout at
-// which the link may be closed, as with the default IdleTimeout of 2
-// intervals. With a shorter one every ping goes out, as configured.
-func (c *Conn) mayskip() bool { return c.cfg.PingInterval*12 < c.cfg.IdleTimeout*7 }
-
-// heardFrom notes, on the reader goroutine, that something arrived at
-// now: the read deadline moves IdleTimeout past it, but only once the
-// last move has aged an eighth of IdleTimeout (moving it costs a runtime
-// timer update, which at tens of thousands of messages a second showed
-// in profiles). A link is thus closed after between 7/8 × IdleTimeout
-// and IdleTimeout of silence.
-func (c *Conn) heardFrom(now time.Time) {
-	if now.UnixNano()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
-		_ = c.setReadDeadline(now.Add(c.cfg.IdleTimeout))
-	}
-}
-
 func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	defer c.wg.Done()
 	idle := c.cfg.IdleTimeout
@@ -523,29 +443,6 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 		}
 		onMessage(data, refused)
 	}
-}
-
-// onPing runs on the reader goroutine for every ping: it enforces the
-// peer ping policy, then answers with a pong as gorilla's default handler
-// does. An error ends the read loop, which closes the connection.
-func (c *Conn) onPing(data string) error {
-	now := time.Now()
-	c.heardFrom(now) // the peer's pings are its sign of life when this side's own are skipped (sendPing)
-	if !c.pings.allow(now) {
-		if c.cfg.PingAbuse != nil {
-			c.cfg.PingAbuse()
-		}
-		return errTooManyPings
-	}
-	err := c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
-	if err == nil || errors.Is(err, websocket.ErrCloseSent) {
-		return nil
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return nil // the writer is stuck; its own timeout will tell
-	}
-	return err
 }
 
 // readMessage reads one message through a pooled scratch buffer and
@@ -650,20 +547,6 @@ func (c *Conn) Close() {
 	c.quitOnce.Do(func() { close(c.quit) })
 	c.Shutdown(nil)
 	c.wg.Wait()
-}
-
-// Stalled reports that the connection has read nothing, not even the
-// pong to a ping sent since, for longer than a ping interval and a
-// margin (IdleTimeout/4: the reader notes what it reads only every
-// IdleTimeout/8, and the pong takes a round trip). A connection that is
-// healthy always has something to read by then; one that is stalled
-// (its TCP stream held up by retransmission timeouts, its path cut) will
-// be closed at IdleTimeout. Calls that ran out of time on a stalled
-// connection say nothing of the agent behind it. False while the reader
-// is paused by backpressure (it reads nothing then, by choice).
-func (c *Conn) Stalled() bool {
-	heard := c.heard.Load()
-	return heard != 0 && time.Since(time.Unix(0, heard)) > c.cfg.PingInterval+c.cfg.IdleTimeout/4
 }
 
 // done is closed once the connection started closing.

@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"time"
 
 	"github.com/agentmesh/agentmesh/registry"
@@ -79,14 +78,17 @@ func (h *Hub) linkLiveness() bool {
 // one pass. A link that dies is closed by its idle timeout, which
 // deregisters its agent; a stalled one is not renewed, so its agent
 // expires no later than it did when it heartbeat itself.
+//
+// The beat goes straight to the instance the registry returned at
+// registration (the one it expires): an atomic store, no lookup. One that
+// left the registry since is beaten in vain; follow closes its link.
 func (h *Hub) renew() {
-	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.HeartbeatInterval)
-	defer cancel()
+	now := time.Now()
 	h.bindings.Range(func(_, v any) bool {
 		b := v.(*binding)
-		if b.ready.Load() && b.link.Err() == nil && !b.link.Stalled() {
-			_ = h.reg.Heartbeat(ctx, b.id, registry.Beat{Load: -1}) // not found: follow closes its link
+		if in := b.inst.Load(); in != nil && b.ready.Load() && b.link.Err() == nil && !b.link.Stalled() {
+			in.Beat(registry.Beat{Load: -1}, now)
 		}
-		return ctx.Err() == nil
+		return true
 	})
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
 	"github.com/agentmesh/agentmesh/reliability"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // The tests of this file run the mesh's time-driven behaviour inside
@@ -734,5 +735,53 @@ func TestSynctestRegisterDuringRegistryChange(t *testing.T) {
 			}
 		}
 		t.Logf("%d of %d links lost after registering", lost, rounds*n)
+	})
+}
+
+// TestSynctestLinkLiveness: where the hub's links ping at least once a
+// heartbeat interval, an agent's link is its heartbeat. The Go agent
+// learns it at registration and sends no agent.heartbeat; it and an agent
+// that never heartbeats (its link answers pings, nothing more) both stay
+// registered, as the same instances, through ten TTLs. (A link that
+// stops answering is closed at its idle timeout, two intervals, and its
+// agent deregistered: TestSynctestPingTimeout.)
+func TestSynctestLinkLiveness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const beat = time.Second
+		metrics := telemetry.NewMetrics(nil)
+		m := meshtest.StartInMemory(t, hub.Config{HeartbeatInterval: beat, Conn: link.Config{PingInterval: beat}},
+			hub.WithTelemetry(telemetry.New(nil, metrics)))
+		m.RunAgent(t, agents.NewEcho(agents.WithID("sdk-1"), agents.WithConnConfig(m.Conn(link.Config{PingInterval: beat}))))
+		l, err := link.Dial(t.Context(), m.WS, m.Conn(link.Config{PingInterval: beat}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		registerRaw(t, l, "quiet-1", "quiet.call")
+		snap := m.Hub.Registry().Snapshot()
+		sdk, quiet := snap.Instance("sdk-1"), snap.Instance("quiet-1")
+		if sdk == nil || quiet == nil {
+			t.Fatal("agents not registered")
+		}
+
+		time.Sleep(30 * beat) // ten TTLs
+		synctest.Wait()
+		snap = m.Hub.Registry().Snapshot()
+		if snap.Instance("sdk-1") != sdk || snap.Instance("quiet-1") != quiet {
+			t.Fatalf("after ten TTLs: sdk-1 %v, quiet-1 %v; want both still registered as the same instances",
+				snap.Instance("sdk-1") != nil, snap.Instance("quiet-1") != nil)
+		}
+		var beats float64
+		fams, _ := metrics.Registry.Gather()
+		for _, f := range fams {
+			if f.GetName() == "agentmesh_registry_heartbeats_total" {
+				for _, s := range f.Metric {
+					beats += s.GetCounter().GetValue()
+				}
+			}
+		}
+		if beats != 0 {
+			t.Errorf("%v agent.heartbeat calls in ten TTLs; want none (the links are the heartbeats)", beats)
+		}
 	})
 }

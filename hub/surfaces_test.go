@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -255,14 +257,18 @@ var surfaceRows = []struct {
 		}
 		return func(ctx context.Context, op surfaceOp, tp string) (envelope.Code, error) {
 			r, err := s.CallTool(ctx, &mcp.CallToolParams{Name: op.method, Arguments: op.params, Meta: mcp.Meta{"traceparent": tp}})
+			var we *jsonrpc.Error
+			if errors.As(err, &we) && strings.HasPrefix(we.Message, "Unknown tool: ") {
+				return envelope.CodeMethodNotFound, nil // MCP's protocol error for a tool nobody serves
+			}
 			if err != nil {
 				return 0, err
 			}
 			if !r.IsError {
 				return envelope.CodeOK, nil
 			}
-			sc, _ := r.StructuredContent.(map[string]any)
-			name, _ := sc["code"].(string)
+			coded, _ := r.Meta["agentmesh/error"].(map[string]any)
+			name, _ := coded["code"].(string)
 			if c, ok := envelope.ParseCode(name); ok {
 				return c, nil
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	mcpauth "github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentmesh/agentmesh/auth"
@@ -43,7 +44,7 @@ func handler(h surface.Host) http.Handler {
 			case *mcp.ListToolsRequest:
 				return tools(h, mcpPrincipal(r.Extra)), nil
 			case *mcp.CallToolRequest:
-				return call(ctx, h, mcpPrincipal(r.Extra), r.Params, r.Extra), nil
+				return call(ctx, h, mcpPrincipal(r.Extra), r.Params, r.Extra)
 			}
 			return next(ctx, method, req)
 		}
@@ -121,18 +122,24 @@ func tools(h surface.Host, p *auth.Principal) *mcp.ListToolsResult {
 	return out
 }
 
-// call runs a tool as a call through the hub's ingress. A failed call
-// is a tool result with isError set, its text "CODE: message" and its
-// structured content {code, jsonrpcCode, message, data}.
+// call runs a tool as a call through the hub's ingress. As the MCP
+// specification (2025-06-18) separates them: a tool no agent serves (or
+// a built-in, which is not a tool) is a protocol error, JSON-RPC -32602
+// "Unknown tool: NAME"; a call that fails is a tool result with isError
+// set, its text "CODE: message", and the coded error {code, jsonrpcCode,
+// message, data} in _meta "agentmesh/error", and as structuredContent
+// too when the tool declares no outputSchema (a client validates the
+// structured content of a tool that declares one against it, error
+// results included, and this error is not of that shape).
 //
 // The W3C trace context comes from the request's _meta (traceparent,
 // tracestate: the MCP convention) or else from its HTTP headers.
-func call(ctx context.Context, h surface.Host, p *auth.Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) *mcp.CallToolResult {
+func call(ctx context.Context, h surface.Host, p *auth.Principal, params *mcp.CallToolParamsRaw, x *mcp.RequestExtra) (*mcp.CallToolResult, error) {
 	if params == nil {
-		return mcpError(envelope.NewError(envelope.CodeInvalidParams, "tools/call needs params"))
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "tools/call needs params"}
 	}
 	if h.IsBuiltin(params.Name) {
-		return mcpError(envelope.Errorf(envelope.CodeMethodNotFound, "%q is not a tool", params.Name))
+		return nil, unknownTool(params.Name)
 	}
 	args := bytes.TrimSpace(params.Arguments)
 	if string(args) == "null" {
@@ -154,20 +161,36 @@ func call(ctx context.Context, h surface.Host, p *auth.Principal, params *mcp.Ca
 	}
 	res, err := h.Invoke(ctx, req)
 	if err != nil {
-		return mcpError(envelope.AsError(err))
+		e := envelope.AsError(err)
+		if e.Code == envelope.CodeMethodNotFound {
+			return nil, unknownTool(params.Name)
+		}
+		m, declared := h.Schema().Methods[params.Name]
+		return toolError(e, declared && surface.ObjectSchema(m.Response) != nil), nil
 	}
 	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}}
 	if r := bytes.TrimSpace(res.Result); len(r) > 0 && r[0] == '{' {
 		out.StructuredContent = json.RawMessage(r)
 	}
-	return out
+	return out, nil
 }
 
-func mcpError(e *envelope.Error) *mcp.CallToolResult {
-	sc := map[string]any{"code": e.Code.String(), "jsonrpcCode": e.Code.JSONRPC(), "message": e.Message}
+// unknownTool is the protocol error of the MCP specification's example.
+func unknownTool(name string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Unknown tool: " + name}
+}
+
+// toolError is a failed call's tool result; outputSchema: the tool
+// declares one, which its structured content must match.
+func toolError(e *envelope.Error, outputSchema bool) *mcp.CallToolResult {
+	coded := map[string]any{"code": e.Code.String(), "jsonrpcCode": e.Code.JSONRPC(), "message": e.Message}
 	if e.Data != nil {
-		sc["data"] = e.Data
+		coded["data"] = e.Data
 	}
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: e.Code.String() + ": " + e.Message}},
-		StructuredContent: sc}
+	r := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: e.Code.String() + ": " + e.Message}},
+		Meta: mcp.Meta{"agentmesh/error": coded}}
+	if !outputSchema {
+		r.StructuredContent = coded
+	}
+	return r
 }

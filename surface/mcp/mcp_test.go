@@ -1,17 +1,21 @@
 package mcp_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -51,6 +55,11 @@ func TestMCPServer(t *testing.T) {
 	hb = m.Hub
 	m.RunAgent(t, agents.NewEcho())
 	m.RunAgent(t, agents.NewKV())
+	plain := agents.New("plain") // declares no schema: its tool has no outputSchema
+	plain.Handle("plain.fail", func(context.Context, json.RawMessage) (any, error) {
+		return nil, envelope.NewError(envelope.CodeInvalidParams, "plain.fail always fails")
+	})
+	m.RunAgent(t, plain)
 	s, err := testkit.MCPConnect(t, m, "")
 	if err != nil {
 		t.Fatalf("MCP connect: %v", err)
@@ -62,7 +71,7 @@ func TestMCPServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tools/list: %v", err)
 	}
-	want := []string{"echo.echo", "echo.sleep", "memory.delete", "memory.get", "memory.put", "memory.query"}
+	want := []string{"echo.echo", "echo.sleep", "memory.delete", "memory.get", "memory.put", "memory.query", "plain.fail"}
 	if got := toolNames(tools); !slices.Equal(got, want) {
 		t.Errorf("tools/list = %v; want %v (agent methods only)", got, want)
 	}
@@ -70,7 +79,7 @@ func TestMCPServer(t *testing.T) {
 		in, _ := json.Marshal(tool.InputSchema)
 		var sch testkit.JSONSchema
 		_ = json.Unmarshal(in, &sch)
-		if sch.Type != "object" || tool.Description == "" {
+		if sch.Type != "object" || (tool.Description == "" && tool.Name != "plain.fail") {
 			t.Errorf("tool %s: input schema %s, description %q; want an object schema and a description", tool.Name, in, tool.Description)
 		}
 		if tool.Name == "memory.put" && !slices.Equal(sch.Required, []string{"key", "value"}) {
@@ -103,7 +112,21 @@ func TestMCPServer(t *testing.T) {
 		t.Errorf("tools/call memory.get = %+v, %v; want the value stored through MCP", res, err)
 	}
 
-	// Failures are tool results with isError and the mesh code.
+	// Failures are tool results with isError and the mesh code, in the
+	// text and in _meta; as structured content too, unless the tool
+	// declares an outputSchema (memory.get does: a client validates
+	// structured content against it, error results included).
+	listed, err := s.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	declares := map[string]bool{} // the tool has an outputSchema
+	for _, tool := range listed.Tools {
+		declares[tool.Name] = tool.OutputSchema != nil
+	}
+	if !declares["memory.get"] {
+		t.Fatal("memory.get lists no outputSchema; the cases below need one that does")
+	}
 	for _, c := range []struct {
 		name string
 		args any
@@ -111,17 +134,35 @@ func TestMCPServer(t *testing.T) {
 	}{
 		{"echo.sleep", map[string]any{"ms": -1}, "INVALID_PARAMS"}, // refused by the agent
 		{"memory.get", map[string]any{"key": 5}, "INVALID_PARAMS"},
-		{"nobody.serves", map[string]any{}, "METHOD_NOT_FOUND"}, // refused by the hub
-		{"mesh.agents", nil, "METHOD_NOT_FOUND"},                // built-ins are not tools
+		{"memory.get", map[string]any{}, "INVALID_PARAMS"},
+		{"plain.fail", map[string]any{}, "INVALID_PARAMS"},
 	} {
+		c := struct {
+			name, code string
+			args       any
+			structured bool
+		}{c.name, c.code, c.args, !declares[c.name]}
 		res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: c.name, Arguments: c.args})
 		if err != nil {
 			t.Errorf("tools/call %s: protocol error %v; want an error result", c.name, err)
 			continue
 		}
+		coded, _ := res.Meta["agentmesh/error"].(map[string]any)
 		sc, _ := res.StructuredContent.(map[string]any)
-		if !res.IsError || !strings.HasPrefix(textOf(t, res), c.code+": ") || sc["code"] != c.code {
-			t.Errorf("tools/call %s = isError %v, text %q, structured %v; want an error result with code %s", c.name, res.IsError, textOf(t, res), sc, c.code)
+		if !res.IsError || !strings.HasPrefix(textOf(t, res), c.code+": ") || coded["code"] != c.code {
+			t.Errorf("tools/call %s %v = isError %v, text %q, _meta %v; want an error result with code %s", c.name, c.args, res.IsError, textOf(t, res), res.Meta, c.code)
+		}
+		if c.structured != (sc != nil) || (sc != nil && sc["code"] != c.code) {
+			t.Errorf("tools/call %s %v: structured content %v; want it %v", c.name, c.args, sc, map[bool]string{true: "the coded error", false: "absent (the tool declares an outputSchema)"}[c.structured])
+		}
+	}
+	// A tool no agent serves, or a built-in, is the specification's
+	// protocol error: -32602 "Unknown tool: NAME".
+	for _, name := range []string{"nobody.serves", "mesh.agents"} {
+		res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: map[string]any{}})
+		var we *jsonrpc.Error
+		if !errors.As(err, &we) || we.Code != jsonrpc.CodeInvalidParams || we.Message != "Unknown tool: "+name {
+			t.Errorf("tools/call %s = %+v, %v; want the protocol error -32602 \"Unknown tool: %s\"", name, res, err, name)
 		}
 	}
 	if got := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds", map[string]string{"rpc_method": "echo.sleep", "rpc_response_status_code": "-32602"}); got != 1 {

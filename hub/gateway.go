@@ -237,6 +237,9 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		// A peer hub's link carries every caller of that hub, each
 		// bounded there: one of them must not refuse the others' calls.
 		opts = append(opts, link.WithoutCallBound())
+		// Its answers wait for a lost segment's retransmission no longer
+		// than the peer's requests do (tcptune_linux.go).
+		link.TuneLink(ws.NetConn())
 	} else {
 		opts = append(opts, link.WithFast(h.serveFast)) // fast.go
 	}

@@ -58,3 +58,8 @@ func ReadExact(r io.Reader, limit int) ([]byte, error) { return wsconn.ReadExact
 func ReadChecked(r io.Reader, limit int, check func([]byte) *envelope.Error, keep int) ([]byte, *envelope.Error, error) {
 	return wsconn.ReadChecked(r, nil, limit, check, keep)
 }
+
+// TuneLink bounds the retransmission timeout of an accepted connection
+// that carries a peer hub's link, as on the connections a process dials
+// (wsconn.TuneLink).
+func TuneLink(c net.Conn) { wsconn.TuneLink(c) }

@@ -134,5 +134,6 @@ func DialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) 
 		return nil, err
 	}
 	tuneTCP(c)
+	tuneRTO(c)
 	return &readAheadConn{Conn: c, readAhead: newReadAhead(c)}, nil
 }

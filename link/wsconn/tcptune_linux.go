@@ -20,7 +20,9 @@ const (
 
 // tuneTCP sets what a link's socket needs beyond Go's defaults (which
 // already disable Nagle), best effort: a kernel without an option keeps
-// its default.
+// its default. Linear timeouts go on every link's socket; the bounds on
+// the retransmission timeout (tuneRTO) on the sockets of the links this
+// process dialled, and on a hub's accepted peer links (TuneLink).
 //
 // A link carries small frames, many calls over one connection, so every
 // call behind a lost segment waits for its retransmission. Linux waits
@@ -43,6 +45,40 @@ const (
 //     flight): the first 6 retransmissions wait the RTO each, without
 //     backing off (RFC 6298 allows it; tcp(7)).
 func tuneTCP(c net.Conn) {
+	setsockopt(c, tcpThinLinearTimeouts, 1)
+}
+
+// tuneRTO bounds c's retransmission timeout. Not on the connections a
+// hub accepts from clients and agents: the zero-window probes to a peer
+// that stopped reading back off by the same timeout, and the kernel
+// drops an orphaned socket (one a hub closed as a slow consumer, its
+// close frame still queued) after 8 probes: at a 1 s ceiling that came
+// within the 12 s of the hub's slow-consumer close (10 s write timeout,
+// 2 s grace), and the peer, reading again, found a reset instead of its
+// 1008 close (TestStreamCallerStopsReading).
+func tuneRTO(c net.Conn) {
+	setsockopt(c, tcpRTOMinUS, linkRTOMin)
+	setsockopt(c, tcpRTOMaxMS, linkRTOMax)
+}
+
+// TuneLink bounds the retransmission timeout of an accepted link that
+// carries a peer hub's calls (as on the links a process dials): a hub
+// calls it on the peer links it accepts.
+func TuneLink(c net.Conn) {
+	for {
+		switch w := c.(type) {
+		case *cappedConn:
+			c = w.Conn
+		case *readAheadConn:
+			c = w.Conn
+		default:
+			tuneRTO(c)
+			return
+		}
+	}
+}
+
+func setsockopt(c net.Conn, opt, v int) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return
@@ -51,9 +87,5 @@ func tuneTCP(c net.Conn) {
 	if err != nil {
 		return
 	}
-	_ = raw.Control(func(fd uintptr) {
-		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpThinLinearTimeouts, 1)
-		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpRTOMinUS, linkRTOMin)
-		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpRTOMaxMS, linkRTOMax)
-	})
+	_ = raw.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt, v) })
 }

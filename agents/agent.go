@@ -578,7 +578,7 @@ func (a *Agent) HandleStream(method string, h StreamFunc) {
 		if err := h(ctx, params, &Stream{snd}); err != nil {
 			return nil, err
 		}
-		return map[string]uint64{"chunks": snd.Sent()}, nil
+		return StreamEnd{Chunks: snd.Sent()}, nil
 	})
 	a.mu.Lock()
 	if a.streaming == nil {

@@ -69,12 +69,20 @@ func NewEcho(opts ...Option) *Agent {
 	a.HandleStream("echo.stream", echoStream)
 	a.SetSchema("echo.stream", control.MethodSchema{
 		Description: "Stream n chunks {\"i\":k,\"pad\":...} (k from 1) at intervalMs, each padded to about size bytes; the end is {\"chunks\":n}",
-		Params:      streamParamsSchema, Errors: []string{"INVALID_PARAMS", "TIMEOUT", "CANCELLED"},
+		Params:      streamParamsSchema, Result: streamEndSchema, Errors: []string{"INVALID_PARAMS", "TIMEOUT", "CANCELLED"},
 	})
 	return a
 }
 
-var streamParamsSchema, _ = control.SchemaFor[StreamParams]()
+var (
+	streamParamsSchema, _ = control.SchemaFor[StreamParams]()
+	streamEndSchema, _    = control.SchemaFor[StreamEnd]()
+)
+
+// StreamEnd is the result that ends a stream served with HandleStream.
+type StreamEnd struct {
+	Chunks uint64 `json:"chunks" jsonschema:"the chunks sent"`
+}
 
 // StreamParams are the params of echo.stream.
 type StreamParams struct {

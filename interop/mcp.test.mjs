@@ -58,3 +58,15 @@ test("mcp: a tool nobody serves is the protocol error -32602", async () => {
     return true;
   });
 });
+
+test("mcp: chat.getAgentMessages validates against its declared outputSchema", async () => {
+  await client.listTools();
+  const created = await client.callTool({ name: "chat.create", arguments: { agentId: "mcp-interop" } });
+  assert.ok(!created.isError, JSON.stringify(created));
+  const sent = await client.callTool({ name: "chat.send", arguments: { agentId: "mcp-interop", content: "hello over MCP" } });
+  assert.ok(!sent.isError, JSON.stringify(sent));
+  const got = await client.callTool({ name: "chat.getAgentMessages", arguments: { agentId: "mcp-interop" } });
+  assert.ok(!got.isError, JSON.stringify(got));
+  const blocks = got.structuredContent.messages.flatMap((m) => m.content);
+  assert.ok(blocks.some((b) => b.type === "text" && typeof b.text === "string"), JSON.stringify(blocks));
+});

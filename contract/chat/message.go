@@ -56,6 +56,25 @@ type ContentBlock struct {
 // Text returns a text block.
 func Text(s string) ContentBlock { return ContentBlock{Type: BlockText, Text: s} }
 
+// blockSchema is the JSON Schema of a content block as MarshalJSON
+// writes it: one of the four block shapes.
+const blockSchema = `{"oneOf":[` +
+	`{"type":"object","properties":{"type":{"const":"text"},"text":{"type":"string"}},"required":["type","text"],"additionalProperties":false},` +
+	`{"type":"object","properties":{"type":{"const":"thinking"},"thinking":{"type":"string"}},"required":["type","thinking"],"additionalProperties":false},` +
+	`{"type":"object","properties":{"type":{"const":"toolCall"},"id":{"type":"string"},"name":{"type":"string"},"arguments":{"type":"object"}},"required":["type","id","name","arguments"],"additionalProperties":false},` +
+	`{"type":"object","properties":{"type":{"const":"image"},"source":{"type":"object","properties":{"type":{"type":"string"},"media_type":{"type":"string"},"data":{"type":"string"}},"required":["type","media_type","data"],"additionalProperties":false}},"required":["type","source"],"additionalProperties":false}` +
+	`]}`
+
+// JSONSchema is the schema of the block on the wire (control.Schemer):
+// one of text, thinking, toolCall and image, with their fields.
+func (ContentBlock) JSONSchema() json.RawMessage { return json.RawMessage(blockSchema) }
+
+// JSONSchema is the schema of content on the wire (control.Schemer): an
+// array of blocks, never null.
+func (Content) JSONSchema() json.RawMessage {
+	return json.RawMessage(`{"type":"array","items":` + blockSchema + `}`)
+}
+
 // MarshalJSON implements json.Marshaler.
 func (b ContentBlock) MarshalJSON() ([]byte, error) {
 	switch b.Type {

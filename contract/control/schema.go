@@ -23,6 +23,14 @@ func SchemaFor[T any]() (json.RawMessage, error) {
 	return SchemaOf(reflect.TypeFor[T]())
 }
 
+// Schemer is a type whose JSON is its own (a MarshalJSON that writes
+// other fields than its struct's, or a union of shapes): JSONSchema,
+// called on its zero value, is the schema of what it marshals to, and
+// SchemaOf takes it as is instead of deriving one from the fields.
+type Schemer interface {
+	JSONSchema() json.RawMessage
+}
+
 // SchemaOf derives the JSON Schema of t, byte for byte as
 // github.com/google/jsonschema-go v0.4.3 (jsonschema.ForType with
 // json.RawMessage mapped to {}, then json.Marshal) derives it, with one
@@ -58,6 +66,7 @@ var (
 	rawType     = reflect.TypeFor[json.RawMessage]()
 	marshaler   = reflect.TypeFor[json.Marshaler]()
 	textMarsh   = reflect.TypeFor[encoding.TextMarshaler]()
+	schemerType = reflect.TypeFor[Schemer]()
 	stringTypes = map[reflect.Type]bool{ // jsonschema-go's built-in type schemas
 		reflect.TypeFor[time.Time](): true, reflect.TypeFor[slog.Level](): true,
 		reflect.TypeFor[big.Int](): true, reflect.TypeFor[big.Rat](): true, reflect.TypeFor[big.Float](): true,
@@ -67,7 +76,8 @@ var (
 // node is a schema with the keywords jsonschema-go infers, in the order
 // its Schema.MarshalJSON writes them.
 type node struct {
-	Type     any      `json:"type,omitempty"` // a string, or []string
+	raw      json.RawMessage // the schema a Schemer gave: written as is
+	Type     any             `json:"type,omitempty"` // a string, or []string
 	Props    *props   `json:"properties,omitempty"`
 	Items    *node    `json:"items,omitempty"`
 	Desc     string   `json:"description,omitempty"`
@@ -85,6 +95,9 @@ type node struct {
 func (n node) MarshalJSON() ([]byte, error) {
 	if n.never {
 		return []byte("false"), nil
+	}
+	if n.raw != nil {
+		return n.raw, nil
 	}
 	type plain node
 	b, err := json.Marshal(plain(n))
@@ -134,6 +147,19 @@ func build(t reflect.Type, seen map[reflect.Type]bool) (*node, *envelope.Error) 
 		defer delete(seen, t)
 	}
 	s := &node{}
+	if t.Implements(schemerType) {
+		// Its JSON is its own (a MarshalJSON): the schema is what it
+		// says it marshals to, not what its fields would.
+		raw := reflect.Zero(t).Interface().(Schemer).JSONSchema()
+		if !json.Valid(raw) {
+			return nil, errorf("%v: JSONSchema is not JSON", t)
+		}
+		if null {
+			raw = json.RawMessage(`{"anyOf":[{"type":"null"},` + string(raw) + `]}`)
+		}
+		s.raw = raw
+		return s, nil
+	}
 	switch k := t.Kind(); {
 	case t == rawType: // {}, or {"type":["null"]} behind a pointer
 		if null {

@@ -78,17 +78,17 @@ var (
 type node struct {
 	raw      json.RawMessage // the schema a Schemer gave: written as is
 	Type     any             `json:"type,omitempty"` // a string, or []string
-	Props    *props   `json:"properties,omitempty"`
-	Items    *node    `json:"items,omitempty"`
-	Desc     string   `json:"description,omitempty"`
-	Min      *int64   `json:"minimum,omitempty"`
-	Max      *int64   `json:"maximum,omitempty"`
-	MinItems *int     `json:"minItems,omitempty"`
-	MaxItems *int     `json:"maxItems,omitempty"`
-	Required []string `json:"required,omitempty"`
-	Addl     *node    `json:"additionalProperties,omitempty"`
-	Encoding string   `json:"contentEncoding,omitempty"`
-	never    bool     // the false schema
+	Props    *props          `json:"properties,omitempty"`
+	Items    *node           `json:"items,omitempty"`
+	Desc     string          `json:"description,omitempty"`
+	Min      *int64          `json:"minimum,omitempty"`
+	Max      *int64          `json:"maximum,omitempty"`
+	MinItems *int            `json:"minItems,omitempty"`
+	MaxItems *int            `json:"maxItems,omitempty"`
+	Required []string        `json:"required,omitempty"`
+	Addl     *node           `json:"additionalProperties,omitempty"`
+	Encoding string          `json:"contentEncoding,omitempty"`
+	never    bool            // the false schema
 }
 
 // MarshalJSON writes an empty schema as true, the false schema as false.

@@ -3,7 +3,6 @@ package chat
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -48,7 +47,7 @@ func decode(method string, params json.RawMessage, v any) error {
 		params = []byte("{}")
 	}
 	if err := json.Unmarshal(params, v); err != nil {
-		return envelope.Errorf(envelope.CodeInvalidParams, "%s: %v", method, strings.TrimPrefix(err.Error(), "json: "))
+		return envelope.ParamsError(method, err)
 	}
 	return nil
 }

@@ -75,10 +75,21 @@ type server struct{ h surface.Host }
 type nexus3Error struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
 }
 
+// nexus3Err is code's error with NEXUS3's codes (its error table has
+// only JSON-RPC's standard codes and -32000 SERVER_ERROR, "application-
+// specific"): a standard code stays; a mesh code of its own (CANCELLED,
+// UNAVAILABLE, TIMEOUT, ...) is -32000, its message "CODE: message" and
+// its data {"code": CODE}, where the mesh's own surfaces answer -32006,
+// -32002, ....
 func nexus3Err(code envelope.Code, msg string) *nexus3Error {
-	return &nexus3Error{Code: code.JSONRPC(), Message: msg}
+	switch c := code.JSONRPC(); c {
+	case -32700, -32600, -32601, -32602, -32603:
+		return &nexus3Error{Code: c, Message: msg}
+	}
+	return &nexus3Error{Code: -32000, Message: code.String() + ": " + msg, Data: map[string]string{"code": code.String()}}
 }
 
 func nexus3FromMesh(err error) *nexus3Error {
@@ -87,7 +98,7 @@ func nexus3FromMesh(err error) *nexus3Error {
 	if msg == "" {
 		msg = e.Code.String()
 	}
-	return &nexus3Error{Code: e.Code.JSONRPC(), Message: msg}
+	return nexus3Err(e.Code, msg)
 }
 
 // writeNexus3HTTPError answers a failure outside JSON-RPC (unknown agent,

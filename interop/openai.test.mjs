@@ -9,10 +9,19 @@ const base = process.env.MESH_URL;
 if (!base) throw new Error("MESH_URL (the hub's http://host:port) is not set");
 const openai = new OpenAI({ baseURL: base + "/v1", apiKey: "none", maxRetries: 0, timeout: 30_000 });
 
-test("openai: models.list names agentmesh-chat", async () => {
+test("openai: models.list names agentmesh-chat and the demo's chat/demo", async () => {
   const ids = [];
   for await (const m of openai.models.list()) ids.push(m.id);
   assert.ok(ids.includes("agentmesh-chat"), `models: ${ids}`);
+  assert.ok(ids.includes("chat/demo"), `models: ${ids}`);
+});
+
+test("openai: model chat/demo answers on a fresh meshd --demo", async () => {
+  const res = await openai.chat.completions.create({
+    model: "chat/demo",
+    messages: [{ role: "user", content: "hello, demo" }],
+  });
+  assert.ok(res.choices[0].message.content.length > 0, JSON.stringify(res));
 });
 
 test("openai: chat.completions.create answers the turn", async () => {

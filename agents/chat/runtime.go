@@ -145,6 +145,11 @@ func agentNotFound(id string) error {
 	return envelope.Errorf(envelope.CodeAgentNotFound, "Agent not found: %s", id)
 }
 
+// createdAtLayout is created_at's: UTC to the millisecond, always three
+// digits (the session file keeps milliseconds: a resumed agent's time is
+// the same instant, written the same way).
+const createdAtLayout = "2006-01-02T15:04:05.000Z07:00"
+
 // Create adds an agent. An empty id gets a new 8-hex one; an id whose
 // session file exists resumes that history (a new systemPrompt, if given,
 // replaces the stored one). An id already in the pool is INVALID_PARAMS.
@@ -169,14 +174,31 @@ func (r *Runtime) Create(id, systemPrompt string) (*CreateResult, error) {
 	if err != nil {
 		return nil, envelope.WrapError(envelope.CodeInternal, "cannot open the session file", err)
 	}
-	resumed := st.agentID != ""
+	fresh := false // the session entry is written already
+	if st.destroyed {
+		// The id of an agent destroyed: a new agent, with a state of its
+		// own (NEXUS3's isolation), not the old history resumed. The old
+		// file is moved aside as a reset moves it (ID.jsonl.reset-UNIXMS).
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		if systemPrompt == "" {
+			systemPrompt = r.cfg.SystemPrompt
+		}
+		if _, err := f.moveAside(r.cfg.DataDir, id, now, entry{Type: entrySession, AgentID: id, CreatedAt: now.UnixMilli(), SystemPrompt: &systemPrompt}); err != nil {
+			_ = f.close()
+			return nil, envelope.WrapError(envelope.CodeInternal, "cannot move the destroyed agent's session file aside", err)
+		}
+		st, fresh = &state{agentID: id, createdAt: now.UnixMilli(), systemPrompt: systemPrompt}, true
+	}
+	resumed := st.agentID != "" && !fresh
 	a := &Agent{
 		rt: r, id: id, file: f, events: newEventLog(r.cfg.EventBuffer), turn: make(chan struct{}, 1),
 		systemPrompt: st.systemPrompt, history: st.history, firstKept: st.firstKept, summary: st.summary,
 		compactions: st.compactions, running: map[string]context.CancelFunc{},
 	}
-	if !resumed {
-		a.createdAt = time.Now().UTC()
+	if fresh {
+		a.createdAt = time.UnixMilli(st.createdAt).UTC()
+	} else if !resumed {
+		a.createdAt = time.Now().UTC().Truncate(time.Millisecond)
 		if systemPrompt == "" {
 			systemPrompt = r.cfg.SystemPrompt
 		}
@@ -194,7 +216,7 @@ func (r *Runtime) Create(id, systemPrompt string) (*CreateResult, error) {
 		return nil, envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
 	}
 	r.agents[id] = a
-	return &CreateResult{AgentID: id, CreatedAt: a.createdAt.Format(time.RFC3339Nano), Resumed: resumed, MessageCount: len(a.history)}, nil
+	return &CreateResult{AgentID: id, CreatedAt: a.createdAt.Format(createdAtLayout), Resumed: resumed, MessageCount: len(a.history)}, nil
 }
 
 // Get returns the agent id, or nil.
@@ -225,7 +247,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) bool {
 	if a == nil {
 		return false
 	}
-	a.close(ctx)
+	a.close(ctx, true)
 	return true
 }
 
@@ -239,7 +261,7 @@ func (r *Runtime) Close(ctx context.Context) {
 	r.agents = map[string]*Agent{}
 	r.mu.Unlock()
 	for _, a := range all {
-		a.close(ctx)
+		a.close(ctx, false) // the runtime stops: the agents resume with it
 	}
 }
 
@@ -260,7 +282,7 @@ func (r *Runtime) List() []AgentInfo {
 	out := make([]AgentInfo, 0, len(all))
 	for _, a := range all {
 		a.mu.Lock()
-		out = append(out, AgentInfo{AgentID: a.id, CreatedAt: a.createdAt.Format(time.RFC3339Nano), MessageCount: a.contextLen(), ShouldShutdown: a.shouldShutdown})
+		out = append(out, AgentInfo{AgentID: a.id, CreatedAt: a.createdAt.Format(createdAtLayout), MessageCount: a.contextLen(), ShouldShutdown: a.shouldShutdown})
 		a.mu.Unlock()
 	}
 	return out
@@ -341,7 +363,9 @@ func (a *Agent) Events(ctx context.Context, afterSeq uint64, max int, wait time.
 	return a.events.read(ctx, afterSeq, max, wait)
 }
 
-func (a *Agent) close(ctx context.Context) {
+// close stops the agent: its turns cancelled and waited for, its file
+// closed; destroyed: the file's last entry says so first.
+func (a *Agent) close(ctx context.Context, destroyed bool) {
 	a.mu.Lock()
 	a.closed = true
 	for _, cancel := range a.running {
@@ -353,6 +377,9 @@ func (a *Agent) close(ctx context.Context) {
 	case a.turn <- struct{}{}:
 		<-a.turn
 	case <-ctx.Done():
+	}
+	if destroyed {
+		_ = a.file.append(entry{Type: entryDestroyed})
 	}
 	_ = a.file.close()
 	a.events.close()
@@ -479,7 +506,7 @@ func (a *Agent) Context() ContextInfo {
 	return ContextInfo{
 		AgentID: a.id, MessageCount: a.contextLen(), HistoryCount: len(a.history), SystemPrompt: a.systemPrompt,
 		Summary: a.summary, Compactions: a.compactions, MaxMessages: a.rt.cfg.MaxMessages,
-		CreatedAt: a.createdAt.Format(time.RFC3339Nano), ShouldShutdown: a.shouldShutdown, Busy: busy, Tokens: a.tokens(),
+		CreatedAt: a.createdAt.Format(createdAtLayout), ShouldShutdown: a.shouldShutdown, Busy: busy, Tokens: a.tokens(),
 		Conversation: a.conversation,
 	}
 }

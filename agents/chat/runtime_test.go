@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -417,18 +419,10 @@ func TestSessionSurvivesRuntimeRestart(t *testing.T) {
 	if len(list) != 1 || list[0].AgentID != id || list[0].MessageCount != before.Total || list[0].ShouldShutdown {
 		t.Errorf("list = %+v", list)
 	}
-	if !rt.Destroy(t.Context(), id) || rt.Destroy(t.Context(), id) {
-		t.Errorf("destroy twice: want true then false")
-	}
-	// A closed agent's history is still served from its file.
-	closed, err := rt.Messages(id, 1, 2)
-	if err != nil || closed.Total != before.Total || len(closed.Messages) != 2 || closed.Offset != 1 || closed.Limit != 2 {
-		t.Fatalf("messages of a closed agent = %+v, %v", closed, err)
-	}
 	if _, err := rt.Messages("nobody", 0, 10); envelope.CodeOf(err) != envelope.CodeAgentNotFound || !strings.Contains(err.Error(), "No session found for agent: nobody") {
 		t.Errorf("messages of an unknown agent: %v", err)
 	}
-	rt.Close(t.Context())
+	rt.Close(t.Context()) // a restart, not a destroy: the agent resumes (TestDestroyedIDStartsAfresh)
 
 	rt2 := newRT(t, Config{DataDir: dir}, &Scripted{}, nil)
 	res, err := rt2.Create(id, "")
@@ -740,5 +734,79 @@ func TestEventPagesBounded(t *testing.T) {
 			seen++
 		}
 		after = p.NextSeq
+	}
+}
+
+// TestCreatedAtPrecision: created_at is UTC to the millisecond, three
+// digits always, and a resumed agent answers the very string its first
+// creation did (the session file keeps milliseconds; it switched from
+// nanoseconds to milliseconds across a restart before).
+func TestCreatedAtPrecision(t *testing.T) {
+	dir := t.TempDir()
+	rt := NewRuntime(Config{DataDir: dir}, &Scripted{}, nil)
+	first, err := rt.Create("p1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Close(context.Background())
+	if !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`).MatchString(first.CreatedAt) {
+		t.Errorf("created_at %q; want UTC to the millisecond, 3 digits", first.CreatedAt)
+	}
+	rt = NewRuntime(Config{DataDir: dir}, &Scripted{}, nil)
+	defer rt.Close(context.Background())
+	again, err := rt.Create("p1", "")
+	if err != nil || !again.Resumed {
+		t.Fatalf("resume: %+v, %v", again, err)
+	}
+	if again.CreatedAt != first.CreatedAt {
+		t.Errorf("created_at %q when resumed; want %q, as created", again.CreatedAt, first.CreatedAt)
+	}
+	if l := rt.List(); len(l) != 1 || l[0].CreatedAt != first.CreatedAt {
+		t.Errorf("list: %+v; want created_at %q", l, first.CreatedAt)
+	}
+}
+
+// TestDestroyedIDStartsAfresh: a destroyed agent's history is still
+// served from its file, but an agent created again under its id is a
+// new agent with a state of its own (NEXUS3's isolation), across a
+// restart too; the old history is moved aside, not lost. A restart
+// without a destroy resumes (TestSessionSurvivesRuntimeRestart).
+func TestDestroyedIDStartsAfresh(t *testing.T) {
+	dir := t.TempDir()
+	rt := NewRuntime(Config{DataDir: dir}, &Scripted{}, nil)
+	a := mustCreate(t, rt, "iso", "sys")
+	for _, m := range []string{"one", "two"} {
+		if _, err := a.Send(t.Context(), m, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := rt.Messages("iso", 0, 100)
+	if !rt.Destroy(t.Context(), "iso") || rt.Destroy(t.Context(), "iso") {
+		t.Errorf("destroy twice: want true then false")
+	}
+	// A destroyed agent's history is still served from its file.
+	closed, err := rt.Messages("iso", 1, 2)
+	if err != nil || closed.Total != before.Total || len(closed.Messages) != 2 || closed.Offset != 1 || closed.Limit != 2 {
+		t.Fatalf("messages of a destroyed agent = %+v, %v", closed, err)
+	}
+	res, err := rt.Create("iso", "")
+	if err != nil || res.Resumed || res.MessageCount != 0 {
+		t.Fatalf("create after destroy = %+v, %v; want a new agent, no history", res, err)
+	}
+	if now, _ := rt.Messages("iso", 0, 100); now.Total != 0 {
+		t.Errorf("the new agent's messages: %d; want 0", now.Total)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "sessions", "iso.jsonl.reset-*")); len(m) != 1 {
+		t.Errorf("old history moved aside to %v; want one file", m)
+	}
+	if got := rt.Get("iso").Context().SystemPrompt; got != "" {
+		t.Errorf("the new agent's system prompt %q; want the default (none here), not the destroyed one's", got)
+	}
+	// Destroyed again, then the runtime restarts: still a new agent.
+	rt.Destroy(t.Context(), "iso")
+	rt.Close(t.Context())
+	rt2 := newRT(t, Config{DataDir: dir}, &Scripted{}, nil)
+	if res, err := rt2.Create("iso", ""); err != nil || res.Resumed {
+		t.Errorf("create after destroy and restart = %+v, %v; want a new agent", res, err)
 	}
 }

@@ -37,6 +37,9 @@ const (
 	entrySession    = "session"
 	entryMessage    = "message"
 	entryCompaction = "compaction"
+	// entryDestroyed closes the file of an agent destroyed: a new agent
+	// created under its id starts afresh, the old file moved aside.
+	entryDestroyed = "destroyed"
 )
 
 // entry is one line of a session file.
@@ -87,6 +90,7 @@ func decodeLine(line []byte) (entry, error) {
 		if e.FirstKept < 0 {
 			return entry{}, errors.New("compaction entry with a negative firstKept")
 		}
+	case entryDestroyed:
 	default:
 		return entry{}, fmt.Errorf("unknown entry type %q", e.Type)
 	}
@@ -111,6 +115,7 @@ type state struct {
 	firstKept    int    // index in history where the context starts
 	summary      string // summary of history[:firstKept], if compacted with one
 	compactions  int
+	destroyed    bool  // the agent was destroyed (its last entry says so)
 	skipped      int   // bad lines skipped (torn last line included)
 	goodEnd      int64 // offset just past the last good line
 	needNewline  bool  // the last good line lacks its newline
@@ -161,6 +166,7 @@ func (st *state) apply(e entry) {
 		st.summary = e.Summary
 		st.compactions++
 	}
+	st.destroyed = e.Type == entryDestroyed
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)

@@ -359,13 +359,23 @@ type demoChat struct {
 	mc    *mesh.Client
 }
 
-func newDemoChat(dataDir string, opts ...agents.Option) *demoChat {
+func newDemoChat(dataDir string, opts ...agents.Option) (*demoChat, error) {
 	d := &demoChat{tools: chat.NewTools()}
 	d.rt = chat.NewRuntime(chat.Config{DataDir: dataDir, SystemPrompt: "You are the demo chat agent of an agentmesh hub."},
 		&chat.Scripted{Delay: 20 * time.Millisecond}, d.tools)
+	// The chat agent "demo" is there from the start (its history resumed
+	// from its session file, if any): model chat/demo answers on a fresh
+	// meshd --demo, and meshctl chat demo joins it.
+	if _, err := d.rt.Create(demoChatAgent, ""); err != nil {
+		d.rt.Close(context.Background())
+		return nil, fmt.Errorf("the demo chat agent %q: %w", demoChatAgent, err)
+	}
 	d.agent = chat.NewService(d.rt, opts...)
-	return d
+	return d, nil
 }
+
+// demoChatAgent is the chat agent meshd --demo starts with.
+const demoChatAgent = "demo"
 
 // connect gives the agent's mesh_call tool a client of the hub at url
 // (with a token signed by key, when the hub requires one).

@@ -265,7 +265,12 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			var chatDemo *demoChat // the demo chat agent (chat.go)
 			if demo {
 				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
-				chatDemo = newDemoChat(chatDir, opts...)
+				var err error
+				if chatDemo, err = newDemoChat(chatDir, opts...); err != nil {
+					_ = ln.Close()
+					_ = hb.Shutdown(context.Background())
+					return withCode(ExitError, err)
+				}
 				defer chatDemo.close()
 				demoAgents = []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...), chatDemo.agent}
 				for _, a := range demoAgents {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"runtime"
@@ -994,5 +995,31 @@ func TestAgentickRoot(t *testing.T) {
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		t.Errorf("NEXUS3 POST / = %d; want 200", res.StatusCode)
+	}
+}
+
+// TestAgentickReqRightAfterConnect: a req sent on the heels of connect
+// (the same burst of frames) is answered after connected, never before:
+// connected is built from calls into the mesh, and a req whose answer
+// needs none (an unknown method, a schema) was ready first.
+func TestAgentickReqRightAfterConnect(t *testing.T) {
+	m := testkit.StartNexus3(t, nil)
+	for i := range 20 {
+		c, _, err := testkit.DialAgentick(t, m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(fmt.Sprintf(`{"type":"connect","clientId":"quick-%d"}`, i))
+		c.Write(`{"type":"req","id":"r1","method":"no-such-method","params":{}}`)
+		c.Write(`{"type":"req","id":"r2","method":"schema","params":{}}`)
+		if first := c.Read(); first["type"] != "connected" {
+			t.Fatalf("round %d: the first frame is %v; want connected, before any res", i, first)
+		}
+		for range 2 {
+			if f := c.Read(); f["type"] != "res" {
+				t.Fatalf("round %d: %v; want the two answers after connected", i, f)
+			}
+		}
+		c.WS.Close()
 	}
 }

@@ -214,6 +214,7 @@ type agWS struct {
 
 	mu     sync.Mutex
 	client *agClient
+	hello  chan struct{} // closed once the connected frame is queued: answers wait for it
 }
 
 func (gw *gateway) startWS(ws *websocket.Conn, who *auth.Principal, conn string) {
@@ -251,7 +252,7 @@ func (a *agWS) onMessage(data []byte) {
 		return
 	}
 	a.mu.Lock()
-	c := a.client
+	c, hello := a.client, a.hello
 	a.mu.Unlock()
 	switch f.Type {
 	case "ping":
@@ -282,6 +283,13 @@ func (a *agWS) onMessage(data []byte) {
 			defer c.wg.Done()
 			defer func() { <-a.busy }()
 			b, _ := a.gw.answer(c.ctx, c, f)
+			// A req sent right after connect is answered after connected,
+			// never before (its answer may be ready first).
+			select {
+			case <-hello:
+			case <-c.ctx.Done():
+				return
+			}
 			a.send(b)
 		}()
 	}
@@ -306,14 +314,16 @@ func (a *agWS) connect(id string) {
 		a.send(agentickErrorFrame(e))
 		return
 	}
+	hello := make(chan struct{})
 	a.mu.Lock()
-	a.client = c
+	a.client, a.hello = c, hello
 	a.mu.Unlock()
 	// The answer needs calls into the mesh: off the reader goroutine.
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		a.send(a.gw.connected(c.ctx))
+		close(hello)
 	}()
 }
 

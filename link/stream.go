@@ -65,13 +65,17 @@ func newServedStream(l *Link, seq uint64, credit stream.Credit, cancel context.C
 }
 
 // CancelServed implements Canceler: the caller cancelled, or the link
-// closed.
+// closed. The handler's context is cancelled first: a Send that sees the
+// stream ended then sees its context done too, so the handler never ends
+// on CANCELLED with a context still live (a context.AfterFunc of its
+// own, stopped as it returns, missed the cancel: a lost-cancel flake of
+// TestStreamCancelReachesHandler under load).
 func (s *servedStream) CancelServed() {
+	s.cancel()
 	s.mu.Lock()
 	s.ended = true
 	s.mu.Unlock()
 	s.wake()
-	s.cancel()
 }
 
 func (s *servedStream) wake() {

@@ -117,17 +117,27 @@ func TestStreamErrorsBeforeAndAfterChunks(t *testing.T) {
 
 // TestStreamCancelReachesHandler: a client that closes its stream
 // mid-way cancels the agent's handler context, through the hub, within
-// 50 ms (real sockets), and the handler's next Send fails.
+// 50 ms (real sockets), and the handler's next Send fails CANCELLED with
+// its context done (never with it still live: the link marked the stream
+// ended before it cancelled the context, and a Send could see the one
+// without the other).
 func TestStreamCancelReachesHandler(t *testing.T) {
 	m := meshtest.Start(t, hub.Config{})
 	a := agents.New("slow")
 	cancelled := make(chan time.Time, 1)
 	sendErr := make(chan error, 1)
 	a.HandleStream("slow.tick", func(ctx context.Context, _ json.RawMessage, s *agents.Stream) error {
-		stop := context.AfterFunc(ctx, func() { cancelled <- time.Now() })
-		defer stop()
 		for i := 0; ; i++ {
 			if err := s.Send(ctx, i); err != nil {
+				// The handler sees the cancel: its Send fails, its context
+				// done. (Not a context.AfterFunc stopped as the handler
+				// returns: ctx.Err is set before the AfterFuncs start, so
+				// a handler that returns at once can stop its AfterFunc
+				// before it runs; the test then failed under load with the
+				// cancel delivered.)
+				if ctx.Err() != nil {
+					cancelled <- time.Now()
+				}
 				sendErr <- err
 				return err
 			}

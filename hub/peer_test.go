@@ -24,36 +24,12 @@ import (
 // not sent; after heal the link is dialled again without any call's help
 // and calls succeed.
 func TestPeerLinkBlackholedThenHealed(t *testing.T) {
-	srv := etcdtest.Start(t)
-	newReg := func() *etcd.Registry {
-		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/peer/"}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reg
-	}
-	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", PeerHeartbeat: 200 * time.Millisecond}, newReg())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.New(t.Context(), ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	c := meshtest.StartClusterOn(t, hub.Config{ID: "hub-C", Advertise: proxy.Addr()}, newReg(), ln)
-	c.RunAgent(t, agents.NewEcho(agents.WithID("echo-c")))
-	meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("echo-c") != nil })
-	cl := a.Client(t, mesh.WithoutReliability())
-	if err := cl.Call(t.Context(), "echo.echo", "through the proxy", nil); err != nil {
-		t.Fatalf("call through the peer link: %v", err)
-	}
+	cl, proxy := peerThroughProxy(t)
 
 	proxy.Blackhole()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	err = cl.Call(ctx, "echo.sleep", map[string]int{"ms": 50}, nil)
+	err := cl.Call(ctx, "echo.sleep", map[string]int{"ms": 50}, nil)
 	cancel()
 	took := time.Since(start)
 	t.Logf("call in flight on the blackholed peer link: %v after %v", err, took)
@@ -88,32 +64,7 @@ func TestPeerLinkBlackholedThenHealed(t *testing.T) {
 // for its 30 s recovery timeout (CI's lab S07b under 5 % loss: a 2.5 s
 // stall of the cross-hub link, then 30 s of CIRCUIT_OPEN).
 func TestPeerLinkStallDoesNotOpenBreakers(t *testing.T) {
-	srv := etcdtest.Start(t)
-	newReg := func() *etcd.Registry {
-		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/stall/"}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reg
-	}
-	// Pings every 200 ms: stalled after 325 ms of silence, dead after 500.
-	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", PeerHeartbeat: 200 * time.Millisecond}, newReg())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.New(t.Context(), ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	c := meshtest.StartClusterOn(t, hub.Config{ID: "hub-C", Advertise: proxy.Addr()}, newReg(), ln)
-	c.RunAgent(t, agents.NewEcho(agents.WithID("echo-c")))
-	meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("echo-c") != nil })
-	cl := a.Client(t, mesh.WithoutReliability())
-	if err := cl.Call(t.Context(), "echo.echo", "through the proxy", nil); err != nil {
-		t.Fatalf("call through the peer link: %v", err)
-	}
+	cl, proxy := peerThroughProxy(t)
 
 	proxy.Blackhole()
 	errs := make(chan error, 6)
@@ -156,4 +107,39 @@ func breakerState(t *testing.T, cl *mesh.Client, method, instance string) string
 		}
 	}
 	return ""
+}
+
+// peerThroughProxy starts hubs A and C over one etcd, C advertising a
+// fault proxy (so A's peer link to C crosses it) and serving the echo
+// agent echo-c, A's peer heartbeat 200 ms (stalled after 325 ms of
+// silence, dead after 500 ms); it returns a client of A, without
+// reliability, that has called echo-c once, and the proxy.
+func peerThroughProxy(t *testing.T) (*mesh.Client, *faultproxy.Proxy) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	newReg := func() *etcd.Registry {
+		reg, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint}, Prefix: "/peer/"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	a := meshtest.StartCluster(t, hub.Config{ID: "hub-A", PeerHeartbeat: 200 * time.Millisecond}, newReg())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(t.Context(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	c := meshtest.StartClusterOn(t, hub.Config{ID: "hub-C", Advertise: proxy.Addr()}, newReg(), ln)
+	c.RunAgent(t, agents.NewEcho(agents.WithID("echo-c")))
+	meshtest.WaitFor(t, 5*time.Second, func() bool { return a.Hub.Registry().Snapshot().Instance("echo-c") != nil })
+	cl := a.Client(t, mesh.WithoutReliability())
+	if err := cl.Call(t.Context(), "echo.echo", "through the proxy", nil); err != nil {
+		t.Fatalf("call through the peer link: %v", err)
+	}
+	return cl, proxy
 }

@@ -25,7 +25,7 @@ func interopSuite(t *testing.T) (node, dir string) {
 	if os.Getenv("CI") == "" {
 		missing = t.Skipf
 	}
-	for _, pkg := range []string{"@modelcontextprotocol/sdk", "openai"} {
+	for _, pkg := range []string{"@modelcontextprotocol/sdk", "openai", "json-rpc-2.0", "ws"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
 			missing("the npm package %s is not installed in %s (%v): run `npm ci --prefix interop` at the repository's root (CI does)", pkg, dir, err)
 		}
@@ -43,8 +43,10 @@ var tapCount = regexp.MustCompile(`(?m)^# (pass|fail) (\d+)$`)
 // real meshd --demo: the interop/ suite (node --test) drives the official
 // MCP TypeScript SDK (tools listed with schemas, a call, a failing call
 // as the isError result with the coded message, an unknown tool as the
-// protocol error) and the openai SDK (models, a completion, a stream, a
-// stream the caller aborts). It prints "N passed, N failed"; any failure
+// protocol error, chat.getAgentMessages against its outputSchema), the
+// openai SDK (models, chat/demo, a completion, a stream, a stream the
+// caller aborts) and the json-rpc-2.0 client over /rpc and over /ws (ws):
+// a request, a notification, a batch, a coded error. It prints "N passed, N failed"; any failure
 // fails the test. Needs `npm ci --prefix interop` (.ci/run does it).
 func TestInteropNode(t *testing.T) {
 	t.Parallel()

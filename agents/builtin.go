@@ -21,7 +21,7 @@ func decode(method string, params json.RawMessage, v any) error {
 		params = []byte("{}")
 	}
 	if err := json.Unmarshal(params, v); err != nil {
-		return envelope.ParamsError(method, err)
+		return control.ParamsError(method, err)
 	}
 	return nil
 }
@@ -96,7 +96,7 @@ func echoStream(ctx context.Context, raw json.RawMessage, s *Stream) error {
 	p := StreamParams{N: 10}
 	if len(raw) > 0 && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &p); err != nil {
-			return envelope.ParamsError("echo.stream", err)
+			return control.ParamsError("echo.stream", err)
 		}
 	}
 	if p.N < 0 || p.N > 10_000_000 || p.IntervalMS < 0 || p.IntervalMS > 60_000 || p.Size < 0 || p.Size > 1_000_000 {

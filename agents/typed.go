@@ -93,7 +93,7 @@ func HandleTyped[P, R any](a *Agent, method, desc string, fn func(context.Contex
 		var p P
 		if len(bytes.TrimSpace(raw)) > 0 {
 			if err := json.Unmarshal(raw, &p); err != nil {
-				return nil, envelope.ParamsError(method, err)
+				return nil, control.ParamsError(method, err)
 			}
 		}
 		return fn(ctx, p)

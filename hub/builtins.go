@@ -78,7 +78,7 @@ var validIntents = map[string]bool{"serve": true, "consume": true, "coordinate":
 
 func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.RegisterParams
-	if err := envelope.DecodeParams("agent.register", raw, &p); err != nil {
+	if err := control.DecodeParams("agent.register", raw, &p); err != nil {
 		return nil, err
 	}
 	if l == nil {
@@ -182,7 +182,7 @@ func (h *Hub) agentOfLink(method, id string, l *link.Link) error {
 
 func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.HeartbeatParams
-	if err := envelope.DecodeParams("agent.heartbeat", raw, &p); err != nil {
+	if err := control.DecodeParams("agent.heartbeat", raw, &p); err != nil {
 		return nil, err
 	}
 	if err := h.agentOfLink("agent.heartbeat", p.AgentID, l); err != nil {
@@ -206,7 +206,7 @@ func (h *Hub) agentHeartbeat(ctx context.Context, l *link.Link, raw json.RawMess
 
 func (h *Hub) agentDeregister(ctx context.Context, l *link.Link, raw json.RawMessage) (any, error) {
 	var p control.DeregisterParams
-	if err := envelope.DecodeParams("agent.deregister", raw, &p); err != nil {
+	if err := control.DecodeParams("agent.deregister", raw, &p); err != nil {
 		return nil, err
 	}
 	if err := h.agentOfLink("agent.deregister", p.AgentID, l); err != nil {
@@ -246,7 +246,7 @@ func (h *Hub) meshMethods(ctx context.Context, _ *link.Link, raw json.RawMessage
 }
 
 func (h *Hub) meshBreakers(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := envelope.DecodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
+	if err := control.DecodeParams("mesh.breakers", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return h.breakers.List(), nil

@@ -132,14 +132,14 @@ func (h *Hub) rolesOf(m string, declared []string) []string {
 }
 
 func (h *Hub) meshSchema(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := envelope.DecodeParams("schema", raw, &struct{}{}); err != nil {
+	if err := control.DecodeParams("schema", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return h.Schema(), nil
 }
 
 func (h *Hub) rpcDiscover(ctx context.Context, _ *link.Link, raw json.RawMessage) (any, error) {
-	if err := envelope.DecodeParams("rpc.discover", raw, &struct{}{}); err != nil {
+	if err := control.DecodeParams("rpc.discover", raw, &struct{}{}); err != nil {
 		return nil, err
 	}
 	return openrpc.FromSchema(h.Schema()), nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/stream"
 )
@@ -47,7 +48,7 @@ func decode(method string, params json.RawMessage, v any) error {
 		params = []byte("{}")
 	}
 	if err := json.Unmarshal(params, v); err != nil {
-		return envelope.ParamsError(method, err)
+		return control.ParamsError(method, err)
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func params(method string, raw json.RawMessage) (p control.ListParams, paged boo
 	if len(raw) == 0 || string(raw) == "null" || string(raw) == "{}" {
 		return p, false, nil
 	}
-	if err := envelope.DecodeParams(method, raw, &p); err != nil {
+	if err := control.DecodeParams(method, raw, &p); err != nil {
 		return p, false, err
 	}
 	if p.Limit == 0 {

@@ -176,6 +176,7 @@ type Conn struct {
 	lingering   atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
 	heard       atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
 	pingsSent   atomic.Int64 // pings this side wrote (tests)
+	peerPinged  atomic.Int64 // unix nanos: when the peer's last ping arrived
 	quit        chan struct{}
 	quitOnce    sync.Once
 	// drained, if set, runs (on the writer) after a write that left the

@@ -51,15 +51,17 @@ func (c *Conn) sendPing() {
 	default:
 	}
 	now := time.Now()
-	if heard := c.heard.Load(); heard != 0 && c.mayskip() && now.UnixNano()-heard < int64(c.cfg.PingInterval/2) {
-		// Heard from the peer within half an interval (its pings, its
-		// frames): the link is alive without a ping of ours. Of two ends
-		// that both ping so, one pings each interval and the other only
-		// answers: one exchange per link per interval, not two. The
-		// silence between exchanges stays under 1.5 intervals (a check
-		// that skips comes within half an interval of the last sign of
-		// life, the next one pings), well inside IdleTimeout's 2.
-		c.ping.Reset(c.cfg.PingInterval)
+	if pinged := c.peerPinged.Load(); pinged != 0 && c.mayskip() && now.UnixNano()-pinged < int64(c.cfg.PingInterval/2) {
+		// The peer pinged within half an interval: it watches the link,
+		// and this side heard from it. Of two ends that both ping so, one
+		// pings each interval and the other only answers: one exchange
+		// per link per interval, not two. The silence between exchanges
+		// stays under 1.5 intervals (a check that skips comes within half
+		// an interval of the peer's last ping, the next one pings), well
+		// inside IdleTimeout's 2. Only the peer's pings count: a peer
+		// that sends frames but never pings (a browser, a client that
+		// watches for the hub's pings) is pinged every interval.
+		c.rearm()
 		return
 	}
 	if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(c.cfg.WriteTimeout)); err != nil {
@@ -67,7 +69,18 @@ func (c *Conn) sendPing() {
 		return
 	}
 	c.pingsSent.Add(1)
+	c.rearm()
+}
+
+// rearm sets the ping timer for the next interval, unless the connection
+// closed meanwhile (shutdown's Stop must not be undone).
+func (c *Conn) rearm() {
 	c.ping.Reset(c.cfg.PingInterval)
+	select {
+	case <-c.closing:
+		c.ping.Stop()
+	default:
+	}
 }
 
 // mayskip reports whether a ping may be skipped at all: the silence it
@@ -93,7 +106,8 @@ func (c *Conn) heardFrom(now time.Time) {
 // does. An error ends the read loop, which closes the connection.
 func (c *Conn) onPing(data string) error {
 	now := time.Now()
-	c.heardFrom(now) // the peer's pings are its sign of life when this side's own are skipped (sendPing)
+	c.heardFrom(now)
+	c.peerPinged.Store(now.UnixNano()) // this side may skip its own (sendPing)
 	if !c.pings.allow(now) {
 		if c.cfg.PingAbuse != nil {
 			c.cfg.PingAbuse()

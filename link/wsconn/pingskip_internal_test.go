@@ -1,9 +1,12 @@
 package wsconn
 
 import (
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/internal/wspipe"
@@ -43,26 +46,42 @@ func TestOneExchangePerInterval(t *testing.T) {
 			sws, cws := wspipe.Pair(t)
 			a := NewConn(sws, cfg)
 			a.Start(nothing, nil)
-			go func() { // answers pings (gorilla's default handler), sends nothing
+			go func() { // answers pings (gorilla's default handler)
 				for {
 					if _, _, err := cws.ReadMessage(); err != nil {
 						return
 					}
 				}
 			}()
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() { // and sends a frame every 200 ms, never a ping (a chatty browser)
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(200 * time.Millisecond):
+					}
+					if cws.WriteMessage(websocket.TextMessage, []byte(`"x"`)) != nil {
+						return
+					}
+				}
+			})
 			time.Sleep(30 * time.Second)
 			synctest.Wait()
 			if a.Err() != nil {
 				t.Fatalf("link closed: %v", a.Err())
 			}
 			if n := a.pingsSent.Load(); n < 28 || n > 31 {
-				t.Errorf("30 s at 1 s intervals, peer silent but answering: %d pings; want 30", n)
+				t.Errorf("30 s at 1 s intervals, the peer sending frames but never pinging: %d pings; want 30", n)
 			}
 			if NewConn(sws, Config{PingInterval: time.Second, IdleTimeout: 1500 * time.Millisecond}).mayskip() {
 				t.Error("with IdleTimeout 1.5 intervals pings may be skipped; want every ping sent (a skip allows 1.5 intervals of silence)")
 			}
+			close(done)
 			a.Close()
 			cws.Close()
+			wg.Wait()
 		})
 	})
 	t.Run("peer goes silent", func(t *testing.T) {

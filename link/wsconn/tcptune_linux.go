@@ -71,6 +71,8 @@ func TuneLink(c net.Conn) {
 			c = w.Conn
 		case *readAheadConn:
 			c = w.Conn
+		case interface{ NetConn() net.Conn }: // a *tls.Conn
+			c = w.NetConn()
 		default:
 			tuneRTO(c)
 			return

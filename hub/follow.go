@@ -66,10 +66,12 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 
 // linkLiveness reports whether an agent's link is its heartbeat here
 // (control.LivenessLink): the links the hub serves ping at least once a
-// heartbeat interval, so a link that stops answering is closed (and its
-// agent deregistered) within the time three missed heartbeats took.
+// heartbeat interval and are closed after at most three intervals of
+// silence, so a link that stops answering is closed (and its agent
+// deregistered) within the time three missed heartbeats took.
 func (h *Hub) linkLiveness() bool {
-	return h.cfg.Conn.WithDefaults().PingInterval <= h.cfg.HeartbeatInterval
+	c := h.cfg.Conn.WithDefaults()
+	return c.PingInterval <= h.cfg.HeartbeatInterval && c.IdleTimeout <= 3*h.cfg.HeartbeatInterval
 }
 
 // renew beats, in the registry, every agent attached here over a link

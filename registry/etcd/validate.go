@@ -488,6 +488,7 @@ func (r *Registry) SetHub(id, addr string) error {
 	oldKey := r.hubsP + r.cfg.Hub
 	r.cfg.Hub, r.cfg.HubAddr = id, addr
 	delete(r.hubs, id) // this hub's own presence is not another's
+	r.allDirty = true  // which instances are routable changed with the id
 	lease := r.session
 	val := r.presence(lease)
 	r.mu.Unlock()

@@ -282,14 +282,15 @@ func (a *agWS) onMessage(data []byte) {
 		go func() {
 			defer c.wg.Done()
 			defer func() { <-a.busy }()
-			b, _ := a.gw.answer(c.ctx, c, f)
-			// A req sent right after connect is answered after connected,
-			// never before (its answer may be ready first).
+			// A req sent right after connect is served after connected is
+			// queued, never before: its answer, and a stream's events,
+			// may be ready first.
 			select {
 			case <-hello:
 			case <-c.ctx.Done():
 				return
 			}
+			b, _ := a.gw.answer(c.ctx, c, f)
 			a.send(b)
 		}()
 	}

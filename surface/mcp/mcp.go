@@ -162,17 +162,33 @@ func call(ctx context.Context, h surface.Host, p *auth.Principal, params *mcp.Ca
 	res, err := h.Invoke(ctx, req)
 	if err != nil {
 		e := envelope.AsError(err)
-		if e.Code == envelope.CodeMethodNotFound {
-			return nil, unknownTool(params.Name)
+		if e.Code == envelope.CodeMethodNotFound && !h.KnownMethod(params.Name) {
+			return nil, unknownTool(params.Name) // not an agent's own METHOD_NOT_FOUND
 		}
-		m, declared := h.Schema().Methods[params.Name]
-		return toolError(e, declared && surface.ObjectSchema(m.Response) != nil), nil
+		return toolError(e, declaresOutput(h, params.Name)), nil
 	}
 	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(res.Result)}}}
 	if r := bytes.TrimSpace(res.Result); len(r) > 0 && r[0] == '{' {
 		out.StructuredContent = json.RawMessage(r)
 	}
 	return out, nil
+}
+
+// declaresOutput reports whether the tool name has an outputSchema: an
+// object result schema declared by the first agent serving it that
+// declares schemas (as tools/list finds it), without building the whole
+// schema of the mesh on a failed call.
+func declaresOutput(h surface.Host, name string) bool {
+	for _, in := range h.Registry().Snapshot().Lookup(name) {
+		if len(in.Schemas) == 0 {
+			continue
+		}
+		var decl map[string]struct {
+			Result json.RawMessage `json:"result"`
+		}
+		return json.Unmarshal(in.Schemas, &decl) == nil && surface.ObjectSchema(decl[name].Result) != nil
+	}
+	return false
 }
 
 // unknownTool is the protocol error of the MCP specification's example.

@@ -86,7 +86,7 @@ type nexus3Error struct {
 // -32002, ....
 func nexus3Err(code envelope.Code, msg string) *nexus3Error {
 	switch c := code.JSONRPC(); c {
-	case -32700, -32600, -32601, -32602, -32603:
+	case -32700, -32600, -32601, -32602, -32603, -32000:
 		return &nexus3Error{Code: c, Message: msg}
 	}
 	return &nexus3Error{Code: -32000, Message: code.String() + ": " + msg, Data: map[string]string{"code": code.String()}}

@@ -379,9 +379,10 @@ func (a *Agent) close(ctx context.Context, destroyed bool) {
 	case <-ctx.Done():
 	}
 	if destroyed {
-		_ = a.file.append(entry{Type: entryDestroyed})
+		_ = a.file.closeWith(&entry{Type: entryDestroyed})
+	} else {
+		_ = a.file.close()
 	}
-	_ = a.file.close()
 	a.events.close()
 }
 

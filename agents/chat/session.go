@@ -260,13 +260,33 @@ func (s *sessionFile) append(e entry) error {
 	return s.f.Sync()
 }
 
-func (s *sessionFile) close() error {
+func (s *sessionFile) close() error { return s.closeWith(nil) }
+
+// closeWith appends last, if not nil, and closes the file, under one
+// hold of the lock: no other entry can land after last (a turn still
+// ending when its agent is destroyed writes nothing after "destroyed").
+func (s *sessionFile) closeWith(last *entry) error {
+	var line []byte
+	if last != nil {
+		var err error
+		if line, err = encodeLine(*last); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {
 		return nil
 	}
-	err := s.f.Close()
+	var err error
+	if line != nil {
+		if _, err = s.f.Write(line); err == nil {
+			err = s.f.Sync()
+		}
+	}
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
 	s.f = nil
 	return err
 }

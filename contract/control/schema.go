@@ -25,7 +25,7 @@ func SchemaFor[T any]() (json.RawMessage, error) {
 
 // Schemer is a type whose JSON is its own (a MarshalJSON that writes
 // other fields than its struct's, or a union of shapes): JSONSchema,
-// called on its zero value, is the schema of what it marshals to, and
+// called on a zero value (its pointer receiver allowed), is the schema of what it marshals to, and
 // SchemaOf takes it as is instead of deriving one from the fields.
 type Schemer interface {
 	JSONSchema() json.RawMessage
@@ -147,10 +147,10 @@ func build(t reflect.Type, seen map[reflect.Type]bool) (*node, *envelope.Error) 
 		defer delete(seen, t)
 	}
 	s := &node{}
-	if t.Implements(schemerType) {
+	if t.Kind() != reflect.Interface && (t.Implements(schemerType) || reflect.PointerTo(t).Implements(schemerType)) {
 		// Its JSON is its own (a MarshalJSON): the schema is what it
 		// says it marshals to, not what its fields would.
-		raw := reflect.Zero(t).Interface().(Schemer).JSONSchema()
+		raw := reflect.New(t).Interface().(Schemer).JSONSchema()
 		if !json.Valid(raw) {
 			return nil, errorf("%v: JSONSchema is not JSON", t)
 		}

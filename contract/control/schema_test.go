@@ -39,7 +39,7 @@ func reference(t reflect.Type) (json.RawMessage, error) {
 	}
 	for _, st := range schemers(t, map[reflect.Type]bool{}) {
 		var js jsonschema.Schema
-		if err := json.Unmarshal(reflect.Zero(st).Interface().(control.Schemer).JSONSchema(), &js); err != nil {
+		if err := json.Unmarshal(reflect.New(st).Interface().(control.Schemer).JSONSchema(), &js); err != nil {
 			return nil, err
 		}
 		ts[st] = &js
@@ -86,7 +86,7 @@ func schemers(t reflect.Type, seen map[reflect.Type]bool) (out []reflect.Type) {
 		return nil
 	}
 	seen[t] = true
-	if t.Implements(reflect.TypeFor[control.Schemer]()) {
+	if t.Kind() != reflect.Interface && (t.Implements(reflect.TypeFor[control.Schemer]()) || reflect.PointerTo(t).Implements(reflect.TypeFor[control.Schemer]())) {
 		return []reflect.Type{t}
 	}
 	switch t.Kind() {

@@ -25,7 +25,7 @@ func interopSuite(t *testing.T) (node, dir string) {
 	if os.Getenv("CI") == "" {
 		missing = t.Skipf
 	}
-	for _, pkg := range []string{"@modelcontextprotocol/sdk", "openai", "json-rpc-2.0", "ws"} {
+	for _, pkg := range []string{"@modelcontextprotocol/sdk", "openai", "json-rpc-2.0", "ws", "socket.io-client", "eventsource"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
 			missing("the npm package %s is not installed in %s (%v): run `npm ci --prefix interop` at the repository's root (CI does)", pkg, dir, err)
 		}

@@ -131,10 +131,43 @@ func (t *multicaDevices) remove(d *multicaDevice) {
 	t.mu.Unlock()
 }
 
+// list returns the devices connected, as Multica's list-devices does.
+func (t *multicaDevices) list() []deviceInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]deviceInfo, 0, len(t.m))
+	for _, d := range t.m {
+		out = append(out, deviceInfo{d.id, d.typ})
+	}
+	return out
+}
+
+// deviceInfo is Multica's DeviceInfo.
+type deviceInfo struct {
+	DeviceID   string `json:"deviceId"`
+	DeviceType string `json:"deviceType"`
+}
+
 func (t *multicaDevices) get(id string) *multicaDevice {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.m[id]
+}
+
+// deviceConn is a device's transport: a plain WebSocket (*link.Conn) or
+// a Socket.IO session (sioConn). Frames are RoutedMessages as JSON.
+type deviceConn interface {
+	// TrySend queues a frame without waiting; false: the queue is full
+	// or the transport closed.
+	TrySend(b *[]byte) bool
+	// SendRoomy queues a frame, waiting while the queue is half full;
+	// false: the transport closed.
+	SendRoomy(b *[]byte) bool
+	// Shutdown closes the transport for err (after what is queued);
+	// Close closes it now and waits for its goroutines.
+	Shutdown(err error)
+	Close()
+	Done() <-chan struct{}
 }
 
 // multicaDevice is one connected device.
@@ -143,7 +176,9 @@ type multicaDevice struct {
 	id     string
 	typ    string
 	who    *auth.Principal
-	c      *link.Conn
+	c      deviceConn
+	lim    envelope.Limits
+	sio    bool            // on Socket.IO: errors go as send_error events
 	ctx    context.Context // ends when the device disconnects
 	cancel context.CancelFunc
 	busy   atomic.Int64 // requests and turns in flight
@@ -189,6 +224,7 @@ func Mount(h surface.Host) {
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.Handle("GET /multica", http.HandlerFunc(s.serve))
+	mountSocketIO(s)
 }
 
 // server is the surface mounted on one hub.
@@ -214,8 +250,7 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request) {
 			"deviceId (query) must be 1..%d bytes without control characters, not the hub's, and deviceType at most 64 bytes", multicaMaxID)))
 		return
 	}
-	replace := func(old *multicaDevice) bool { return !h.AuthOn() || sameSubject(old.who, who) }
-	if old := s.devices.get(id); old != nil && !replace(old) {
+	if old := s.devices.get(id); old != nil && !s.mayReplace(who)(old) {
 		http.Error(w, "deviceId "+strconv.Quote(id)+" is connected with another identity", http.StatusConflict)
 		return
 	}
@@ -226,10 +261,9 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request) {
 	// The device's calls run in a context of the socket's life, naming
 	// the device's principal and the connection it came over.
 	_, conn := h.Caller(r.Context())
-	base := h.WithCaller(context.Background(), who, conn)
-	d := &multicaDevice{s: s, id: id, typ: typ, who: who, c: link.NewConn(ws, h.ConnConfig())}
-	d.c.WithBackpressure()
-	d.ctx, d.cancel = context.WithCancel(base)
+	c := link.NewConn(ws, h.ConnConfig())
+	c.WithBackpressure()
+	d := s.newDevice(id, typ, who, conn, c)
 	if !h.Track(d) {
 		d.cancel()
 		_ = ws.Close()
@@ -237,33 +271,60 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	// No message-level check on this connection (c.check is nil): the
 	// surface decodes and refuses its frames itself.
-	d.c.Start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) {
-		d.cancel()
-		s.devices.remove(d)
-		h.Untrack(d)
-	})
-	// In the table once running, so that whoever closes it (a newer
-	// connection of the same device) runs its onClose.
-	old, ok := s.devices.add(d, replace)
-	if !ok {
-		// Another identity took the id between the check and now.
-		d.c.Shutdown(errors.New("deviceId in use"))
+	c.Start(func(data []byte, _ *envelope.Error) { d.onMessage(data) }, func(error) { d.gone() })
+	if !s.register(d) {
 		return
-	}
-	if old != nil {
-		old.c.Shutdown(errors.New("replaced by a new connection of the same device"))
 	}
 	// Greeted once routable: a device told it is registered can be sent to
 	// at once (greeted before, a message sent to it on its greeting could
 	// find no such device).
 	greeting, _ := json.Marshal(map[string]string{"deviceId": id, "deviceType": typ, "hubDeviceId": h.ID()})
 	d.send(d.fromHub("registered", nil, greeting))
-	if who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
+}
+
+// newDevice makes device id of who on transport c, arriving over conn
+// (its remote address, for the per-connection limits).
+func (s *server) newDevice(id, typ string, who *auth.Principal, conn string, c deviceConn) *multicaDevice {
+	base := s.h.WithCaller(context.Background(), who, conn)
+	d := &multicaDevice{s: s, id: id, typ: typ, who: who, c: c, lim: s.h.ConnConfig().Limits}
+	d.ctx, d.cancel = context.WithCancel(base)
+	return d
+}
+
+// mayReplace reports whether a new connection of who may take the
+// deviceId of old: always without auth, else only the same subject.
+func (s *server) mayReplace(who *auth.Principal) func(old *multicaDevice) bool {
+	return func(old *multicaDevice) bool { return !s.h.AuthOn() || sameSubject(old.who, who) }
+}
+
+// register puts d, running, in the table of devices (closing an older
+// connection of the same device) and arms its token's expiry. false:
+// another identity took the id meanwhile, and d is shut down.
+func (s *server) register(d *multicaDevice) bool {
+	// In the table once running, so that whoever closes it (a newer
+	// connection of the same device) runs its onClose.
+	old, ok := s.devices.add(d, s.mayReplace(d.who))
+	if !ok {
+		d.c.Shutdown(errors.New("deviceId in use"))
+		return false
+	}
+	if old != nil {
+		old.c.Shutdown(errors.New("replaced by a new connection of the same device"))
+	}
+	if who := d.who; who != nil && who.Claims != nil && !who.ExpiresAt.IsZero() {
 		t := time.AfterFunc(time.Until(who.ExpiresAt), func() {
 			d.c.Shutdown(envelope.NewError(envelope.CodeUnauthenticated, "token expired; reconnect with a fresh one"))
 		})
 		context.AfterFunc(d.ctx, func() { t.Stop() })
 	}
+	return true
+}
+
+// gone runs once the device's transport closed.
+func (d *multicaDevice) gone() {
+	d.cancel()
+	d.s.devices.remove(d)
+	d.s.h.Untrack(d)
 }
 
 // Close disconnects the device and waits for its calls to end.
@@ -358,6 +419,10 @@ func (d *multicaDevice) sendError(m *multicaMsg, err error) {
 	if m != nil {
 		id, uid = m.ID, m.UID
 	}
+	if d.sio {
+		d.c.(*sioConn).event("send_error", sioSendError(id, e))
+		return
+	}
 	p, _ := json.Marshal(struct {
 		MessageID string `json:"messageId"`
 		*multicaErr
@@ -390,7 +455,7 @@ func (d *multicaDevice) respond(m *multicaMsg, requestID string, result json.Raw
 // onMessage runs on the reader goroutine: it routes or starts the work of
 // one message, and never blocks.
 func (d *multicaDevice) onMessage(data []byte) {
-	m, derr := decodeMultica(data, d.c.Config().Limits)
+	m, derr := decodeMultica(data, d.lim)
 	if derr != nil {
 		d.sendError(m, derr)
 		return
@@ -426,7 +491,7 @@ func (d *multicaDevice) onMessage(data []byte) {
 func (d *multicaDevice) toHub(m *multicaMsg) {
 	switch m.Action {
 	case "request":
-		rp, err := decodeMulticaRequest(m.Payload, d.c.Config().Limits)
+		rp, err := decodeMulticaRequest(m.Payload, d.lim)
 		if err != nil {
 			if rp != nil && rp.requestID != "" {
 				d.respond(m, rp.requestID, nil, err)

@@ -57,6 +57,9 @@ import (
 // to the namespace by then (Socket.IO's own connectTimeout).
 const sioConnectTimeout = 45 * time.Second
 
+// sioCloseGrace bounds the wait for a DISCONNECT to be written.
+const sioCloseGrace = 2 * time.Second
+
 // mountSocketIO serves the surface over Socket.IO on s's hub.
 func mountSocketIO(s *server) {
 	h := s.h
@@ -474,9 +477,19 @@ func (c *sioConn) Shutdown(err error) {
 		c.es.Close(true)
 		return
 	}
-	c.event("send_error", sioSendError("", multicaError(err)))
-	c.write([]byte("1"))
-	c.es.Close(false)
+	e := &multicaErr{Code: "DISCONNECTED", Message: err.Error()} // replaced, or the id taken
+	if ee := (*envelope.Error)(nil); errors.As(err, &ee) {
+		e = multicaError(ee) // an expired token: RPC_ERROR, meshCode UNAUTHENTICATED
+	}
+	c.event("send_error", sioSendError("", e))
+	// Closed once the DISCONNECT is written (closed at once, the
+	// WebSocket transport would drop it), or after a grace for a
+	// long-polling device that does not poll again.
+	t := time.AfterFunc(sioCloseGrace, func() { c.es.Close(true) })
+	c.es.Send(types.NewStringBufferString("1"), nil, func(transports.Transport) {
+		t.Stop()
+		c.es.Close(false)
+	})
 }
 
 // Close closes the session now and waits until it has.

@@ -7,8 +7,9 @@
 //	GET /multica?deviceId=ID&deviceType=TYPE   (WebSocket; subprotocol "multica" optional)
 //
 // The seeds name no mount path (Multica's gateway speaks Socket.io, whose
-// handshake carries deviceId and deviceType): here the device names itself
-// in the query, and the hub greets it with
+// handshake carries deviceId and deviceType, and so does this surface, at
+// /socket.io/ and /ws/: socketio.go): here the device names itself in the
+// query, and the hub greets it with
 //
 //	{id, uid: null, from: HUB, to: ID, action: "registered", payload: {deviceId, deviceType, hubDeviceId: HUB}}
 //

@@ -309,6 +309,12 @@ func (ss *sioSession) connect(data []byte) {
 		registered(false, "deviceId "+strconv.Quote(id)+" is connected with another identity")
 		return
 	}
+	select {
+	case <-ss.conn.done:
+		d.gone() // closed while registering: out of the table again
+		return
+	default:
+	}
 	registered(true, "")
 }
 
@@ -385,10 +391,20 @@ func newSIOConn(es engine.Socket, max int) *sioConn {
 	return &sioConn{es: es, max: max, room: make(chan struct{}), done: make(chan struct{})}
 }
 
-// write sends one Socket.IO packet outside the queue's bound (answers,
-// acknowledgements, errors: few, each for a packet the device sent).
+// write sends one Socket.IO packet of the hub's own (an answer, an
+// acknowledgement, an error) without waiting. It counts in the queue's
+// bound: a client that sends packets and never polls for their answers
+// is cut off as a device that does not read.
 func (c *sioConn) write(pkt []byte) {
-	c.es.Send(types.NewStringBuffer(pkt), nil, nil)
+	c.mu.Lock()
+	if c.pending >= c.max {
+		c.mu.Unlock()
+		c.es.Close(true)
+		return
+	}
+	c.pending++
+	c.mu.Unlock()
+	c.es.Send(types.NewStringBuffer(pkt), nil, func(transports.Transport) { c.sent() })
 }
 
 // event writes the event name with one JSON argument.

@@ -5,7 +5,8 @@
 //	GET  / (upgrade), /agentick/ws  WebSocket: {type:"connect", clientId} → {type:"connected", …};
 //	                           {type:"req", id, method, params} → {type:"res", id, ok, payload|error};
 //	                           pushed {type:"event", event, category, sessionId, data}
-//	GET  /events?clientId=ID   the same client's event stream over SSE
+//	GET  /events?clientId=ID   the same client's event stream over SSE (numbered events, resumed
+//	                           with Last-Event-ID within a grace period: resume.go)
 //	POST /invoke               {method, params[, id][, clientId]} → the res envelope
 //
 // The seed's WebSocket is at the root of the gateway: an upgrade on GET /
@@ -64,9 +65,6 @@ import (
 const (
 	agentickVersion = "1.0"
 	agentickApp     = "chat" // the one app: the chat runtime
-	// agentickQueue bounds the frames waiting for a client (events and
-	// answers); a client that falls that far behind is disconnected.
-	agentickQueue = 1024
 	// agentickInFlight bounds the requests in flight per WebSocket client.
 	agentickInFlight = 64
 	// agentickMaxTurns bounds the sends of one session started here and
@@ -184,6 +182,12 @@ func (gw *gateway) killAll() {
 	}
 	gw.mu.Unlock()
 	for _, c := range cs {
+		if c.sse != nil && c.sse.idle() {
+			// In its grace period: no connection whose end detaches it.
+			c.cancel()
+			gw.detach(c)
+			continue
+		}
 		c.kill()
 	}
 }
@@ -229,6 +233,7 @@ type agClient struct {
 	stream func(ctx context.Context, b []byte) bool
 	close  func()         // closes the transport
 	wg     sync.WaitGroup // followers, request handlers
+	sse    *agSSE         // an SSE client's event log (resume.go); nil on a WebSocket
 
 	mu       sync.Mutex
 	subs     map[string]*agSub
@@ -264,7 +269,8 @@ func (gw *gateway) attach(c *agClient) *agError {
 	return nil
 }
 
-// kill closes the client's transport; detach follows from it.
+// kill closes the client's transport; detach follows from it. It does
+// not wait: it may run on a WebSocket's reader goroutine.
 func (c *agClient) kill() {
 	c.cancel()
 	if c.close != nil {
@@ -275,6 +281,9 @@ func (c *agClient) kill() {
 // detach forgets c and waits for its goroutines (not from one of them).
 func (gw *gateway) detach(c *agClient) {
 	c.cancel()
+	if c.sse != nil {
+		c.sse.shut()
+	}
 	gw.mu.Lock()
 	if gw.clients[c.id] == c {
 		delete(gw.clients, c.id)

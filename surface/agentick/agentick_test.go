@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"runtime"
@@ -43,14 +44,27 @@ type sse struct {
 	cancel context.CancelFunc
 	lines  chan string
 	done   chan struct{}
+	id     string // the id of the last frame next returned ("" if it had none)
+	retry  string // the last retry: line's value
 }
 
 func openSSE(t *testing.T, m *meshtest.Mesh, clientID, tok string) (*sse, int) {
 	t.Helper()
+	s, status, _ := openSSEAt(t, m, "/events?clientId="+clientID, tok, "")
+	return s, status
+}
+
+// openSSEAt opens path (with a Last-Event-ID header when lastID is not
+// ""); on a status other than 200 it returns the body.
+func openSSEAt(t *testing.T, m *meshtest.Mesh, path, tok, lastID string) (*sse, int, []byte) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, m.HTTP+"/events?clientId="+clientID, nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, m.HTTP+path, nil)
 	if tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -58,9 +72,10 @@ func openSSE(t *testing.T, m *meshtest.Mesh, clientID, tok string) (*sse, int) {
 		t.Fatal(err)
 	}
 	if res.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		cancel()
-		return nil, res.StatusCode
+		return nil, res.StatusCode, body
 	}
 	s := &sse{t: t, res: res, cancel: cancel, lines: make(chan string, 4096), done: make(chan struct{})}
 	go func() {
@@ -73,7 +88,7 @@ func openSSE(t *testing.T, m *meshtest.Mesh, clientID, tok string) (*sse, int) {
 		}
 	}()
 	t.Cleanup(s.close)
-	return s, res.StatusCode
+	return s, res.StatusCode, nil
 }
 
 func (s *sse) close() {
@@ -82,10 +97,12 @@ func (s *sse) close() {
 	<-s.done
 }
 
-// next returns the next data frame (comment lines are counted in comments).
+// next returns the next data frame (comment lines are counted in
+// comments); s.id is its id.
 func (s *sse) next(comments *int) map[string]any {
 	s.t.Helper()
 	timeout := time.After(10 * time.Second)
+	id := ""
 	for {
 		select {
 		case l, ok := <-s.lines:
@@ -97,11 +114,16 @@ func (s *sse) next(comments *int) map[string]any {
 				if comments != nil {
 					*comments++
 				}
+			case strings.HasPrefix(l, "id: "):
+				id = strings.TrimPrefix(l, "id: ")
+			case strings.HasPrefix(l, "retry: "):
+				s.retry = strings.TrimPrefix(l, "retry: ")
 			case strings.HasPrefix(l, "data: "):
 				var v map[string]any
 				if err := json.Unmarshal([]byte(strings.TrimPrefix(l, "data: ")), &v); err != nil {
 					s.t.Fatalf("SSE data not JSON: %q", l)
 				}
+				s.id = id
 				return v
 			case l == "":
 			default:
@@ -273,8 +295,11 @@ func TestAgentickSSETurn(t *testing.T) {
 		t.Errorf("Content-Type %q", h)
 	}
 	comments := 0
-	if v := s.next(&comments); v["type"] != "connected" || v["protocolVersion"] != "1.0" {
+	if v := s.next(&comments); v["type"] != "connected" || v["protocolVersion"] != "1.0" || v["resumed"] != nil {
 		t.Fatalf("first SSE frame %v; want connected", v)
+	}
+	if s.id != "0" || s.retry != "1000" {
+		t.Errorf("connected frame: id %q, retry %q; want id 0 (before the first event) and retry 1000", s.id, s.retry)
 	}
 	st, r := testkit.AgentickInvoke(t, m, "", `{"method":"subscribe","params":{"sessionId":"s1"},"clientId":"sse-1"}`)
 	if st != 200 || r["ok"] != true {
@@ -340,17 +365,12 @@ func TestAgentickSSETurn(t *testing.T) {
 	if comments < before+2 {
 		t.Errorf("keep-alive comments while idle: %d; want ≥ 2", comments-before)
 	}
-	// A second stream with the same clientId replaces the first one.
-	s2, _ := openSSE(t, m, "sse-1", "")
-	if v := s2.next(nil); v["type"] != "connected" {
-		t.Fatalf("second stream's first frame %v", v)
+	// A second stream with the same clientId, without Last-Event-ID, is
+	// refused (409); the first goes on (TestAgentickSSESecondStream).
+	if _, st, body := openSSEAt(t, m, "/events?clientId=sse-1", "", ""); st != http.StatusConflict || !strings.Contains(string(body), "STATE_ALREADY_COMPLETE") {
+		t.Errorf("second stream: HTTP %d %s; want 409 STATE_ALREADY_COMPLETE", st, body)
 	}
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		t.Error("the first stream did not end when its clientId reconnected")
-	}
-	s2.close()
+	s.close()
 	waitAgentickGone(t)
 }
 

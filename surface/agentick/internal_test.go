@@ -11,6 +11,11 @@ import (
 func init() {
 	// SSE keep-alive comments every 200 ms, so that tests see them.
 	agentickKeepAlive = 200 * time.Millisecond
+	// An SSE client whose stream ended is kept 2 s (not 30): the tests
+	// that wait for a client's goroutines to end wait that long, and those
+	// that resume do so at once. The grace period's own tests run under
+	// synctest (resume_internal_test.go).
+	agentickResumeGrace = 2 * time.Second
 }
 
 // FuzzAgentickFrame: the frame decoder never panics, and a frame it

@@ -250,8 +250,10 @@ func (gw *gateway) answer(ctx context.Context, c *agClient, f *agFrame) (out []b
 	return agentickRes(f.ID, payload, nil), nil
 }
 
-// connected is the answer to connect.
-func (gw *gateway) connected(ctx context.Context) []byte {
+// connected is the answer to connect, and an event stream's first frame.
+// resumed, when not nil, says whether a stream opened with Last-Event-ID
+// resumed its client (serveEvents); the WebSocket's has no such field.
+func (gw *gateway) connected(ctx context.Context, resumed *bool) []byte {
 	apps, err := gw.apps(ctx)
 	if err != nil {
 		apps = []string{}
@@ -268,6 +270,7 @@ func (gw *gateway) connected(ctx context.Context) []byte {
 		ProtocolVersion string   `json:"protocolVersion"`
 		Apps            []string `json:"apps"`
 		Sessions        []string `json:"sessions"`
-	}{"connected", gw.id, agentickVersion, apps, sessions})
+		Resumed         *bool    `json:"resumed,omitempty"`
+	}{"connected", gw.id, agentickVersion, apps, sessions, resumed})
 	return b
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -102,8 +103,41 @@ func (gw *gateway) serveInvoke(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveEvents is GET /events?clientId=: the client's events as
-// server-sent events, one JSON frame per "data:" line, the first the
-// connected frame; comment lines keep it alive; it ends with the request.
+// server-sent events, one JSON frame per "data:" line. The first write
+// is "retry: 1000" (the reconnect delay suggested) and the connected
+// frame; comment lines keep the stream alive while idle.
+//
+// Every event of a client carries an id: "id: N", N = 1, 2, … per
+// client, in the order of its events. The connected frame carries the id
+// the stream starts after (0 for a new client), so that a stream that
+// drops before its first event resumes too. The client outlives its
+// stream: its subscriptions, ids and the newest events (a ring of
+// agentickRingEvents, at most agentickRingBytes) are kept for
+// agentickResumeGrace after the stream ends, and events meanwhile go into
+// the ring; past that the client is detached as a WebSocket client is.
+//
+// A request carrying Last-Event-ID (the header, or ?lastEventId= for
+// EventSource polyfills that cannot set headers) resumes the client of
+// its clientId, same caller, when that client issued the id: its
+// connected frame says "resumed": true, then come the events after that
+// id from the ring, in order, then live ones. Events the ring no longer
+// holds are named by a gap frame first, {"type":"gap","from":F,"to":T}
+// with "id: T" (the ids F..T are lost), then the stream goes on from the
+// oldest held (a live stream whose reader fell further behind than the
+// ring holds gets one too). A stream of that client still live is
+// closed: the request is its reconnect, the old connection is dead
+// though the gateway has not noticed yet. A request with Last-Event-ID
+// that resumes nothing starts a new client ("resumed": false: subscribe
+// again; its ids start at 1 again).
+//
+// A request without Last-Event-ID (or with one the client never issued)
+// for a clientId whose stream or WebSocket is live is refused: HTTP 409,
+// an error frame STATE_ALREADY_COMPLETE (an EventSource does not retry a
+// non-200 answer, so two tabs with one clientId do not take the id from
+// each other in turns). For a client in its grace period it starts a new
+// client, the old one detached. A streaming method's events wait for the
+// live stream (a slow reader holds the method back; while the client is
+// away, for its return).
 func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 	who, ok := gw.h.Admit(w, r)
 	if !ok {
@@ -114,36 +148,22 @@ func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 		writeAgentickJSON(w, http.StatusBadRequest, agentickErrorFrame(agErr(agValidationReq, "clientId is required (1 to 128 bytes)")))
 		return
 	}
-	_, conn := gw.h.Caller(r.Context())
-	c := gw.newClient(conn, id, who)
-	out := make(chan []byte, agentickQueue)
-	c.push = func(b []byte) bool {
-		select {
-		case out <- b:
-			return true
-		default:
-			return false
-		}
+	last, given := lastEventID(r)
+	_, addr := gw.h.Caller(r.Context())
+	fresh := gw.newClient(addr, id, who)
+	gw.sseClient(fresh)
+	cctx, ccancel := context.WithCancel(r.Context())
+	conn := &agConn{ctx: cctx, cancel: ccancel}
+	c, from, resumed, e := gw.attachSSE(fresh, conn, last, given)
+	if c != fresh {
+		fresh.cancel()
 	}
-	// A stream's events wait for the writer (a slow reader holds the
-	// stream back) on a queue of their own: the subscriptions' events,
-	// which never wait, keep theirs.
-	sout := make(chan []byte)
-	c.stream = func(ctx context.Context, b []byte) bool {
-		select {
-		case sout <- b:
-			return true
-		case <-ctx.Done():
-		case <-c.ctx.Done():
-		}
-		return false
-	}
-	if e := gw.attach(c); e != nil {
-		c.cancel()
+	if e != nil {
+		ccancel()
 		writeAgentickJSON(w, e.httpStatus(), agentickErrorFrame(e))
 		return
 	}
-	defer gw.detach(c)
+	defer gw.releaseSSE(c, conn)
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -151,39 +171,65 @@ func (gw *gateway) serveEvents(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	write := func(b []byte) bool {
 		_ = rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
-		if _, err := w.Write(b); err != nil {
-			return false
-		}
+		_, err := w.Write(b)
+		return err == nil
+	}
+	flush := func() bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
 		return rc.Flush() == nil
 	}
-	sse := func(frame []byte) bool {
-		b := make([]byte, 0, len(frame)+8)
-		b = append(b, "data: "...)
-		b = append(b, frame...)
-		b = append(b, "\n\n"...)
-		return write(b)
+	var buf []byte
+	sse := func(id uint64, frame []byte) bool {
+		buf = append(buf[:0], "id: "...)
+		buf = strconv.AppendUint(buf, id, 10)
+		buf = append(buf, "\ndata: "...)
+		buf = append(buf, frame...)
+		buf = append(buf, "\n\n"...)
+		return write(buf)
 	}
-	if !sse(gw.connected(c.ctx)) {
+	var hello *bool
+	if given {
+		hello = &resumed
+	}
+	if !write([]byte("retry: "+strconv.Itoa(agentickRetryMs)+"\n")) || !sse(from, gw.connected(c.ctx, hello)) || !flush() {
 		return
 	}
 	tick := time.NewTicker(agentickKeepAlive)
 	defer tick.Stop()
+	var evs []agEvent
 	for {
+		var gapFrom, gapTo uint64
+		var wake <-chan struct{}
+		evs, gapFrom, gapTo, wake, ok = c.sse.next(conn, evs[:0])
+		if !ok {
+			return
+		}
+		if gapTo > 0 || len(evs) > 0 {
+			if gapTo > 0 && !sse(gapTo, agentickGapFrame(gapFrom, gapTo)) {
+				return
+			}
+			upTo := gapTo
+			for _, ev := range evs {
+				if !sse(ev.id, ev.frame) {
+					return
+				}
+				upTo = ev.id
+			}
+			clear(evs) // keep no frame alive past the ring
+			if !flush() {
+				return
+			}
+			c.sse.wrote(conn, upTo)
+			continue
+		}
 		select {
-		case <-r.Context().Done():
+		case <-conn.ctx.Done():
 			return
 		case <-c.ctx.Done():
 			return
-		case f := <-out:
-			if !sse(f) {
-				return
-			}
-		case f := <-sout:
-			if !sse(f) {
-				return
-			}
+		case <-wake:
 		case <-tick.C:
-			if !write([]byte(": keep-alive\n\n")) {
+			if !write([]byte(": keep-alive\n\n")) || !flush() {
 				return
 			}
 		}
@@ -323,7 +369,7 @@ func (a *agWS) connect(id string) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		a.send(a.gw.connected(c.ctx))
+		a.send(a.gw.connected(c.ctx, nil))
 		close(hello)
 	}()
 }

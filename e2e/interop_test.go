@@ -45,8 +45,10 @@ var tapCount = regexp.MustCompile(`(?m)^# (pass|fail) (\d+)$`)
 // as the isError result with the coded message, an unknown tool as the
 // protocol error, chat.getAgentMessages against its outputSchema), the
 // openai SDK (models, chat/demo, a completion, a stream, a stream the
-// caller aborts) and the json-rpc-2.0 client over /rpc and over /ws (ws):
-// a request, a notification, a batch, a coded error. It prints "N passed, N failed"; any failure
+// caller aborts), the json-rpc-2.0 client over /rpc and over /ws (ws):
+// a request, a notification, a batch, a coded error, and the eventsource
+// client over agentick's /events (a stream cut mid-turn resumed with
+// Last-Event-ID, a second stream for a live clientId refused). It prints "N passed, N failed"; any failure
 // fails the test. Needs `npm ci --prefix interop` (.ci/run does it).
 func TestInteropNode(t *testing.T) {
 	t.Parallel()

@@ -65,6 +65,11 @@ import (
 const (
 	agentickVersion = "1.0"
 	agentickApp     = "chat" // the one app: the chat runtime
+	// agentickQueue bounds the replies a WebSocket's reader holds back
+	// while connected is on its way; a client that sends more is cut
+	// off. (A WebSocket's frames wait in its connection's queue, an SSE
+	// client's in its ring: resume.go.)
+	agentickQueue = 1024
 	// agentickInFlight bounds the requests in flight per WebSocket client.
 	agentickInFlight = 64
 	// agentickMaxTurns bounds the sends of one session started here and

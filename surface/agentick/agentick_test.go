@@ -1043,3 +1043,43 @@ func TestAgentickReqRightAfterConnect(t *testing.T) {
 		c.WS.Close()
 	}
 }
+
+// TestAgentickRefusalRightAfterConnect: frames the socket's reader
+// answers itself (refused at decode, a ping, a second connect) sent on
+// the heels of connect are answered after connected, in their order,
+// never before it.
+func TestAgentickRefusalRightAfterConnect(t *testing.T) {
+	m := testkit.StartNexus3(t, nil)
+	for i := range 20 {
+		c, _, err := testkit.DialAgentick(t, m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(fmt.Sprintf(`{"type":"connect","clientId":"early-%d"}`, i))
+		c.Write(`{"type":"req","id":"bad"}`)
+		c.Write(`{"type":"ping","timestamp":7}`)
+		c.Write(`{"type":"connect","clientId":"again"}`)
+		c.Write(`not json`)
+		if first := c.Read(); first["type"] != "connected" {
+			t.Fatalf("round %d: the first frame is %v; want connected, before any answer", i, first)
+		}
+		if v := c.Read(); v["type"] != "res" || v["id"] != "bad" || v["ok"] != false {
+			t.Fatalf("round %d: %v; want the refusal of req bad", i, v)
+		}
+		if v := c.Read(); v["type"] != "pong" || v["timestamp"] != 7.0 {
+			t.Fatalf("round %d: %v; want the pong", i, v)
+		}
+		if v := c.Read(); v["type"] != "error" || v["code"] != "STATE_ALREADY_COMPLETE" {
+			t.Fatalf("round %d: %v; want the second connect's refusal", i, v)
+		}
+		if v := c.Read(); v["type"] != "error" || v["code"] != "VALIDATION_TYPE" {
+			t.Fatalf("round %d: %v; want the refusal of the frame that is not JSON", i, v)
+		}
+		// After connected, answers go out at once again.
+		c.Write(`{"type":"ping","timestamp":8}`)
+		if v := c.Read(); v["type"] != "pong" || v["timestamp"] != 8.0 {
+			t.Fatalf("round %d: %v; want the pong", i, v)
+		}
+		c.WS.Close()
+	}
+}

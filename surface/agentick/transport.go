@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -258,9 +259,11 @@ type agWS struct {
 	conn string        // the connection's remote address, for rate limits
 	busy chan struct{} // a token per request in flight
 
-	mu     sync.Mutex
-	client *agClient
-	hello  chan struct{} // closed once the connected frame is queued: answers wait for it
+	mu         sync.Mutex
+	client     *agClient
+	hello      chan struct{} // closed once the connected frame is queued: answers wait for it
+	connecting bool          // connect answered, connected not queued yet: replies wait in early
+	early      [][]byte      // the reader's own replies meanwhile, in order
 }
 
 func (gw *gateway) startWS(ws *websocket.Conn, who *auth.Principal, conn string) {
@@ -286,14 +289,35 @@ func (a *agWS) send(b []byte) bool {
 	return a.c.Send(buf)
 }
 
+// reply sends a frame the reader goroutine answers itself (a refusal at
+// decode, a pong, …). While a connect is in progress it is queued behind
+// connected, in order, for the connect goroutine to send: a frame sent
+// right after connect is never answered before connected. Past
+// agentickQueue of them the connection is cut.
+func (a *agWS) reply(b []byte) {
+	a.mu.Lock()
+	if a.connecting {
+		if len(a.early) >= agentickQueue {
+			a.mu.Unlock()
+			a.c.Shutdown(fmt.Errorf("agentick client sent more than %d frames to answer before connected", agentickQueue))
+			return
+		}
+		a.early = append(a.early, b)
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Unlock()
+	a.send(b)
+}
+
 // onMessage runs on the reader goroutine: it must not block.
 func (a *agWS) onMessage(data []byte) {
 	f, e := decodeAgentickFrame(data, a.c.Config().Limits, false)
 	if e != nil {
 		if f.Type == "req" && f.ID != "" {
-			a.send(agentickRes(f.ID, nil, e))
+			a.reply(agentickRes(f.ID, nil, e))
 		} else {
-			a.send(agentickErrorFrame(e))
+			a.reply(agentickErrorFrame(e))
 		}
 		return
 	}
@@ -306,22 +330,22 @@ func (a *agWS) onMessage(data []byte) {
 		if len(f.Stamp) == 0 {
 			b, _ = json.Marshal(map[string]any{"type": "pong", "timestamp": time.Now().UnixMilli()})
 		}
-		a.send(b)
+		a.reply(b)
 	case "connect":
 		if c != nil {
-			a.send(agentickErrorFrame(agErr(agStateComplete, "already connected as %s", c.id)))
+			a.reply(agentickErrorFrame(agErr(agStateComplete, "already connected as %s", c.id)))
 			return
 		}
 		a.connect(f.ClientID)
 	case "req":
 		if c == nil {
-			a.send(agentickRes(f.ID, nil, agErr(agValidationReq, "send {type:\"connect\", clientId} first")))
+			a.reply(agentickRes(f.ID, nil, agErr(agValidationReq, "send {type:\"connect\", clientId} first")))
 			return
 		}
 		select {
 		case a.busy <- struct{}{}:
 		default:
-			a.send(agentickRes(f.ID, nil, agentickFromMesh(envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this connection", agentickInFlight), false)))
+			a.reply(agentickRes(f.ID, nil, agentickFromMesh(envelope.Errorf(envelope.CodeOverloaded, "more than %d requests in flight on this connection", agentickInFlight), false)))
 			return
 		}
 		c.wg.Add(1)
@@ -363,14 +387,29 @@ func (a *agWS) connect(id string) {
 	}
 	hello := make(chan struct{})
 	a.mu.Lock()
-	a.client, a.hello = c, hello
+	a.client, a.hello, a.connecting = c, hello, true
 	a.mu.Unlock()
 	// The answer needs calls into the mesh: off the reader goroutine.
+	// Then the replies the reader queued meanwhile, until none is left.
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		a.send(a.gw.connected(c.ctx, nil))
 		close(hello)
+		for {
+			a.mu.Lock()
+			early := a.early
+			a.early = nil
+			if len(early) == 0 {
+				a.connecting = false
+				a.mu.Unlock()
+				return
+			}
+			a.mu.Unlock()
+			for _, b := range early {
+				a.send(b)
+			}
+		}
 	}()
 }
 

@@ -1,0 +1,519 @@
+package e2e_test
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The traces of issue [M13], checked with a real Jaeger v2 (2.13.0) as a
+// user runs it: the mesh's processes export over OTLP/HTTP to Jaeger's
+// receiver, and the tests read what Jaeger stored through its query API
+// (/api/services, /api/traces/{id}, /api/traces?service=…), as the Jaeger
+// UI does. scripts/jaeger.sh builds the binary from the Go module proxy
+// (.ci/run runs it and exports MESH_JAEGER_BIN); without it the tests fail
+// in CI and are skipped elsewhere, saying what to run.
+
+// jaegerBin returns the Jaeger v2 binary of $MESH_JAEGER_BIN.
+func jaegerBin(t *testing.T) string {
+	t.Helper()
+	missing := t.Fatalf
+	if os.Getenv("CI") == "" {
+		missing = t.Skipf
+	}
+	bin := os.Getenv("MESH_JAEGER_BIN")
+	if bin == "" {
+		missing("MESH_JAEGER_BIN is not set: run `export MESH_JAEGER_BIN=$(scripts/jaeger.sh)` at the repository's root (it builds Jaeger v2.13.0 once, a few minutes; CI does)")
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		missing("MESH_JAEGER_BIN=%s is not an executable (%v): run `export MESH_JAEGER_BIN=$(scripts/jaeger.sh)` at the repository's root (CI does)", bin, err)
+	}
+	return bin
+}
+
+// jaeger is a running Jaeger v2: memory storage, an OTLP/HTTP receiver and
+// the query service, all on loopback ports of their own.
+type jaeger struct {
+	*proc
+	otlp  string // http://host:port of the OTLP/HTTP receiver (OTEL_EXPORTER_OTLP_ENDPOINT)
+	query string // http://host:port of the query API and UI
+}
+
+// jaegerConfig is the collector configuration: Jaeger v2 is an OTel
+// collector distribution, configured as cmd/jaeger/internal/all-in-one.yaml
+// of the module is, with memory storage, only the OTLP/HTTP receiver, no
+// telemetry of its own (its metrics would listen on :8888; its query
+// service's own traces would be exported to localhost:4317, and its
+// shutdown would wait for that export to time out) and a short batch.
+const jaegerConfig = `service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 100000
+  jaeger_query:
+    storage:
+      traces: memstore
+    enable_tracing: false
+    http:
+      endpoint: %s
+    grpc:
+      endpoint: %s
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: %s
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+`
+
+// startJaeger runs Jaeger v2 as a child process and waits until both its
+// OTLP receiver and its query API answer. When the test ends it is
+// stopped (SIGTERM, then SIGKILL after 5 s) and waited for.
+func startJaeger(t *testing.T) *jaeger {
+	t.Helper()
+	bin := jaegerBin(t)
+	addrs := freeAddrs(t, 3) // OTLP/HTTP, query HTTP, query gRPC
+	cfg := writeFile(t, "jaeger.yaml", fmt.Sprintf(jaegerConfig, addrs[1], addrs[2], addrs[0]))
+	j := &jaeger{otlp: "http://" + addrs[0], query: "http://" + addrs[1]}
+
+	// Not t.Context: Jaeger must outlive the mesh processes, which flush
+	// their last spans when stopped; its cleanup, registered before
+	// theirs, runs after. procLimit is the safety net.
+	ctx, cancel := context.WithTimeout(context.Background(), procLimit)
+	p := &proc{name: "jaeger", stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	p.cmd = exec.CommandContext(ctx, bin, "--config", cfg)
+	p.cmd.Dir = t.TempDir()
+	// Not the developer's OTEL_* nor JAEGER_* (which Jaeger maps to OTEL_*).
+	for _, kv := range env() {
+		if !strings.HasPrefix(kv, "JAEGER_") {
+			p.cmd.Env = append(p.cmd.Env, kv)
+		}
+	}
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+	p.cmd.WaitDelay = 5 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		defer cancel()
+		err := p.cmd.Wait()
+		p.err, p.exited = err, time.Now()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.stop(5 * time.Second)
+		if t.Failed() {
+			t.Logf("jaeger stderr:\n%s", p.stderr.String())
+		}
+	})
+	j.proc = p
+
+	client := &http.Client{Timeout: time.Second}
+	started := time.Now()
+	waitFor(t, "Jaeger's OTLP receiver and query API", 30*time.Second, func() bool {
+		if p.exitedYet() {
+			t.Fatalf("jaeger exited early (%v):\n%s", p.err, p.stderr.String())
+		}
+		if httpStatus(client, j.query+"/api/services") != http.StatusOK {
+			return false
+		}
+		// An empty export: 200 once the receiver is up.
+		res, err := client.Post(j.otlp+"/v1/traces", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	version := "?"
+	if out, err := exec.CommandContext(t.Context(), bin, "version").Output(); err == nil {
+		var v struct{ GitVersion string }
+		if json.Unmarshal(out, &v) == nil {
+			version = v.GitVersion
+		}
+	}
+	t.Logf("Jaeger %s ready in %v: OTLP/HTTP %s, query %s", version, time.Since(started).Round(time.Millisecond), j.otlp, j.query)
+	return j
+}
+
+// exportEnv is the environment of a mesh process exporting to j, with a
+// short batch delay so that spans reach it within the test's waits.
+func (j *jaeger) exportEnv() []string {
+	return []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + j.otlp, "OTEL_BSP_SCHEDULE_DELAY=100"}
+}
+
+// get GETs a query API path and decodes its JSON; it returns the status.
+func (j *jaeger) get(t *testing.T, path string, v any) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.query+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %d %.300q is not JSON: %v", path, res.StatusCode, body, err)
+	}
+	return res.StatusCode
+}
+
+// services is /api/services.
+func (j *jaeger) services(t *testing.T) []string {
+	t.Helper()
+	var r struct{ Data []string }
+	if s := j.get(t, "/api/services", &r); s != http.StatusOK {
+		t.Fatalf("GET /api/services: %d", s)
+	}
+	slices.Sort(r.Data)
+	return r.Data
+}
+
+// jTrace is a trace as Jaeger's query API returns it.
+type jTrace struct {
+	TraceID   string
+	Spans     []jSpan
+	Processes map[string]struct{ ServiceName string }
+}
+
+type jSpan struct {
+	TraceID, SpanID, OperationName, ProcessID string
+	References                                []struct{ RefType, TraceID, SpanID string }
+	StartTime, Duration                       int64 // µs
+	Tags                                      []struct {
+		Key   string
+		Value any
+	}
+}
+
+// trace is /api/traces/{id}: the traces Jaeger has under that id (none
+// when it answers 404, as it does until the first span has arrived).
+func (j *jaeger) trace(t *testing.T, id string) []jTrace {
+	t.Helper()
+	var r struct{ Data []jTrace }
+	switch s := j.get(t, "/api/traces/"+id, &r); s {
+	case http.StatusOK:
+		return r.Data
+	case http.StatusNotFound:
+		return nil
+	default:
+		t.Fatalf("GET /api/traces/%s: %d", id, s)
+		return nil
+	}
+}
+
+// search is /api/traces?service=…: the traces with a span of service that
+// started in [start, end]. (The API takes start and end in µs; the UI's
+// lookback only sets them.)
+func (j *jaeger) search(t *testing.T, service string, start, end time.Time) []jTrace {
+	t.Helper()
+	q := url.Values{"service": {service}, "start": {strconv.FormatInt(start.UnixMicro(), 10)},
+		"end": {strconv.FormatInt(end.UnixMicro(), 10)}, "limit": {"100000"}}
+	var r struct{ Data []jTrace }
+	if s := j.get(t, "/api/traces?"+q.Encode(), &r); s != http.StatusOK {
+		t.Fatalf("GET /api/traces?%s: %d", q.Encode(), s)
+	}
+	return r.Data
+}
+
+func (tr jTrace) service(s jSpan) string { return tr.Processes[s.ProcessID].ServiceName }
+
+func (s jSpan) tag(key string) string {
+	for _, kv := range s.Tags {
+		if kv.Key == key {
+			return fmt.Sprint(kv.Value)
+		}
+	}
+	return ""
+}
+
+// parent is the span's CHILD_OF reference ("" for none).
+func (s jSpan) parent() string {
+	for _, r := range s.References {
+		if r.RefType == "CHILD_OF" {
+			return r.SpanID
+		}
+	}
+	return ""
+}
+
+// roots are the spans whose parent is not in the trace: the one with no
+// parent, and any whose parent was never exported.
+func (tr jTrace) roots() []jSpan {
+	ids := map[string]bool{}
+	for _, s := range tr.Spans {
+		ids[s.SpanID] = true
+	}
+	var out []jSpan
+	for _, s := range tr.Spans {
+		if p := s.parent(); p == "" || !ids[p] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// services is the sorted set of the trace's services.
+func (tr jTrace) services() []string {
+	var out []string
+	for _, s := range tr.Spans {
+		if n := tr.service(s); !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// String lists the spans in start order, one a line: service, name, kind,
+// span id, parent (and whether the trace has it), duration.
+func (tr jTrace) String() string {
+	spans := slices.Clone(tr.Spans)
+	slices.SortStableFunc(spans, func(a, b jSpan) int { return cmp.Compare(a.StartTime, b.StartTime) })
+	ids := map[string]bool{}
+	for _, s := range spans {
+		ids[s.SpanID] = true
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "trace %s, %d spans:", tr.TraceID, len(spans))
+	for _, s := range spans {
+		parent := "root"
+		if p := s.parent(); p != "" && ids[p] {
+			parent = "parent " + p
+		} else if p != "" {
+			parent = "parent " + p + " MISSING from the trace"
+		}
+		fmt.Fprintf(&b, "\n  %-12s %-22q %-6s %s %s, %d µs", tr.service(s), s.OperationName, s.tag("span.kind"), s.SpanID, parent, s.Duration)
+	}
+	return b.String()
+}
+
+var traceIDLine = regexp.MustCompile(`(?m)^trace_id: ([0-9a-f]{32})$`)
+
+// tracedCall runs `meshctl call --trace METHOD PARAMS` exporting to j and
+// returns the trace id it printed.
+func tracedCall(t *testing.T, j *jaeger, h *hub, method, params string) string {
+	t.Helper()
+	r := runCtl(t.Context(), j.exportEnv(), "call", "--trace", method, params, "--hub", h.ws, "-o", "json")
+	if r.code != 0 || !jsonEq(r.stdout, params) {
+		t.Fatalf("%v; want exit 0 and the params back", r)
+	}
+	m := traceIDLine.FindStringSubmatch(r.stderr)
+	if m == nil {
+		t.Fatalf("%v; want a trace_id: line on stderr", r)
+	}
+	return m[1]
+}
+
+// checkCallTrace calls echo.echo with --trace through h and asserts what
+// Jaeger holds under the trace id meshctl printed: one trace, one root
+// (meshctl's span: no span whose parent is missing), and spans of
+// meshctl, the hub (meshd) and agentService, each as /api/services lists
+// it, the agent's span under the hub's and the hub's under meshctl's.
+func checkCallTrace(t *testing.T, j *jaeger, h *hub, agentService string) {
+	id := tracedCall(t, j, h, "echo.echo", `{"jaeger":"call"}`)
+	want := []string{agentService, "meshctl", "meshd"}
+	slices.Sort(want)
+
+	// Bounded: each process exports on its own schedule (meshctl when it
+	// exits, meshd and the agent every 100 ms).
+	var traces []jTrace
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		traces = j.trace(t, id)
+		if len(traces) == 1 && len(traces[0].roots()) == 1 && slices.Equal(traces[0].services(), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(traces) != 1 {
+		t.Fatalf("GET /api/traces/%s: %d traces after 15 s; want 1: %v", id, len(traces), traces)
+	}
+	tr := traces[0]
+	t.Logf("Jaeger's %s", tr)
+	if tr.TraceID != id {
+		t.Errorf("trace id %s; want %s", tr.TraceID, id)
+	}
+	if got := tr.services(); !slices.Equal(got, want) {
+		t.Errorf("services in the trace %q; want %q", got, want)
+	}
+	listed := j.services(t)
+	for _, s := range want {
+		if !slices.Contains(listed, s) {
+			t.Errorf("GET /api/services: %q; want %q listed", listed, s)
+		}
+	}
+	roots := tr.roots()
+	if len(roots) != 1 {
+		t.Fatalf("%d root spans (no parent, or a parent missing from the trace); want exactly 1", len(roots))
+	}
+	root := roots[0]
+	if tr.service(root) != "meshctl" || root.parent() != "" {
+		t.Errorf("root span %q of %s with parent %q; want meshctl's, with no parent", root.OperationName, tr.service(root), root.parent())
+	}
+	// Every span hangs, through its parents, under the root; the agent's
+	// under a hub span, the hub's under meshctl's.
+	byID := map[string]jSpan{}
+	for _, s := range tr.Spans {
+		byID[s.SpanID] = s
+	}
+	ancestors := func(s jSpan) []string { // services above s, nearest first
+		var out []string
+		for p, ok := byID[s.parent()]; ok && len(out) <= len(tr.Spans); p, ok = byID[p.parent()] {
+			out = append(out, tr.service(p))
+		}
+		return out
+	}
+	for _, s := range tr.Spans {
+		above := ancestors(s)
+		switch tr.service(s) {
+		case agentService:
+			if !slices.Contains(above, "meshd") || !slices.Contains(above, "meshctl") {
+				t.Errorf("%s span %q has %q above it; want a meshd span and meshctl's", agentService, s.OperationName, above)
+			}
+		case "meshd":
+			if !slices.Contains(above, "meshctl") || slices.Contains(above, agentService) {
+				t.Errorf("meshd span %q has %q above it; want meshctl's and no agent span", s.OperationName, above)
+			}
+		}
+	}
+}
+
+// TestJaegerCallTrace: a `meshctl call --trace`, with every process
+// exporting to a real Jaeger v2, is in Jaeger one trace with one root,
+// meshctl's span, across meshctl, the hub and the agent.
+func TestJaegerCallTrace(t *testing.T) {
+	t.Parallel()
+	jaegerBin(t)
+	// An agent process of its own (meshctl agent run echo), as agents run
+	// in production.
+	t.Run("agent process", func(t *testing.T) {
+		t.Parallel()
+		j := startJaeger(t)
+		h := startHubEnv(t, j.exportEnv())
+		startWithEnv(t, j.exportEnv(), "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-jaeger")
+		waitMethods(t, h.ws, "echo.echo")
+		checkCallTrace(t, j, h, "agent-echo")
+	})
+	// meshd --demo's own echo agent, which the README's tracing example
+	// calls (the service name is the one `meshctl agent run echo` uses).
+	t.Run("meshd --demo", func(t *testing.T) {
+		t.Parallel()
+		t.Skip("issue [M13]: meshd --demo's agents (echo, kv, chat) run in meshd without telemetry (internal/cli/meshd.go gives them no agents.WithTelemetry): " +
+			"in Jaeger the call is meshctl's echo.echo and echo.echo attempt, meshd's echo.echo and echo.echo attempt, and no agent span; remove this skip once they export")
+		j := startJaeger(t)
+		h := startHubEnv(t, j.exportEnv(), "--demo", "--chat-data-dir", t.TempDir())
+		waitMethods(t, h.ws, "echo.echo")
+		checkCallTrace(t, j, h, "agent-echo")
+	})
+}
+
+// controlPlane reports whether a method is one of the hub's control-plane
+// calls (hub/builtins.go), which issue [M13] wants out of the traces by
+// default.
+func controlPlane(method string) bool {
+	return strings.HasPrefix(method, "agent.") || strings.HasPrefix(method, "mesh.")
+}
+
+// TestJaegerNoHeartbeatTraces: with meshd --demo and its three agents idle
+// for 30 s (heartbeats every 200 ms), Jaeger holds no trace of the hub's
+// whose root is a control-plane call (agent.heartbeat, agent.register and
+// its renewals, agent.deregister, mesh.*). A traced call made after the
+// idle time must be found by the same search, so that the search is known
+// to see the hub's traces.
+func TestJaegerNoHeartbeatTraces(t *testing.T) {
+	t.Parallel()
+	t.Skip("issue [M13]: control-plane calls are traced: over 30 s of meshd --demo's three idle agents (heartbeat 200 ms) Jaeger held 450 one-span traces " +
+		"rooted at meshd's agent.heartbeat SERVER span, found by /api/traces?service=meshd beside the one user call; remove this skip once heartbeats, " +
+		"registrations and mesh.* probes are not traced by default")
+	j := startJaeger(t)
+	h := startHubEnv(t, j.exportEnv(), "--demo", "--chat-data-dir", t.TempDir())
+	waitMethods(t, h.ws, "echo.echo", "memory.get", "chat.send")
+	const idle = 30 * time.Second
+	idleStart := time.Now()
+	select {
+	case <-time.After(idle):
+	case <-h.done:
+		t.Fatalf("meshd exited while idle (%v)", h.err)
+	case <-t.Context().Done():
+		t.Fatal("test ended while idle")
+	}
+	id := tracedCall(t, j, h, "echo.echo", `{"jaeger":"after idle"}`)
+
+	var traces []jTrace
+	seen := func() bool {
+		traces = j.search(t, "meshd", idleStart, time.Now().Add(time.Second))
+		return slices.ContainsFunc(traces, func(tr jTrace) bool { return tr.TraceID == id })
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !seen() && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	rootedAt := map[string]int{} // "service name" of each trace's roots
+	var example *jTrace
+	for i, tr := range traces {
+		for _, r := range tr.roots() {
+			rootedAt[tr.service(r)+" "+r.OperationName]++
+			if controlPlane(r.OperationName) && example == nil {
+				example = &traces[i]
+			}
+		}
+	}
+	t.Logf("GET /api/traces?service=meshd over the %v idle and the call after it: %d traces; roots by service and name: %v", idle, len(traces), rootedAt)
+	if !slices.ContainsFunc(traces, func(tr jTrace) bool { return tr.TraceID == id }) {
+		t.Fatalf("the call after the idle time (trace %s) is not in the search within 15 s; the search does not see the hub's traces", id)
+	}
+	for root, n := range rootedAt {
+		if _, name, _ := strings.Cut(root, " "); controlPlane(name) {
+			t.Errorf("%d traces rooted at %s over %v of idle agents; want none (control-plane calls are not traced by default)", n, root, idle)
+		}
+	}
+	if example != nil {
+		t.Logf("one of them: %s", example)
+	}
+}

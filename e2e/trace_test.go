@@ -195,7 +195,7 @@ func TestOneTraceAcrossHops(t *testing.T) {
 		}
 		return got[0]
 	}
-	cl := one(spans, "test-client", tracepb.Span_SPAN_KIND_CLIENT, "echo.echo")
+	cl := one(spans, "test-client", tracepb.Span_SPAN_KIND_INTERNAL, "echo.echo")
 	ca := one(spans, "test-client", tracepb.Span_SPAN_KIND_CLIENT, "echo.echo attempt")
 	hs := one(spans, "meshd", tracepb.Span_SPAN_KIND_SERVER, "echo.echo")
 	ha := one(spans, "meshd", tracepb.Span_SPAN_KIND_CLIENT, "echo.echo attempt")
@@ -221,7 +221,7 @@ func TestOneTraceAcrossHops(t *testing.T) {
 		return len(find(rcv.trace(failTrace), "agent-chaos", tracepb.Span_SPAN_KIND_SERVER, "chaos.echo")) == 3
 	})
 	spans = rcv.trace(failTrace)
-	fc := one(spans, "test-client", tracepb.Span_SPAN_KIND_CLIENT, "chaos.echo")
+	fc := one(spans, "test-client", tracepb.Span_SPAN_KIND_INTERNAL, "chaos.echo")
 	if !fc.statusError || fc.attrs["rpc.response.status_code"] != "-32002" || !strings.HasPrefix(fc.statusDetail, "UNAVAILABLE") {
 		t.Errorf("failed client span: error %v, attrs %v, status %q; want UNAVAILABLE -32002", fc.statusError, fc.attrs, fc.statusDetail)
 	}

@@ -156,6 +156,13 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	b.inst.Store(in)
 	b.ready.Store(true)
 	h.log.Info("agent registered", "agent", id, "name", name, "capabilities", p.Capabilities, "remote", l.Remote)
+	if m := h.metrics(); m != nil {
+		for _, c := range p.Capabilities {
+			if !strings.Contains(c, "*") { // a pattern names no method to show
+				m.InitMethod(c)
+			}
+		}
+	}
 	res := control.RegisterResult{
 		AgentID: id, Accepted: true,
 		HeartbeatInterval:    h.cfg.HeartbeatInterval.Seconds(),

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/link"
@@ -73,7 +71,7 @@ type fastCall struct {
 	end       time.Time // the call's deadline; zero: none
 
 	// The first attempt, until it completes.
-	attemptSpan trace.Span
+	attempt     telemetry.AttemptCall
 	instance    *registry.Instance // held (Hold) once sent
 	breakerDone func(error)
 	bulkhead    func()
@@ -159,21 +157,21 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	fc.bulkhead = release
 	h.retry.Begin(r.Method, fc.start)
 	r.Headers.RetryCount = 0
-	_, fc.attemptSpan = h.tel.StartAttempt(fc.ctx, r)
+	_, fc.attempt = h.tel.StartAttempt(fc.ctx, r)
 	if perr != nil {
 		e := envelope.AsError(perr)
-		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.attempt.End(e)
 		fc.failed(e)
 		return true
 	}
-	if fc.attemptSpan != nil && fc.attemptSpan.IsRecording() {
-		fc.attemptSpan.SetAttributes(telemetry.InstanceAttr(in.InstanceID))
+	if fc.attempt.Recording() {
+		fc.attempt.Span.SetAttributes(telemetry.InstanceAttr(in.InstanceID))
 	}
 	fc.instance = in // tried, as the chain's attempt adds it before the breaker's verdict
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})
 	if err != nil {
 		e := envelope.AsError(err)
-		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.attempt.End(e)
 		fc.failed(e)
 		return true
 	}
@@ -226,12 +224,12 @@ func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
 	fc.instance.Release()
 	if e != nil { // (a nil *envelope.Error is not a nil error)
 		fc.breakerDone(e)
-		telemetry.EndAttempt(fc.attemptSpan, e)
+		fc.attempt.End(e)
 		fc.failed(e)
 		return
 	}
 	fc.breakerDone(nil)
-	telemetry.EndAttempt(fc.attemptSpan, nil)
+	fc.attempt.End(nil)
 	fc.h.retry.Observe(fc.req.Method, time.Since(fc.start))
 	res.Metrics.Retries = 0
 	fc.finish(res, nil)

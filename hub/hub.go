@@ -381,6 +381,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
+	h.tel.SetControl(h.IsBuiltin)
 	h.policies = ps
 	m := h.metrics()
 	hook := h.breakerHook
@@ -391,10 +392,10 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		}
 	})
 	h.bulkheads = reliability.NewBulkheads(rc.Bulkhead)
-	var onRetry func(method, reason string)
+	var onRetry, onSkip func(method, reason string)
 	if m != nil {
 		h.bulkheads.OnReject = m.BulkheadRejected
-		onRetry = m.Retry
+		onRetry, onSkip = m.Retry, m.RetrySkipped
 		h.cfg.Conn.Bytes = m.Bytes
 		h.cfg.Conn.PingAbuse = m.PingAbuse
 		h.cfg.Conn.SlowConsumer = m.SlowConsumer
@@ -415,6 +416,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		Latency:  reliability.NewLatency(),
 		UseTried: true,
 		OnRetry:  onRetry,
+		OnSkip:   onSkip,
 	}
 	h.attempts = h.tel.Attempt(h.attempt)
 	h.routed = h.bulkheads.Middleware(reliability.Retry(ps, *h.retry)(h.attempts))

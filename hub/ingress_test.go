@@ -32,30 +32,31 @@ func ExampleHub_IngressOrder() {
 }
 
 // TestRefusedCallTraced: a call the hub refuses at the ingress (here the
-// role table: a reader calling an admin built-in) still gets its server
+// role table: a reader calling a method for admins) still gets its server
 // span, ended with an error status, and its rpc.server.call.duration
-// observation under the refusal's code, as a served call does.
+// observation under the refusal's code, as a served call does. (A
+// built-in is the control plane's: untraced unless its caller traces.)
 func TestRefusedCallTraced(t *testing.T) {
 	exp, p := testkit.Tracing(t, "hub")
 	metrics := telemetry.NewMetrics(nil)
-	sec := hub.Security{Key: testkit.TestKey}
+	sec := hub.Security{Key: testkit.TestKey, Roles: map[string][]string{"billing.charge": {"admin"}}}
 	m := meshtest.Start(t, hub.Config{Security: &sec}, hub.WithTelemetry(telemetry.New(p, metrics)))
 	tok := testkit.Token(t, auth.Claims{Subject: "reader", Roles: []string{"reader"}}, time.Hour)
 	c := testkit.MustClient(t, m.WS, mesh.WithToken(tok), mesh.WithoutReliability())
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	err := c.Call(ctx, "mesh.agents", nil, nil)
-	testkit.WantCode(t, "a reader calling mesh.agents", err, envelope.CodePermissionDenied)
+	err := c.Call(ctx, "billing.charge", nil, nil)
+	testkit.WantCode(t, "a reader calling billing.charge", err, envelope.CodePermissionDenied)
 	if n := testkit.HistCount(t, metrics, "rpc_server_call_duration_seconds",
-		map[string]string{"rpc_method": "mesh.agents", "rpc_response_status_code": strconv.Itoa(envelope.CodePermissionDenied.JSONRPC())}); n != 1 {
-		t.Errorf("rpc_server_call_duration_seconds{mesh.agents, PERMISSION_DENIED} counted %d; want 1", n)
+		map[string]string{"rpc_method": "billing.charge", "rpc_response_status_code": strconv.Itoa(envelope.CodePermissionDenied.JSONRPC())}); n != 1 {
+		t.Errorf("rpc_server_call_duration_seconds{billing.charge, PERMISSION_DENIED} counted %d; want 1", n)
 	}
 	if err := p.ForceFlush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	var found bool
 	for _, sp := range exp.GetSpans() {
-		if sp.Name == "mesh.agents" && sp.SpanKind.String() == "server" {
+		if sp.Name == "billing.charge" && sp.SpanKind.String() == "server" {
 			found = true
 			if sp.Status.Code != codes.Error {
 				t.Errorf("the refused call's server span ended %v; want Error", sp.Status.Code)

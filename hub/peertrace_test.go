@@ -116,7 +116,7 @@ func TestTraceAcrossPeerHop(t *testing.T) {
 		return out[0]
 	}
 	chain := []sp{
-		one("client", oteltrace.SpanKindClient, "echo.echo"),
+		one("client", oteltrace.SpanKindInternal, "echo.echo"),
 		one("client", oteltrace.SpanKindClient, "echo.echo attempt"),
 		one("hub-A", oteltrace.SpanKindServer, "echo.echo"),
 		one("hub-A", oteltrace.SpanKindClient, "echo.echo attempt"),

@@ -212,14 +212,14 @@ func NewClient(hubs []string, opts ...ClientOption) (*Client, error) {
 		// The breaker sits outside the retry loop, so that a rejection is
 		// never retried; the retry loop retries only what failed on the
 		// way to the hub (the hub's router retries what failed beyond it).
-		var onRetry func(method, reason string)
+		var onRetry, onSkip func(method, reason string)
 		if tel != nil && tel.M != nil {
-			onRetry = tel.M.Retry
+			onRetry, onSkip = tel.M.Retry, tel.M.RetrySkipped
 		}
 		mws = append(mws, c.breakers.Middleware,
 			reliability.NewBulkheads(rc.Bulkhead).Middleware,
 			reliability.Retry(c.policies, reliability.RetryOptions{
-				Budget: reliability.NewBudget(rc.RetryBudget), Latency: reliability.NewLatency(), OnRetry: onRetry,
+				Budget: reliability.NewBudget(rc.RetryBudget), Latency: reliability.NewLatency(), OnRetry: onRetry, OnSkip: onSkip,
 			}))
 	}
 	mws = append(mws, tel.Attempt)

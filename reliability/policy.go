@@ -140,10 +140,13 @@ func (p *Policy) Validate(name string) error {
 // Retryable reports whether an error with code c is worth another attempt
 // under p, for a request that may have reached a handler.
 func (p *Policy) Retryable(c envelope.Code) bool {
-	if int(c) >= len(p.retryOn) || !p.retryOn[c] || !p.Idempotent {
-		return false
-	}
-	return c.Retryable(true)
+	return p.Idempotent && p.retryableCode(c)
+}
+
+// retryableCode reports whether the policy retries code c for an
+// idempotent method.
+func (p *Policy) retryableCode(c envelope.Code) bool {
+	return int(c) < len(p.retryOn) && p.retryOn[c] && c.Retryable(true)
 }
 
 // PolicySet maps method names and patterns to policies: an exact name

@@ -3,6 +3,7 @@ package reliability_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -391,7 +392,7 @@ func TestRetryBudgetBoundsAttempts(t *testing.T) {
 		budget := reliability.NewBudget(reliability.BudgetConfig{Ratio: 0.2, MinPerSecond: 1, Window: 10 * time.Second})
 		var calls atomic.Int32
 		var budgetRefusals atomic.Int32
-		inv := reliability.Retry(ps, reliability.RetryOptions{Budget: budget, OnRetry: func(_, reason string) {
+		inv := reliability.Retry(ps, reliability.RetryOptions{Budget: budget, OnSkip: func(_, reason string) {
 			if reason == "budget" {
 				budgetRefusals.Add(1)
 			}
@@ -489,6 +490,59 @@ func TestRetryHonoursPushback(t *testing.T) {
 		}
 		if len(at) != 2 || at[1].Sub(at[0]) != 250*time.Millisecond {
 			t.Errorf("attempts at %v; want the retry 250ms after the pushback, not the 1ms backoff", at)
+		}
+	})
+}
+
+// TestRetryReasons: OnRetry hears of each attempt sent beyond the first,
+// with the failed attempt's code in snake case, and only once it is sent
+// (not a retry whose backoff the deadline cut); OnSkip hears of a failure
+// a retry could have helped and none was made, never of a code no retry
+// helps (METHOD_NOT_FOUND) or of a non-retryable call.
+func TestRetryReasons(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type ev struct{ kind, reason string }
+		run := func(p reliability.Policy, errs []error, timeout time.Duration) []ev {
+			ps, _ := reliability.NewPolicySet(p, nil)
+			var got []ev
+			var n int
+			inv := reliability.Retry(ps, reliability.RetryOptions{
+				OnRetry: func(_, r string) { got = append(got, ev{"retry", r}) },
+				OnSkip:  func(_, r string) { got = append(got, ev{"skip", r}) },
+			})(func(ctx context.Context, r *envelope.Request) (*envelope.Response, error) {
+				e := errs[min(n, len(errs)-1)]
+				n++
+				if e == nil {
+					return &envelope.Response{}, nil
+				}
+				return nil, e
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			_, _ = inv(ctx, &envelope.Request{Method: "m"})
+			return got
+		}
+		fixed := reliability.BackoffConfig{Strategy: reliability.Fixed, Initial: time.Second}
+		idem := reliability.Policy{Retries: 2, Idempotent: true, Backoff: fixed}
+		unavailable := envelope.NewError(envelope.CodeUnavailable, "down")
+		for _, tc := range []struct {
+			name    string
+			p       reliability.Policy
+			errs    []error
+			timeout time.Duration
+			want    []ev
+		}{
+			{"retried then ok", idem, []error{unavailable, nil}, time.Minute, []ev{{"retry", "unavailable"}}},
+			{"attempts exhausted", idem, []error{unavailable}, time.Minute, []ev{{"retry", "unavailable"}, {"retry", "unavailable"}, {"skip", "attempts_exhausted"}}},
+			{"method not found: nothing", idem, []error{envelope.NewError(envelope.CodeMethodNotFound, "no")}, time.Minute, nil},
+			{"not idempotent", reliability.Policy{Retries: 2, Backoff: fixed}, []error{unavailable}, time.Minute, []ev{{"skip", "not_idempotent"}}},
+			{"not sent is retried anyway", reliability.Policy{Retries: 2, Backoff: fixed}, []error{envelope.NewError(envelope.CodeUnavailable, "x").MarkNotSent(), nil}, time.Minute, []ev{{"retry", "not_sent"}}},
+			{"no retries configured: nothing", reliability.Policy{Idempotent: true}, []error{unavailable}, time.Minute, nil},
+			{"deadline before the backoff", idem, []error{unavailable}, 500 * time.Millisecond, []ev{{"skip", "deadline"}}},
+		} {
+			if got := run(tc.p, tc.errs, tc.timeout); !slices.Equal(got, tc.want) {
+				t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+			}
 		}
 	})
 }

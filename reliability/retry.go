@@ -3,10 +3,12 @@ package reliability
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/attemptinfo"
 )
 
 // Tried is the set of instances a call has tried; the router wraps its
@@ -79,10 +81,17 @@ func (t *Tried) Add(id string) {
 type RetryOptions struct {
 	Budget  *Budget  // nil: no budget
 	Latency *Latency // nil: no deadline-aware skipping
-	// OnRetry, if set, is told of every decision not to retry a failed
-	// attempt ("budget", "deadline", "attempts", "code", "not idempotent")
-	// and of every retry ("retry"). For metrics.
+	// OnRetry, if set, is told of every attempt sent beyond a call's
+	// first, as it is sent, with its reason: the failed attempt's code in
+	// snake case ("unavailable", "timeout", ...), "not_sent", or "hedge".
+	// For metrics (agentmesh_client_retries_total).
 	OnRetry func(method, reason string)
+	// OnSkip, if set, is told of every failed call that could have been
+	// retried and was not ("attempts_exhausted", "deadline", "budget",
+	// "not_idempotent"): not of a code no retry helps (INVALID_PARAMS,
+	// METHOD_NOT_FOUND), a cancelled call, or an error a loop downstream
+	// already settled. For metrics (agentmesh_client_retries_skipped_total).
+	OnSkip func(method, reason string)
 	// UseTried puts a Tried set in the context for the invoker to use.
 	UseTried bool
 }
@@ -90,24 +99,38 @@ type RetryOptions struct {
 // decide is the retry decision, in order: attempts left; an error a retry
 // loop downstream already gave up on is final; a request that provably
 // never reached a handler is safe to retry; otherwise only idempotent
-// methods are retried, and only on the policy's retryable codes.
+// methods are retried, and only on the policy's retryable codes. A
+// decision not to retry says why when a retry was otherwise possible
+// (a Skip reason), and "" when none could help.
 func decide(p *Policy, e *envelope.Error, attempt int) (bool, string) {
+	retryable := e.NotSent() || (p.retryableCode(e.Code) && e.Code != envelope.CodeCancelled && e.Attempts() == 0)
 	switch {
 	case attempt >= p.Retries:
-		return false, "attempts"
-	case e.Code == envelope.CodeCancelled:
-		return false, "cancelled"
-	case e.Attempts() > 0:
-		return false, "final downstream"
+		if attempt > 0 && retryable && (e.NotSent() || p.Idempotent) {
+			return false, skipAttempts
+		}
+		return false, ""
+	case e.Code == envelope.CodeCancelled, e.Attempts() > 0:
+		return false, ""
 	case e.NotSent():
-		return true, "not sent"
+		return true, retryNotSent
+	case !p.retryableCode(e.Code):
+		return false, ""
 	case !p.Idempotent:
-		return false, "not idempotent"
-	case !p.Retryable(e.Code):
-		return false, "code"
+		return false, skipNotIdempotent
 	}
-	return true, "retryable"
+	return true, strings.ToLower(e.Code.String())
 }
+
+// The reasons OnRetry and OnSkip are given (telemetry names them too).
+const (
+	retryHedge        = "hedge"
+	retryNotSent      = "not_sent"
+	skipAttempts      = "attempts_exhausted"
+	skipDeadline      = "deadline"
+	skipBudget        = "budget"
+	skipNotIdempotent = "not_idempotent"
+)
 
 // Retry is the retry middleware: it bounds the call by the policy's
 // timeout, runs attempts under its per-try timeout, retries by decide
@@ -167,8 +190,8 @@ func Retries(p *Policy, e *envelope.Error) bool {
 // Settle is the loop's answer to a first attempt that failed with e and
 // is not retried (Retries false): e with its attempts mark.
 func (o *RetryOptions) Settle(p *Policy, method string, e *envelope.Error) *envelope.Error {
-	if _, reason := decide(p, e, 0); reason != "attempts" {
-		o.report(method, reason)
+	if _, reason := decide(p, e, 0); reason != "" {
+		o.skipped(method, reason)
 	}
 	return e.WithAttempts(1)
 }
@@ -203,7 +226,8 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 			timer.Stop()
 		}
 	}()
-	sent := false // an attempt may have reached a handler
+	sent := false            // an attempt may have reached a handler
+	var why attemptinfo.Info // why the next attempt is sent
 	for n := 0; ; n++ {
 		req.Headers.RetryCount = n
 		if n > 0 {
@@ -213,6 +237,8 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 		var err error
 		if n == 0 && first != nil {
 			err = first // the first attempt ran elsewhere (Resume)
+		} else if n > 0 {
+			res, err = attempt(attemptinfo.With(ctx, why), req, p, next, o, start)
 		} else {
 			res, err = attempt(ctx, req, p, next, o, start)
 		}
@@ -239,14 +265,13 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 			}
 			if left, has := timeLeft(ctx); has {
 				if p90, known := o.Latency.P90(req.Method); left <= wait || (known && left < wait+p90) {
-					ok, reason = false, "deadline"
+					ok, reason = false, skipDeadline
 				}
 			}
 			if ok && !o.Budget.TryRetry(req.Method) {
-				ok, reason = false, "budget"
+				ok, reason = false, skipBudget
 			}
 			if ok {
-				o.report(req.Method, "retry")
 				if wait > 0 {
 					if timer == nil {
 						timer = time.NewTimer(wait)
@@ -261,11 +286,13 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 							envelope.AsError(ctx.Err()).Message, e.Code, e.Message).WithAttempts(n + 1)
 					}
 				}
+				o.report(req.Method, reason) // the retry is sent now
+				why = attemptinfo.Info{Reason: reason, Backoff: wait}
 				continue
 			}
 		}
-		if n > 0 || reason != "attempts" {
-			o.report(req.Method, reason)
+		if reason != "" {
+			o.skipped(req.Method, reason)
 		}
 		out := e.WithAttempts(n + 1)
 		if sent && out.NotSent() {
@@ -278,6 +305,12 @@ func retryLoop(ctx context.Context, req *envelope.Request, p *Policy, next envel
 func (o *RetryOptions) report(method, reason string) {
 	if o.OnRetry != nil {
 		o.OnRetry(method, reason)
+	}
+}
+
+func (o *RetryOptions) skipped(method, reason string) {
+	if o.OnSkip != nil {
+		o.OnSkip(method, reason)
 	}
 }
 
@@ -305,12 +338,16 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 	results := make(chan hedgeResult, 2)
 	outstanding := 0
 	sent := false // an attempt may have reached a handler
-	launch := func(n int) {
+	launch := func(n int, why attemptinfo.Info) {
 		r := *req
 		r.Headers.RetryCount = n
 		outstanding++
+		actx := ctx
+		if n > 0 {
+			actx = attemptinfo.With(ctx, why)
+		}
 		go func() {
-			res, err := attempt(ctx, &r, p, next, o, time.Now())
+			res, err := attempt(actx, &r, p, next, o, time.Now())
 			results <- hedgeResult{res, err, n}
 		}()
 	}
@@ -320,7 +357,7 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 			<-results
 		}
 	}()
-	launch(0)
+	launch(0, attemptinfo.Info{})
 	t := time.NewTimer(p.HedgeAfter)
 	defer t.Stop()
 	hedged := false
@@ -330,8 +367,8 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 		case <-t.C:
 			if !hedged && o.Budget.TryRetry(req.Method) {
 				hedged = true
-				o.report(req.Method, "hedge")
-				launch(1)
+				o.report(req.Method, retryHedge)
+				launch(1, attemptinfo.Info{Reason: retryHedge, Backoff: p.HedgeAfter})
 			}
 		case r := <-results:
 			outstanding--
@@ -346,10 +383,10 @@ func hedge(ctx context.Context, req *envelope.Request, p *Policy, next envelope.
 			if outstanding > 0 {
 				continue // the other attempt may still win
 			}
-			if ok, _ := decide(p, last, r.n); ok && !hedged && o.Budget.TryRetry(req.Method) {
+			if ok, reason := decide(p, last, r.n); ok && !hedged && o.Budget.TryRetry(req.Method) {
 				hedged = true
-				o.report(req.Method, "retry")
-				launch(1)
+				o.report(req.Method, reason)
+				launch(1, attemptinfo.Info{Reason: reason})
 				continue
 			}
 			out := last.WithAttempts(r.n + 1)

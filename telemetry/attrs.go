@@ -36,6 +36,9 @@ var (
 	keyCode           = attribute.Key("agentmesh.error.code")
 	keyNotSent        = attribute.Key("agentmesh.error.not_sent")
 	keyTTL            = attribute.Key("agentmesh.ttl_ms") // the ttl header a server received
+	// A retry's reason and backoff, on its attempt span's "retry" event.
+	keyRetryReason  = attribute.Key("agentmesh.retry.reason")
+	keyRetryBackoff = attribute.Key("agentmesh.retry.backoff_ms")
 	// A stream's figures, on its server span (EndStream).
 	keyStreamChunks     = attribute.Key("agentmesh.stream.chunks")
 	keyStreamBytes      = attribute.Key("agentmesh.stream.bytes")

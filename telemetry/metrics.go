@@ -3,6 +3,7 @@ package telemetry
 import (
 	"net/http"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -13,9 +14,43 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// Buckets are the OTel semconv advisory buckets for RPC durations, plus
-// 30, 60 and 120 s for llm_chat.* and media_gen.* calls.
-var Buckets = []float64{.005, .01, .025, .05, .075, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 30, 60, 120}
+// Buckets resolve the durations a mesh's calls take: a routed call on
+// loopback takes 100 µs to 2 ms (meshctl bench), so the classic buckets
+// start at 50 µs, step by 1.5 to 2.5 × up to 10 ms (a p99 interpolated in
+// them lands within a bucket's width), then follow the OTel semconv
+// advisory buckets for RPC durations, plus 30, 60 and 120 s for model
+// calls and media generation. (The semconv's own list starts at 5 ms:
+// 1,998 of 2,002 echo calls fell in its first bucket.) Native histograms
+// (factor 1.1) are exported too, for a scraper that asks for them.
+var Buckets = []float64{
+	.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01,
+	.025, .05, .075, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 30, 60, 120,
+}
+
+// Retry reasons: why an attempt beyond the first was sent
+// (agentmesh_client_retries_total), and why a failed call that could
+// have been retried was not (agentmesh_client_retries_skipped_total).
+// A retry's reason is the failed attempt's code in snake case
+// (RetryReason), or RetryHedge.
+const (
+	RetryHedge   = "hedge"    // a hedged attempt, sent while the first still ran
+	RetryNotSent = "not_sent" // the failed attempt provably never reached a handler
+
+	SkipAttempts      = "attempts_exhausted" // the policy's retries were all used
+	SkipDeadline      = "deadline"           // no time left for a backoff and another attempt
+	SkipBudget        = "budget"             // the retry budget was spent
+	SkipNotIdempotent = "not_idempotent"     // retryable code, but the method may not run twice
+)
+
+// SkipReasons lists the reasons of agentmesh_client_retries_skipped_total.
+var SkipReasons = []string{SkipAttempts, SkipDeadline, SkipBudget, SkipNotIdempotent}
+
+// RetryReason is the retry reason for an attempt that failed with c.
+func RetryReason(c envelope.Code) string { return strings.ToLower(c.String()) }
+
+// retryReasons are the reasons a retry counter starts with at 0: the
+// codes a default policy retries, a hedge, an attempt not sent.
+var retryReasons = []string{RetryHedge, RetryNotSent, "unavailable", "timeout", "overloaded", "circuit_open"}
 
 // Metrics are the mesh's Prometheus series on a private registry (one per
 // hub or process, so tests stay hermetic). Safe for concurrent use.
@@ -23,6 +58,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	serverDur, clientDur *prometheus.HistogramVec
+	callDur, controlDur  *prometheus.HistogramVec
 	inflight             *prometheus.GaugeVec
 	inflightClient       prometheus.Gauge // resolved once: no label hashing per call
 	inflightServer       prometheus.Gauge
@@ -30,6 +66,7 @@ type Metrics struct {
 	breakerTransitions   *prometheus.CounterVec
 	bulkheadRejected     *prometheus.CounterVec
 	retries              *prometheus.CounterVec
+	retriesSkipped       *prometheus.CounterVec
 	heartbeats           prometheus.Counter
 	expirations          prometheus.Counter
 	reconnects           *prometheus.CounterVec
@@ -60,24 +97,35 @@ func NewMetrics(labels *Labeler) *Metrics {
 			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
 		}, rpcLabels),
 		clientDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "rpc_client_call_duration_seconds", Help: "Duration of calls made, retries included (OTel rpc.client.call.duration).",
+			Name: "rpc_client_call_duration_seconds", Help: "Duration of outbound call attempts, one per attempt sent (OTel rpc.client.call.duration, shadowing the attempt's CLIENT span).",
 			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
 		}, rpcLabels),
+		callDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "agentmesh_client_call_duration_seconds", Help: "Duration of logical calls made by a mesh client: every attempt, backoff and hedge included.",
+			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
+		}, rpcLabels),
+		controlDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "agentmesh_control_call_duration_seconds", Help: "Duration of control-plane calls served (registration, heartbeats, probes, introspection), kept out of rpc_server_call_duration_seconds.",
+			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
+		}, []string{labelMethod, labelStatus}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "agentmesh_rpc_inflight_requests", Help: "Calls in flight.",
 		}, []string{"side"}),
 		breakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "agentmesh_circuit_breaker_open", Help: "Circuit breakers open now, per method (summed over instances on a hub).",
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_circuit_breaker_transitions_total", Help: "Circuit breaker state changes, by the state entered.",
-		}, []string{"method", "to"}),
+		}, []string{labelMethod, "to"}),
 		bulkheadRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_bulkhead_rejected_total", Help: "Calls refused or shed by a bulkhead.",
 		}, []string{"pool"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "agentmesh_client_retries_total", Help: "Retry decisions: reason retry, hedge, or why a failed attempt was not retried (budget, deadline, attempts, code, not idempotent).",
-		}, []string{"method", "reason"}),
+			Name: "agentmesh_client_retries_total", Help: "Attempts sent beyond a call's first, by reason: the failed attempt's code (unavailable, timeout, overloaded, circuit_open, ...), not_sent, or hedge.",
+		}, []string{labelMethod, "reason"}),
+		retriesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentmesh_client_retries_skipped_total", Help: "Failed calls that could have been retried and were not, by reason: attempts_exhausted, deadline, budget, not_idempotent.",
+		}, []string{labelMethod, "reason"}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agentmesh_registry_heartbeats_total", Help: "Agent heartbeats received.",
 		}),
@@ -113,10 +161,52 @@ func NewMetrics(labels *Labeler) *Metrics {
 	m.Registry.MustRegister(m.streams.collectors()...)
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
-	m.Registry.MustRegister(m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-		m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
+	m.Registry.MustRegister(m.serverDur, m.clientDur, m.callDur, m.controlDur, m.inflight, m.breakerOpen, m.breakerTransitions,
+		m.bulkheadRejected, m.retries, m.retriesSkipped, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.initZero()
 	return m
+}
+
+// initZero shows every family without a method label at 0 for each of
+// its known label values before the first event: a counter that jumps
+// from absent to 1 is missed by rate(), and a dashboard shows "No data"
+// where it should show 0. Families by method start with InitMethod.
+func (m *Metrics) initZero() {
+	for _, r := range []string{"origin", "unauthenticated", "permission_denied", "rate_limited", "rate_limited_conn", "rate_limited_global", "max_conns"} {
+		m.refused.WithLabelValues(r)
+	}
+	for _, k := range []string{"client"} { // the kinds Reconnected is given
+		m.reconnects.WithLabelValues(k)
+	}
+	for _, d := range []string{"in", "out"} {
+		m.bytes.WithLabelValues(d)
+	}
+	for _, o := range []string{"answered", "closed"} {
+		m.invalidFrames.WithLabelValues(o)
+	}
+}
+
+// InitMethod shows the families by method at 0 for method: its breaker
+// closed, no transition, no retry, no rejection. The hub calls it for
+// each method an agent registers, so that a breaker or retry panel has
+// series before the first failure.
+func (m *Metrics) InitMethod(method string) {
+	if m == nil {
+		return
+	}
+	l := m.Method(method)
+	m.breakerOpen.WithLabelValues(l)
+	for _, to := range []string{"open", "half-open", "closed"} {
+		m.breakerTransitions.WithLabelValues(l, to)
+	}
+	m.bulkheadRejected.WithLabelValues(l)
+	for _, r := range retryReasons {
+		m.retries.WithLabelValues(l, r)
+	}
+	for _, r := range SkipReasons {
+		m.retriesSkipped.WithLabelValues(l, r)
+	}
 }
 
 // Handler serves /metrics (OpenMetrics when asked, for exemplars).
@@ -219,10 +309,19 @@ func (m *Metrics) Reconnected(kind string) {
 	}
 }
 
-// Retry counts a retry decision (see agentmesh_client_retries_total).
+// Retry counts an attempt sent beyond a call's first, by reason (see
+// agentmesh_client_retries_total).
 func (m *Metrics) Retry(method, reason string) {
 	if m != nil {
 		m.retries.WithLabelValues(m.Method(method), reason).Inc()
+	}
+}
+
+// RetrySkipped counts a failed call that could have been retried and was
+// not, by reason (SkipReasons).
+func (m *Metrics) RetrySkipped(method, reason string) {
+	if m != nil {
+		m.retriesSkipped.WithLabelValues(m.Method(method), reason).Inc()
 	}
 }
 
@@ -268,8 +367,8 @@ func (m *Metrics) Bytes(in, out int) {
 func (m *Metrics) Names() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.inflight, m.breakerOpen, m.breakerTransitions,
-			m.bulkheadRejected, m.retries, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
+		for _, c := range []prometheus.Collector{m.serverDur, m.clientDur, m.callDur, m.controlDur, m.inflight, m.breakerOpen, m.breakerTransitions,
+			m.bulkheadRejected, m.retries, m.retriesSkipped, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
 			m.streams.open, m.streams.chunks, m.streams.bytes, m.streams.stalls, m.streams.firstChunk,
 			stateCollector{}} {
 			c.Describe(ch)

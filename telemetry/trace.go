@@ -2,13 +2,16 @@ package telemetry
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/attemptinfo"
 )
 
 // Telemetry instruments one process's calls: spans (when tracing is on)
@@ -19,6 +22,21 @@ type Telemetry struct {
 	tracing bool
 	M       *Metrics
 	system  string
+	control atomic.Pointer[func(method string) bool] // control-plane methods (SetControl)
+}
+
+// SetControl names the control-plane methods (a hub's built-ins:
+// registration, heartbeats, probes, introspection). Their server calls
+// are not traced unless the caller's own trace is sampled (a heartbeat
+// every few seconds per agent would bury the user calls in a trace
+// search), and their durations go to agentmesh_control_call_duration_seconds,
+// out of the user calls' rpc_server_call_duration_seconds. Call it before
+// the first call. (Several hubs of a test may share a Telemetry: they
+// name the same built-ins.)
+func (t *Telemetry) SetControl(control func(method string) bool) {
+	if t != nil {
+		t.control.Store(&control)
+	}
 }
 
 // New returns a Telemetry over provider p (nil: no tracing) and m (nil:
@@ -68,8 +86,20 @@ func end(span trace.Span, err error) {
 	span.End()
 }
 
-// Client wraps a client's logical call: one CLIENT span covering every
-// attempt, and the client duration histogram.
+// Span kinds. A logical call is an INTERNAL span covering its attempts,
+// their backoff and the client's own work; each attempt is a CLIENT span,
+// the parent of the next hop's SERVER span. gRPC's OpenTelemetry tracing
+// likewise makes a call span with an attempt span per attempt (gRFC A72,
+// after A45); the kinds are chosen here so that span-metrics tools
+// (Jaeger SPM, Tempo's metrics generator), which count CLIENT and SERVER
+// spans and pair a CLIENT parent with its SERVER child for the service
+// graph, count each hop of a call once, retries as the extra attempts
+// they are. The metrics follow the spans: rpc_client_call_duration_seconds
+// is an attempt's (the span the semconv metric shadows), and
+// agentmesh_client_call_duration_seconds the logical call's.
+
+// Client wraps a client's logical call: one INTERNAL span covering every
+// attempt, and agentmesh_client_call_duration_seconds.
 func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 	if t == nil || (!t.tracing && t.M == nil) {
 		return next
@@ -79,7 +109,7 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 		label := t.label(req.Method)
 		var span trace.Span
 		if t.tracing {
-			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindClient))
+			ctx, span = t.tracer.Start(ctx, label, trace.WithSpanKind(trace.SpanKindInternal))
 			if span.IsRecording() { // unsampled calls skip building attributes
 				span.SetAttributes(t.startAttrs(req, label)...)
 			}
@@ -90,7 +120,7 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 		res, err := next(ctx, req)
 		if t.M != nil {
 			t.M.inflightClient.Dec()
-			t.M.clientDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))).Observe(time.Since(start).Seconds())
+			observe(t.M.callDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))), time.Since(start), span)
 		}
 		if span != nil {
 			end(span, err)
@@ -99,96 +129,148 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 	}
 }
 
-// Attempt wraps one attempt of a call (inside the retry loop): a child
+// Attempt wraps one attempt of a call (inside the retry loop): a CLIENT
 // span per attempt carrying the attempt number, whose context is injected
 // into the request's headers so the next hop's server span hangs under the
-// attempt that reached it. The seed's traceId header is the W3C trace id.
+// attempt that reached it, and rpc_client_call_duration_seconds. The
+// seed's traceId header is the W3C trace id.
 func (t *Telemetry) Attempt(next envelope.Invoker) envelope.Invoker {
-	if t == nil || !t.tracing {
+	if t == nil || (!t.tracing && t.M == nil) {
 		return next
 	}
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		ctx, span := t.StartAttempt(ctx, req)
+		ctx, a := t.StartAttempt(ctx, req)
 		res, err := next(ctx, req)
-		end(span, err)
+		a.End(err)
 		return res, err
 	}
 }
 
-// StartAttempt is Attempt's start, for a caller that completes the
-// attempt elsewhere (EndAttempt): the attempt's span, its context, and
-// the request's headers carrying it. Without tracing it returns ctx and
-// a nil span.
-func (t *Telemetry) StartAttempt(ctx context.Context, req *envelope.Request) (context.Context, trace.Span) {
-	if t == nil || !t.tracing {
-		return ctx, nil
-	}
-	label := t.label(req.Method)
-	ctx, span := t.tracer.Start(ctx, label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
-	if span.IsRecording() {
-		span.SetAttributes(append(t.startAttrs(req, label), keyAttempt.Int(req.Headers.RetryCount))...)
-	}
-	Propagator.Inject(ctx, &req.Headers)
-	req.Headers.TraceID = span.SpanContext().TraceID().String()
-	return ctx, span
+// AttemptCall is an attempt StartAttempt began: End it once. Span is its
+// span (nil without tracing), for the caller's attributes.
+type AttemptCall struct {
+	t     *Telemetry
+	start time.Time
+	label string
+	Span  trace.Span
 }
 
-// EndAttempt ends an attempt StartAttempt began (span may be nil).
-func EndAttempt(span trace.Span, err error) {
-	if span != nil {
-		end(span, err)
+// StartAttempt is Attempt's start, for a caller that completes the
+// attempt elsewhere (AttemptCall.End): the attempt's span, its context,
+// and the request's headers carrying it.
+func (t *Telemetry) StartAttempt(ctx context.Context, req *envelope.Request) (context.Context, AttemptCall) {
+	if t == nil || (!t.tracing && t.M == nil) {
+		return ctx, AttemptCall{}
+	}
+	a := AttemptCall{t: t, start: time.Now(), label: t.label(req.Method)}
+	if t.tracing {
+		ctx, a.Span = t.tracer.Start(ctx, a.label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
+		if a.Span.IsRecording() {
+			a.Span.SetAttributes(append(t.startAttrs(req, a.label), keyAttempt.Int(req.Headers.RetryCount))...)
+			if why, ok := attemptinfo.From(ctx); ok {
+				// Why this attempt is a retry, and the wait before it.
+				a.Span.AddEvent("retry", trace.WithAttributes(keyRetryReason.String(why.Reason),
+					keyRetryBackoff.Float64(float64(why.Backoff.Microseconds())/1000)))
+			}
+		}
+		Propagator.Inject(ctx, &req.Headers)
+		req.Headers.TraceID = a.Span.SpanContext().TraceID().String()
+	}
+	return ctx, a
+}
+
+// Recording reports whether the attempt's span records (attributes are
+// worth building).
+func (a *AttemptCall) Recording() bool { return a.Span != nil && a.Span.IsRecording() }
+
+// End records the attempt's outcome: its duration, its span's status.
+func (a *AttemptCall) End(err error) {
+	if a.t == nil {
+		return
+	}
+	if m := a.t.M; m != nil {
+		observe(m.clientDur.WithLabelValues(a.t.system, a.label, statusCode(envelope.CodeOf(err))), time.Since(a.start), a.Span)
+	}
+	if a.Span != nil {
+		end(a.Span, err)
 	}
 }
 
 // ServerCall is a call being served, as StartServer began it: End it
 // once with the outcome.
 type ServerCall struct {
-	t     *Telemetry
-	start time.Time
-	label string
-	span  trace.Span
+	t       *Telemetry
+	start   time.Time
+	label   string
+	span    trace.Span
+	control bool
 }
 
 // StartServer is Server's start, for a caller that completes the call
 // elsewhere (ServerCall.End): the trace context taken from the headers,
-// the SERVER span, the in-flight gauge.
+// the SERVER span, the in-flight gauge. A control-plane call (SetControl)
+// gets a span only when its caller's trace is sampled.
 func (t *Telemetry) StartServer(ctx context.Context, req *envelope.Request) (context.Context, ServerCall) {
 	if t == nil || (!t.tracing && t.M == nil) {
 		return ctx, ServerCall{}
 	}
 	sc := ServerCall{t: t, start: time.Now(), label: t.label(req.Method)}
+	if f := t.control.Load(); f != nil {
+		sc.control = (*f)(req.Method)
+	}
 	if t.tracing {
 		ctx = Propagator.Extract(ctx, &req.Headers)
-		ctx, sc.span = t.tracer.Start(ctx, sc.label, trace.WithSpanKind(trace.SpanKindServer))
-		if sc.span.IsRecording() {
-			sc.span.SetAttributes(t.startAttrs(req, sc.label)...)
-			if req.Headers.TTL > 0 {
-				sc.span.SetAttributes(keyTTL.Int64(req.Headers.TTL))
+		if !sc.control || trace.SpanContextFromContext(ctx).IsSampled() {
+			ctx, sc.span = t.tracer.Start(ctx, sc.label, trace.WithSpanKind(trace.SpanKindServer))
+			if sc.span.IsRecording() {
+				sc.span.SetAttributes(t.startAttrs(req, sc.label)...)
+				if req.Headers.TTL > 0 {
+					sc.span.SetAttributes(keyTTL.Int64(req.Headers.TTL))
+				}
+			}
+			if req.Headers.TraceID == "" {
+				req.Headers.TraceID = sc.span.SpanContext().TraceID().String()
 			}
 		}
-		if req.Headers.TraceID == "" {
-			req.Headers.TraceID = sc.span.SpanContext().TraceID().String()
-		}
 	}
-	if t.M != nil {
+	if t.M != nil && !sc.control {
 		t.M.inflightServer.Inc()
 	}
 	return ctx, sc
 }
 
-// End records the call's outcome: the duration histogram, the gauge, the
-// span's status.
+// End records the call's outcome: the duration histogram (the control
+// plane's for a control-plane call), the gauge, the span's status.
 func (sc *ServerCall) End(err error) {
 	if sc.t == nil {
 		return
 	}
 	if m := sc.t.M; m != nil {
-		m.inflightServer.Dec()
-		m.serverDur.WithLabelValues(sc.t.system, sc.label, statusCode(envelope.CodeOf(err))).Observe(time.Since(sc.start).Seconds())
+		if sc.control {
+			m.controlDur.WithLabelValues(sc.label, statusCode(envelope.CodeOf(err))).Observe(time.Since(sc.start).Seconds())
+		} else {
+			m.inflightServer.Dec()
+			observe(m.serverDur.WithLabelValues(sc.t.system, sc.label, statusCode(envelope.CodeOf(err))), time.Since(sc.start), sc.span)
+		}
 	}
 	if sc.span != nil {
 		end(sc.span, err)
 	}
+}
+
+// observe records d on o, with the span's trace and span ids as an
+// exemplar when the span is sampled: a latency bucket in Grafana then
+// links to a trace of a call that fell in it (OpenMetrics scrape).
+func observe(o prometheus.Observer, d time.Duration, span trace.Span) {
+	if span != nil {
+		if sc := span.SpanContext(); sc.IsSampled() {
+			if eo, ok := o.(prometheus.ExemplarObserver); ok {
+				eo.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": sc.TraceID().String(), "span_id": sc.SpanID().String()})
+				return
+			}
+		}
+	}
+	o.Observe(d.Seconds())
 }
 
 // Server wraps the serving of a call (hub ingress, agent handler): the

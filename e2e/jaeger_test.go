@@ -468,9 +468,6 @@ func controlPlane(method string) bool {
 // to see the hub's traces.
 func TestJaegerNoHeartbeatTraces(t *testing.T) {
 	t.Parallel()
-	t.Skip("issue [M13]: control-plane calls are traced: over 30 s of meshd --demo's three idle agents (heartbeat 200 ms) Jaeger held 450 one-span traces " +
-		"rooted at meshd's agent.heartbeat SERVER span, found by /api/traces?service=meshd beside the one user call; remove this skip once heartbeats, " +
-		"registrations and mesh.* probes are not traced by default")
 	j := startJaeger(t)
 	h := startHubEnv(t, j.exportEnv(), "--demo", "--chat-data-dir", t.TempDir())
 	waitMethods(t, h.ws, "echo.echo", "memory.get", "chat.send")
@@ -515,5 +512,57 @@ func TestJaegerNoHeartbeatTraces(t *testing.T) {
 	}
 	if example != nil {
 		t.Logf("one of them: %s", example)
+	}
+}
+
+// TestJaegerBenchSlowest: each trace id `meshctl bench` lists among its
+// slowest calls opens, in Jaeger, a trace whose root is the bench's own
+// client span (service meshctl), as long as the bench measured the call
+// (within 10 %), with the hub's and the agent's spans under it.
+func TestJaegerBenchSlowest(t *testing.T) {
+	t.Parallel()
+	jaegerBin(t)
+	j := startJaeger(t)
+	h := startHubEnv(t, j.exportEnv())
+	startWithEnv(t, j.exportEnv(), "meshctl", "agent", "run", "echo", "--hub", h.ws, "--id", "echo-bench")
+	waitMethods(t, h.ws, "echo.echo")
+	r := runCtl(t.Context(), j.exportEnv(), "bench", "echo.echo", `{"jaeger":"bench"}`, "--hub", h.ws, "-n", "300", "-c", "4", "--slowest", "3", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("bench: %v", r)
+	}
+	var rep struct {
+		Slowest []struct {
+			TraceID, SpanID string
+			LatencyMs       float64
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || len(rep.Slowest) != 3 {
+		t.Fatalf("bench report: %v, %d slowest; stdout %s", err, len(rep.Slowest), r.stdout)
+	}
+	if !strings.Contains(r.stderr, "client spans went to") {
+		t.Errorf("bench stderr %q; want where the client spans went", r.stderr)
+	}
+	for _, s := range rep.Slowest {
+		var tr jTrace
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			if ts := j.trace(t, s.TraceID); len(ts) == 1 && len(ts[0].roots()) == 1 && len(ts[0].services()) == 3 {
+				tr = ts[0]
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("slowest call %s: no whole trace (meshctl, meshd, agent-echo, one root) in Jaeger within 15 s: %v", s.TraceID, j.trace(t, s.TraceID))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		root := tr.roots()[0]
+		got := float64(root.Duration) / 1000
+		t.Logf("slowest call %s: bench %.3f ms, Jaeger's root %s %q %.3f ms", s.TraceID, s.LatencyMs, tr.service(root), root.OperationName, got)
+		if tr.service(root) != "meshctl" || root.SpanID != s.SpanID || root.tag("span.kind") != "client" {
+			t.Errorf("root span %s %q (%s, kind %s); want meshctl's client span %s", tr.service(root), root.OperationName, root.SpanID, root.tag("span.kind"), s.SpanID)
+		}
+		if d := got - s.LatencyMs; d > s.LatencyMs/10 || -d > s.LatencyMs/10 {
+			t.Errorf("root span %.3f ms; want the bench's %.3f ms within 10 %%", got, s.LatencyMs)
+		}
 	}
 }

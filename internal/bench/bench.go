@@ -116,9 +116,9 @@ type runner struct {
 
 // one makes call number n and records it against intended.
 func (r *runner) one(ctx context.Context, w *worker, n int64, intended time.Time) {
-	id := newTraceID()
+	id, span := newTraceID()
 	req := &envelope.Request{ID: envelope.NewID(), Method: r.cfg.Method, Params: r.cfg.Params,
-		Headers: envelope.Headers{Traceparent: "00-" + id + "-" + id[:16] + "-01", TraceID: id}}
+		Headers: envelope.Headers{Traceparent: "00-" + id + "-" + span + "-01", TraceID: id}}
 	cctx, cancel := ctx, context.CancelFunc(func() {})
 	if r.cfg.Timeout > 0 {
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
@@ -136,7 +136,7 @@ func (r *runner) one(ctx context.Context, w *worker, n int64, intended time.Time
 	} else {
 		r.ok.Add(1)
 	}
-	w.keepSlow(Slow{TraceID: id, LatencyMs: ms(lat), Code: envelope.CodeOf(err).String()}, r.cfg.Slowest)
+	w.keepSlow(Slow{TraceID: id, SpanID: span, RequestID: req.ID, Start: intended, LatencyMs: ms(lat), Code: envelope.CodeOf(err).String()}, r.cfg.Slowest)
 	if r.cfg.Progress != nil && n%64 == 0 {
 		r.mu.Lock()
 		if r.live == nil {
@@ -266,10 +266,14 @@ func (r *runner) progress(ctx context.Context) (stop func()) {
 	return func() { cancel(); wg.Wait() }
 }
 
-func newTraceID() string {
-	var b [16]byte
+// newTraceID returns a new trace id and the id of the call's client span
+// (its traceparent's parent; the span is written only for the slowest
+// calls, after the run).
+func newTraceID() (trace, span string) {
+	var b [24]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	h := hex.EncodeToString(b[:])
+	return h[:32], h[32:]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

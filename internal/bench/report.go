@@ -53,11 +53,15 @@ type Bucket struct {
 	Frequency float64 `json:"frequency"`
 }
 
-// Slow is one of the slowest calls.
+// Slow is one of the slowest calls: its trace (whose root is the bench's
+// client span, spanId, exported after the run), latency and code.
 type Slow struct {
-	TraceID   string  `json:"traceId"`
-	LatencyMs float64 `json:"latencyMs"`
-	Code      string  `json:"code"`
+	TraceID   string    `json:"traceId"`
+	SpanID    string    `json:"spanId"`
+	RequestID string    `json:"requestId"`
+	Start     time.Time `json:"start"` // when the call was due (open loop) or sent
+	LatencyMs float64   `json:"latencyMs"`
+	Code      string    `json:"code"`
 }
 
 // ErrorRate is failed ÷ count.

@@ -160,6 +160,7 @@ MB/s and the time to first chunk.`,
 			if err != nil {
 				return usageErr("%v", err)
 			}
+			g.exportSlowest(cmd.Context(), rep)
 			if hdr != "" {
 				f, err := os.Create(hdr)
 				if err != nil {
@@ -213,4 +214,30 @@ MB/s and the time to first chunk.`,
 	f.BoolVar(&streamed, "stream", false, "call METHOD as a stream: each call reads a whole stream; adds chunks/s, MB/s and the time to first chunk")
 	f.IntVar(&window, "window", stream.DefaultWindow, "with --stream: each stream's credit, in chunks")
 	return cmd
+}
+
+// exportSlowest writes the client spans of the slowest calls, whose trace
+// ids the report shows, so that each id opens a trace rooted at the
+// bench's own span, as long as the bench measured the call (tail
+// sampling: every call carried a sampled trace context; only these spans
+// are written). It says on stderr where they went, or that nothing took
+// them.
+func (g *ctlFlags) exportSlowest(ctx context.Context, rep *bench.Report) {
+	if len(rep.Slowest) == 0 {
+		return
+	}
+	spans := make([]telemetry.ClientSpan, 0, len(rep.Slowest))
+	for _, s := range rep.Slowest {
+		code, _ := envelope.ParseCode(s.Code)
+		spans = append(spans, telemetry.ClientSpan{TraceID: s.TraceID, SpanID: s.SpanID, Method: rep.Method, RequestID: s.RequestID,
+			Start: s.Start, End: s.Start.Add(time.Duration(s.LatencyMs * float64(time.Millisecond))), Code: code})
+	}
+	endpoint, _ := telemetry.CLIEndpoint()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := telemetry.ExportClientSpans(ctx, telemetry.TracingConfig{ServiceName: "meshctl", Endpoint: endpoint}, spans); err != nil {
+		fmt.Fprintf(g.stderr, "the slowest calls' client spans were not exported to %s (%v): set OTEL_EXPORTER_OTLP_ENDPOINT to your collector (Jaeger's OTLP/HTTP port)\n", endpoint, err)
+		return
+	}
+	fmt.Fprintf(g.stderr, "the slowest calls' client spans went to %s (service meshctl)\n", endpoint)
 }

@@ -192,11 +192,14 @@ when it cannot reach the hub.`,
 			}
 			var opts []mesh.ClientOption
 			var traceID string
+			var tp *telemetry.Provider
+			endpoint, _ := telemetry.CLIEndpoint()
 			if traced {
-				// A recording provider even with no exporter configured, so
-				// that the call has a real trace id for the hub and agents
-				// (which export if they are configured to).
-				tp, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{ServiceName: "meshctl", Force: true}, nil)
+				// The client's spans go where the hub's and agents' do
+				// (OTEL_EXPORTER_OTLP_ENDPOINT), else to the SDKs' default
+				// endpoint: a trace id printed is a trace whose root was
+				// exported, or the command says it was not.
+				tp, err = telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{ServiceName: "meshctl", Endpoint: endpoint, Force: true, Interactive: true}, nil)
 				if err != nil {
 					return usageErr("%v", err)
 				}
@@ -222,6 +225,11 @@ when it cannot reach the hub.`,
 			start := time.Now()
 			err = c.Call(cmd.Context(), args[0], params, &result, mesh.ResponseInto(&res), mesh.CallTimeout(g.timeout))
 			if traced && traceID != "" {
+				fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if ferr := tp.ForceFlush(fctx); ferr != nil {
+					fmt.Fprintf(g.stderr, "the client's spans were not exported to %s (%v): set OTEL_EXPORTER_OTLP_ENDPOINT to your collector (Jaeger's OTLP/HTTP port)\n", endpoint, ferr)
+				}
+				cancel()
 				fmt.Fprintf(g.stderr, "trace_id: %s\n", traceID)
 				if u := os.Getenv("MESH_JAEGER_URL"); u != "" {
 					fmt.Fprintf(g.stderr, "jaeger: %s/trace/%s\n", strings.TrimSuffix(u, "/"), traceID)

@@ -154,21 +154,27 @@ func (g *GenAI) InitModel(operation, provider, model string) {
 	g.duration.WithLabelValues(operation, provider, model, "")
 }
 
-// start starts a span: with g's tracer, else with the provider of the
-// span in ctx when that one records; otherwise none (nil).
-func (g *GenAI) start(ctx context.Context, name string, kind trace.SpanKind, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+// tracerFor is the tracer of a span under ctx; nil: no span (callers
+// then build neither its name nor its attributes). Under a span that is
+// not sampled, none: its children would hang in a trace whose root is
+// never exported, and an unsampled call costs next to nothing. Else g's
+// tracer, or, without one, the provider's of the span in ctx when that
+// one records.
+func (g *GenAI) tracerFor(ctx context.Context) trace.Tracer {
 	if g == nil {
-		return ctx, nil
+		return nil
 	}
-	tr := g.tracer
-	if tr == nil {
-		parent := trace.SpanFromContext(ctx)
-		if !parent.IsRecording() {
-			return ctx, nil
-		}
-		tr = parent.TracerProvider().Tracer(genAIScope)
+	parent := trace.SpanFromContext(ctx)
+	if sc := parent.SpanContext(); sc.IsValid() && !sc.IsSampled() {
+		return nil
 	}
-	return tr.Start(ctx, name, append(opts, trace.WithSpanKind(kind))...)
+	if g.tracer != nil {
+		return g.tracer
+	}
+	if parent.IsRecording() {
+		return parent.TracerProvider().Tracer(genAIScope)
+	}
+	return nil
 }
 
 // ErrorType is the error.type of err: its mesh code in snake case
@@ -209,10 +215,11 @@ type AgentTurn struct {
 // StartInvokeAgent starts the span of an agent's turn,
 // "invoke_agent {name}" (INTERNAL: the agent runs in this process).
 func (g *GenAI) StartInvokeAgent(ctx context.Context, a GenAIAgent) (context.Context, AgentTurn) {
-	ctx, span := g.start(ctx, GenAIInvokeAgent+" "+a.Name, trace.SpanKindInternal)
-	if span == nil {
+	tr := g.tracerFor(ctx)
+	if tr == nil {
 		return ctx, AgentTurn{}
 	}
+	ctx, span := tr.Start(ctx, GenAIInvokeAgent+" "+a.Name, trace.WithSpanKind(trace.SpanKindInternal))
 	if span.IsRecording() {
 		kv := []attribute.KeyValue{
 			keyGenAIOperation.String(GenAIInvokeAgent), keyGenAIAgentName.String(a.Name), keyGenAIAgentID.String(a.ID),
@@ -229,8 +236,9 @@ func (g *GenAI) StartInvokeAgent(ctx context.Context, a GenAIAgent) (context.Con
 // Recording reports whether the turn's span records.
 func (t *AgentTurn) Recording() bool { return t.span != nil && t.span.IsRecording() }
 
-// add counts a model call's tokens and model in the turn's totals.
-func (t *AgentTurn) add(r *ModelResult) {
+// Add counts a model call's answer in the turn's totals: its tokens, its
+// model.
+func (t *AgentTurn) Add(r *ModelResult) {
 	if r.Usage {
 		t.usage = true
 		t.input += r.InputTokens
@@ -267,7 +275,6 @@ func (t *AgentTurn) End(err error) {
 // ModelCall is a model call StartChat began: End it once.
 type ModelCall struct {
 	g        *GenAI
-	turn     *AgentTurn
 	span     trace.Span
 	start    time.Time
 	provider string
@@ -282,27 +289,31 @@ type ModelResult struct {
 	FinishReason              string // gen_ai.response.finish_reasons[0] (the provider's stop reason)
 }
 
-// StartChat starts a model call of turn (nil: none) to provider's
-// requestModel: the CLIENT span "chat {model}" (just "chat" while the
+// StartChat starts a model call to provider's requestModel: the CLIENT span "chat {model}" (just "chat" while the
 // model is unknown: End names it after the model that answered) and the
 // clock of gen_ai_client_operation_duration_seconds.
-func (g *GenAI) StartChat(ctx context.Context, turn *AgentTurn, provider, requestModel string) (context.Context, ModelCall) {
+func (g *GenAI) StartChat(ctx context.Context, provider, requestModel string) (context.Context, ModelCall) {
 	if g == nil {
 		return ctx, ModelCall{}
 	}
-	c := ModelCall{g: g, turn: turn, start: time.Now(), provider: provider, model: requestModel}
+	c := ModelCall{g: g, start: time.Now(), provider: provider, model: requestModel}
+	tr := g.tracerFor(ctx)
+	if tr == nil {
+		return ctx, c
+	}
 	name := GenAIChat
 	if requestModel != "" {
 		name += " " + requestModel
 	}
-	ctx, c.span = g.start(ctx, name, trace.SpanKindClient)
-	if c.span != nil && c.span.IsRecording() {
+	ctx, span := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
 		kv := []attribute.KeyValue{keyGenAIOperation.String(GenAIChat), keyGenAIProvider.String(provider)}
 		if requestModel != "" {
 			kv = append(kv, keyGenAIRequestModel.String(requestModel))
 		}
-		c.span.SetAttributes(kv...)
+		span.SetAttributes(kv...)
 	}
+	c.span = span
 	return ctx, c
 }
 
@@ -316,28 +327,25 @@ func (c *ModelCall) SpanContext() trace.SpanContext {
 }
 
 // End ends the call with what it answered, or err: the span's usage,
-// model and finish reason, the duration and token histograms, and the
-// turn's totals. A provider that does not say its model ahead gets the
+// model and finish reason, the duration and token histograms (the turn's
+// totals are AgentTurn.Add's). A provider that does not say its model ahead gets the
 // answering model as its request model.
 func (c *ModelCall) End(r ModelResult, err error) {
 	if c.g == nil {
 		return
 	}
+	g, span, provider, model := c.g, c.span, c.provider, c.model
 	d := time.Since(c.start)
-	model := c.model
 	if model == "" {
 		model = r.ResponseModel
 	}
-	if c.turn != nil && err == nil {
-		c.turn.add(&r)
-	}
-	if c.span != nil && c.span.IsRecording() {
+	if span != nil && span.IsRecording() {
 		if c.model == "" && model != "" {
-			c.span.SetName(GenAIChat + " " + model)
-			c.span.SetAttributes(keyGenAIRequestModel.String(model))
+			span.SetName(GenAIChat + " " + model)
+			span.SetAttributes(keyGenAIRequestModel.String(model))
 		}
 		if err != nil {
-			genAIFail(c.span, ErrorType(err), err.Error())
+			genAIFail(span, ErrorType(err), err.Error())
 		} else {
 			kv := make([]attribute.KeyValue, 0, 4)
 			if r.ResponseModel != "" {
@@ -349,18 +357,18 @@ func (c *ModelCall) End(r ModelResult, err error) {
 			if r.FinishReason != "" {
 				kv = append(kv, keyGenAIFinishReasons.StringSlice([]string{r.FinishReason}))
 			}
-			c.span.SetAttributes(kv...)
+			span.SetAttributes(kv...)
 		}
 	}
-	if c.g.duration != nil {
-		genAIObserve(c.g.duration.WithLabelValues(GenAIChat, c.provider, model, ErrorType(err)), d.Seconds(), c.span)
+	if g.duration != nil {
+		genAIObserve(g.duration.WithLabelValues(GenAIChat, provider, model, ErrorType(err)), d.Seconds(), span)
 		if err == nil && r.Usage {
-			genAIObserve(c.g.tokens.WithLabelValues(GenAIChat, c.provider, model, GenAITokenInput), float64(r.InputTokens), c.span)
-			genAIObserve(c.g.tokens.WithLabelValues(GenAIChat, c.provider, model, GenAITokenOutput), float64(r.OutputTokens), c.span)
+			genAIObserve(g.tokens.WithLabelValues(GenAIChat, provider, model, GenAITokenInput), float64(r.InputTokens), span)
+			genAIObserve(g.tokens.WithLabelValues(GenAIChat, provider, model, GenAITokenOutput), float64(r.OutputTokens), span)
 		}
 	}
-	if c.span != nil {
-		c.span.End()
+	if span != nil {
+		span.End()
 	}
 }
 
@@ -386,12 +394,16 @@ type ToolRun struct{ span trace.Span }
 // valid). A tool that calls the mesh must call it with the returned ctx:
 // its routed call is then the span's child.
 func (g *GenAI) StartTool(ctx context.Context, name, callID string, from trace.SpanContext) (context.Context, ToolRun) {
-	var opts []trace.SpanStartOption
-	if from.IsValid() && trace.SpanFromContext(ctx).IsRecording() {
+	tr := g.tracerFor(ctx)
+	if tr == nil {
+		return ctx, ToolRun{}
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	if from.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: from}))
 	}
-	ctx, span := g.start(ctx, GenAIExecuteTool+" "+name, trace.SpanKindInternal, opts...)
-	if span != nil && span.IsRecording() {
+	ctx, span := tr.Start(ctx, GenAIExecuteTool+" "+name, opts...)
+	if span.IsRecording() {
 		span.SetAttributes(keyGenAIOperation.String(GenAIExecuteTool), keyGenAIToolName.String(name), keyGenAIToolCallID.String(callID))
 	}
 	return ctx, ToolRun{span}
@@ -421,8 +433,12 @@ type CompactionRun struct{ span trace.Span }
 
 // StartCompaction starts the INTERNAL span "compact {agent}".
 func (g *GenAI) StartCompaction(ctx context.Context, agent string) (context.Context, CompactionRun) {
-	ctx, span := g.start(ctx, "compact "+agent, trace.SpanKindInternal)
-	if span != nil && span.IsRecording() {
+	tr := g.tracerFor(ctx)
+	if tr == nil {
+		return ctx, CompactionRun{}
+	}
+	ctx, span := tr.Start(ctx, "compact "+agent, trace.WithSpanKind(trace.SpanKindInternal))
+	if span.IsRecording() {
 		span.SetAttributes(keyGenAIAgentID.String(agent))
 	}
 	return ctx, CompactionRun{span}

@@ -1,16 +1,20 @@
 package chat
 
 import (
+	"context"
 	"strings"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // compact compacts the context when it is past its count or token budget
 // (the turn token held). The cut falls before a user message, so that a
 // tool call is never separated from its result, and never after the
-// current turn's user message.
-func (a *Agent) compact() error {
+// current turn's user message. A compaction that runs is a span of g
+// under ctx's (the turn's): "compact {agent}", with its reason and the
+// context's tokens before and after.
+func (a *Agent) compact(ctx context.Context, g *telemetry.GenAI) error {
 	cfg := &a.rt.cfg
 	a.mu.Lock()
 	tok := a.tokens()
@@ -73,20 +77,28 @@ func (a *Agent) compact() error {
 	}
 	a.mu.Unlock()
 
+	_, span := g.StartCompaction(ctx, a.id)
+	figures := telemetry.Compaction{Reason: reason, TokensBefore: tok.Total, TokensAfter: tok.Total, Removed: removed, Kept: kept}
 	streamID := "compaction:" + a.id
 	a.publish(streamID, Event{Type: EventCompactionStart})
 	if err := a.file.append(entry{Type: entryCompaction, FirstKept: cut, Summary: summary, Reason: reason}); err != nil {
-		return envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
+		err = envelope.WrapError(envelope.CodeInternal, "cannot write the session file", err)
+		span.End(figures, err)
+		return err
 	}
 	a.mu.Lock()
 	a.firstKept, a.summary = cut, summary
 	a.compactions++
+	if span.Recording() {
+		figures.TokensAfter = a.tokens().Total
+	}
 	a.mu.Unlock()
 	end := Event{Type: EventCompactionEnd, Removed: intPtr(removed), Kept: intPtr(kept), Reason: reason}
 	if reason != "count" {
 		end.TokensRemoved, end.TokensKept = intPtr(tokRemoved), intPtr(tokKept)
 	}
 	a.publish(streamID, end)
+	span.End(figures, nil)
 	return nil
 }
 

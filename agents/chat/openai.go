@@ -70,6 +70,9 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 // Name implements Provider.
 func (o *OpenAI) Name() string { return "openai" }
 
+// RequestModel implements RequestModeler: the configured model.
+func (o *OpenAI) RequestModel() string { return o.cfg.Model }
+
 type oaMessage struct {
 	Role       string       `json:"role"`
 	Content    any          `json:"content"` // string, []oaPart or nil

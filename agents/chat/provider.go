@@ -31,6 +31,21 @@ type Provider interface {
 	Stream(ctx context.Context, req *Request, update func(Content)) (*Message, error)
 }
 
+// RequestModeler is a Provider that names the model it asks for before
+// its answer says which model answered: the model calls' spans and
+// metrics carry it as gen_ai.request.model (else the answering model's).
+type RequestModeler interface {
+	RequestModel() string
+}
+
+// requestModel is p's request model, or "" when p does not say it.
+func requestModel(p Provider) string {
+	if m, ok := p.(RequestModeler); ok {
+		return m.RequestModel()
+	}
+	return ""
+}
+
 // EstimateTokens estimates the tokens of s (about 4 bytes a token).
 func EstimateTokens(s string) int { return (len(s) + 3) / 4 }
 
@@ -86,16 +101,21 @@ type Scripted struct {
 // Name implements Provider.
 func (s *Scripted) Name() string { return "scripted" }
 
+// RequestModel implements RequestModeler.
+func (s *Scripted) RequestModel() string {
+	if s.Model == "" {
+		return "scripted-1"
+	}
+	return s.Model
+}
+
 // Stream implements Provider.
 func (s *Scripted) Stream(ctx context.Context, req *Request, update func(Content)) (*Message, error) {
 	chunk := s.ChunkSize
 	if chunk <= 0 {
 		chunk = 8
 	}
-	model := s.Model
-	if model == "" {
-		model = "scripted-1"
-	}
+	model := s.RequestModel()
 	var thinking, text string
 	var calls []ContentBlock
 	scripted := false

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // Config is a Runtime's settings. Zero values take the defaults noted.
@@ -89,6 +90,7 @@ type Runtime struct {
 	cfg      Config
 	provider Provider
 	tools    *Tools
+	genai    atomic.Pointer[telemetry.GenAI] // spans and GenAI metrics (SetTelemetry)
 
 	mu     sync.Mutex
 	agents map[string]*Agent
@@ -104,7 +106,25 @@ func NewRuntime(cfg Config, p Provider, tools *Tools) *Runtime {
 	if tools == nil {
 		tools = NewTools()
 	}
-	return &Runtime{cfg: cfg, provider: p, tools: tools, agents: map[string]*Agent{}}
+	r := &Runtime{cfg: cfg, provider: p, tools: tools, agents: map[string]*Agent{}}
+	r.genai.Store(telemetry.NewGenAI(nil))
+	return r
+}
+
+// SetTelemetry instruments the runtime's turns after the OpenTelemetry
+// GenAI conventions: an invoke_agent span per turn under the RPC that
+// asked for it, and under it a chat span per model call (tokens, finish
+// reason), an execute_tool span per tool call (a mesh_call's routed call
+// is its child) and a compact span per compaction; t's metrics, if any,
+// get gen_ai_client_token_usage and
+// gen_ai_client_operation_duration_seconds. Without it (or with a t that
+// does not trace) the spans are still made under a recording parent (the
+// SERVER span of an agent served WithTelemetry), with that span's tracer
+// provider. Call it before the runtime serves.
+func (r *Runtime) SetTelemetry(t *telemetry.Telemetry) {
+	g := telemetry.NewGenAI(t)
+	g.InitModel(telemetry.GenAIChat, r.provider.Name(), requestModel(r.provider))
+	r.genai.Store(g)
 }
 
 // Config returns the runtime's settings, defaults filled in.

@@ -10,7 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // ToolSpec describes a tool to the provider: Parameters is a JSON schema
@@ -106,6 +110,11 @@ const MeshCallToolName = "mesh_call"
 // refuses to call chat.send on the calling agent itself, whose turn is
 // the one running (it would wait for itself). Each call is bounded by
 // timeout (default 30 s).
+//
+// The call continues the trace of ctx (the tool's execute_tool span, in a
+// turn): a client instrumented with telemetry starts its own spans under
+// it; for one that is not, the request carries ctx's trace context
+// itself, so that the routed call is the tool span's child either way.
 func MeshCallTool(c Caller, timeout time.Duration) Tool {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
@@ -144,6 +153,14 @@ func MeshCallTool(c Caller, timeout time.Duration) Tool {
 			var opts []mesh.CallOption
 			if in.Agent != "" {
 				opts = append(opts, mesh.To(in.Agent))
+			}
+			if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+				// An instrumented client's attempt span overwrites these
+				// headers with its own (its child).
+				opts = append(opts, mesh.WithHeaders(func(h *envelope.Headers) {
+					telemetry.Propagator.Inject(ctx, h)
+					h.TraceID = sc.TraceID().String()
+				}))
 			}
 			var params any
 			if len(in.Params) > 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 func (a *Agent) send(ctx context.Context, content, requestID string, conversation *int) (*SendResult, error) {
@@ -76,7 +77,15 @@ func (a *Agent) send(ctx context.Context, content, requestID string, conversatio
 	}
 	a.turnReq = requestID // read by publish, on this goroutine, while the token is held
 	defer func() { a.turnReq = "" }()
-	text, err := a.runTurn(ctx, content)
+	// The turn's span (invoke_agent) covers the turn's work, from the
+	// moment it holds the turn: its wait in the queue is the RPC's.
+	g := a.rt.genai.Load()
+	tctx, turn := g.StartInvokeAgent(ctx, telemetry.GenAIAgent{
+		Name: a.id, ID: a.id, ConversationID: a.id, Provider: a.rt.provider.Name(),
+		RequestModel: requestModel(a.rt.provider), RequestID: requestID,
+	})
+	text, err := a.runTurn(tctx, g, &turn, content)
+	turn.End(err)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, envelope.Errorf(envelope.CodeCancelled, "request %s cancelled", requestID)
@@ -120,22 +129,40 @@ func (a *Agent) request() *Request {
 	return req
 }
 
-// runTurn runs one turn (the turn token held).
-func (a *Agent) runTurn(ctx context.Context, content string) (string, error) {
+// runTurn runs one turn (the turn token held), instrumented by g: ctx
+// carries the turn's span.
+func (a *Agent) runTurn(ctx context.Context, g *telemetry.GenAI, turn *telemetry.AgentTurn, content string) (string, error) {
 	if err := a.record(Message{Role: RoleUser, Content: Content{Text(content)}}); err != nil {
 		return "", err
 	}
+	provider, model := a.rt.provider.Name(), requestModel(a.rt.provider)
 	for round := 1; ; round++ {
-		if err := a.compact(); err != nil {
+		if err := a.compact(ctx, g); err != nil {
 			return "", err
 		}
 		streamID := envelope.NewID()
 		a.publish(streamID, Event{Type: EventMessageStart, Message: &StreamMessage{Role: RoleAssistant, Content: Content{}}})
 		var last Content
-		msg, err := a.rt.provider.Stream(ctx, a.request(), func(c Content) {
+		req := a.request()
+		mctx, mc := g.StartChat(ctx, provider, model)
+		msg, err := a.rt.provider.Stream(mctx, req, func(c Content) {
 			last = cloneContent(c)
 			a.publish(streamID, Event{Type: EventMessageUpdate, Message: &StreamMessage{Role: RoleAssistant, Content: last}})
 		})
+		if err != nil {
+			if ctx.Err() != nil {
+				mc.End(telemetry.ModelResult{}, ctx.Err())
+			} else {
+				mc.End(telemetry.ModelResult{}, providerError(err))
+			}
+		} else {
+			r := telemetry.ModelResult{ResponseModel: msg.Model, FinishReason: msg.StopReason}
+			if msg.Usage != nil {
+				r.Usage, r.InputTokens, r.OutputTokens = true, msg.Usage.Input, msg.Usage.Output
+			}
+			mc.End(r, nil)
+			turn.Add(&r)
+		}
 		if err != nil {
 			stop, errText := StopError, err.Error()
 			if ctx.Err() != nil {
@@ -162,9 +189,13 @@ func (a *Agent) runTurn(ctx context.Context, content string) (string, error) {
 		if len(calls) == 0 || round >= a.rt.cfg.MaxToolRounds {
 			return TextOf(msg.Content), nil
 		}
+		asked := mc.SpanContext()
 		for _, call := range calls {
 			a.publish(streamID, Event{Type: EventToolExecutionStart, ToolCallID: call.ID, ToolName: call.Name, Args: call.Arguments})
-			result, isErr := a.runTool(ctx, call)
+			tctx, tr := g.StartTool(ctx, call.Name, call.ID, asked)
+			result, errType := a.runTool(tctx, call)
+			tr.End(errType, result)
+			isErr := errType != ""
 			a.publish(streamID, Event{Type: EventToolExecutionEnd, ToolCallID: call.ID, Result: strPtr(result), IsError: boolPtr(isErr)})
 			if err := a.record(Message{Role: RoleToolResult, ToolCallID: call.ID, ToolName: call.Name, Content: Content{Text(result)}, IsError: boolPtr(isErr)}); err != nil {
 				return "", err
@@ -185,23 +216,31 @@ func providerError(err error) error {
 	return envelope.Errorf(envelope.CodeRPCError, "provider: %v", err)
 }
 
-// runTool runs one tool call; a panic or error is a result with isError.
-func (a *Agent) runTool(ctx context.Context, call ContentBlock) (result string, isErr bool) {
+// runTool runs one tool call; a panic or error is a result with isError,
+// errType saying which (the error.type of its span): unknown_tool,
+// panic, cancelled, the mesh code of a coded error in snake case
+// (mesh_call's: method_not_found, timeout, ...), else tool_error. It is
+// "" on success.
+func (a *Agent) runTool(ctx context.Context, call ContentBlock) (result, errType string) {
 	t, ok := a.rt.tools.Get(call.Name)
 	if !ok {
-		return fmt.Sprintf("unknown tool %q", call.Name), true
+		return fmt.Sprintf("unknown tool %q", call.Name), "unknown_tool"
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			result, isErr = fmt.Sprintf("tool %s panicked: %v", call.Name, p), true
+			result, errType = fmt.Sprintf("tool %s panicked: %v", call.Name, p), "panic"
 		}
 	}()
 	out, err := t.Run(ctx, ToolCall{AgentID: a.id, ID: call.ID}, call.Arguments)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "cancelled", true
+			return "cancelled", "cancelled"
 		}
-		return err.Error(), true
+		var e *envelope.Error
+		if errors.As(err, &e) {
+			return err.Error(), telemetry.ErrorType(e)
+		}
+		return err.Error(), "tool_error"
 	}
-	return out, false
+	return out, ""
 }

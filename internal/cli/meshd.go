@@ -265,14 +265,56 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			var chatDemo *demoChat // the demo chat agent (chat.go)
 			if demo {
 				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
+				// Each demo agent traces as a service of its own
+				// (agent-echo, agent-kv, agent-chat, as meshctl agent run
+				// names them): a provider per agent, exporting where
+				// meshd's does (OTEL_SERVICE_NAME, when set, names them
+				// all). Their spans carry no metrics: their server
+				// durations would count each call a second time in the
+				// hub's families of this registry. The chat runtime's
+				// GenAI histograms go to it.
+				var demoTPs []*telemetry.Provider
+				defer func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					for _, p := range demoTPs {
+						_ = p.Shutdown(ctx) // flush the last spans
+					}
+				}()
+				demoTP := func(name string) (*telemetry.Provider, error) {
+					if !tp.Enabled {
+						return tp, nil
+					}
+					p, err := telemetry.NewProvider(cmd.Context(), telemetry.TracingConfig{
+						ServiceName: "agent-" + name, InstanceID: id, Version: envelope.Version, Endpoint: otlpEndpoint, SampleRatio: sampleRatio,
+					}, nil)
+					if err == nil {
+						demoTPs = append(demoTPs, p)
+					}
+					return p, err
+				}
+				tps := map[string]*telemetry.Provider{}
+				for _, name := range []string{"echo", "kv", "chat"} {
+					p, err := demoTP(name)
+					if err != nil {
+						_ = ln.Close()
+						_ = hb.Shutdown(context.Background())
+						return usageErr("%v", err)
+					}
+					tps[name] = p
+				}
+				with := func(name string) []agents.Option {
+					return append(slices.Clip(opts), agents.WithTelemetry(telemetry.New(tps[name], nil)))
+				}
 				var err error
-				if chatDemo, err = newDemoChat(chatDir, opts...); err != nil {
+				if chatDemo, err = newDemoChat(chatDir, with("chat")...); err != nil {
 					_ = ln.Close()
 					_ = hb.Shutdown(context.Background())
 					return withCode(ExitError, err)
 				}
 				defer chatDemo.close()
-				demoAgents = []*agents.Agent{agents.NewEcho(opts...), agents.NewKV(opts...), chatDemo.agent}
+				chatDemo.rt.SetTelemetry(telemetry.New(tps["chat"], tel.M))
+				demoAgents = []*agents.Agent{agents.NewEcho(with("echo")...), agents.NewKV(with("kv")...), chatDemo.agent}
 				for _, a := range demoAgents {
 					if sec.Key != nil {
 						// The hub vouches for its own demo agents.

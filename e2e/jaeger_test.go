@@ -444,8 +444,6 @@ func TestJaegerCallTrace(t *testing.T) {
 	// calls (the service name is the one `meshctl agent run echo` uses).
 	t.Run("meshd --demo", func(t *testing.T) {
 		t.Parallel()
-		t.Skip("issue [M13]: meshd --demo's agents (echo, kv, chat) run in meshd without telemetry (internal/cli/meshd.go gives them no agents.WithTelemetry): " +
-			"in Jaeger the call is meshctl's echo.echo and echo.echo attempt, meshd's echo.echo and echo.echo attempt, and no agent span; remove this skip once they export")
 		j := startJaeger(t)
 		h := startHubEnv(t, j.exportEnv(), "--demo", "--chat-data-dir", t.TempDir())
 		waitMethods(t, h.ws, "echo.echo")
@@ -564,5 +562,102 @@ func TestJaegerBenchSlowest(t *testing.T) {
 		if d := got - s.LatencyMs; d > s.LatencyMs/10 || -d > s.LatencyMs/10 {
 			t.Errorf("root span %.3f ms; want the bench's %.3f ms within 10 %%", got, s.LatencyMs)
 		}
+	}
+}
+
+// TestJaegerChatTurn: a chat turn that calls a tool shows, in one trace,
+// the whole of the agent's work (OTel GenAI conventions): meshctl's call →
+// meshd → the chat agent's chat.send → its turn (invoke_agent) → the model
+// calls (chat MODEL, with token usage and finish reasons) and the tool's
+// execution (execute_tool mesh_call, which links to the model call that
+// asked for it: the model call has ended when the tool runs, and the
+// conventions put both under the turn) → the tool's routed call through
+// meshd → the echo agent.
+func TestJaegerChatTurn(t *testing.T) {
+	t.Parallel()
+	jaegerBin(t)
+	j := startJaeger(t)
+	h := startHubEnv(t, j.exportEnv(), "--demo", "--chat-data-dir", t.TempDir())
+	waitMethods(t, h.ws, "echo.echo", "chat.send")
+	params := `{"agentId":"demo","content":"/call echo.echo {\"from\":\"the tool\"}"}`
+	r := runCtl(t.Context(), j.exportEnv(), "call", "--trace", "chat.send", params, "--hub", h.ws, "-o", "json")
+	m := traceIDLine.FindStringSubmatch(r.stderr)
+	if r.code != 0 || m == nil {
+		t.Fatalf("%v; want exit 0 and a trace_id line", r)
+	}
+	id := m[1]
+	want := []string{"agent-chat", "agent-echo", "meshctl", "meshd"}
+	var tr jTrace
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if ts := j.trace(t, id); len(ts) == 1 && slices.Equal(ts[0].services(), want) && len(ts[0].roots()) == 1 {
+			tr = ts[0]
+			// Wait for the last export too: the echo agent's span.
+			if slices.ContainsFunc(tr.Spans, func(s jSpan) bool { return tr.service(s) == "agent-echo" }) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trace %s: not whole within 15 s: %v", id, j.trace(t, id))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("Jaeger's %s", tr)
+	byID := map[string]jSpan{}
+	for _, s := range tr.Spans {
+		byID[s.SpanID] = s
+	}
+	find := func(service, prefix string) []jSpan {
+		var out []jSpan
+		for _, s := range tr.Spans {
+			if tr.service(s) == service && strings.HasPrefix(s.OperationName, prefix) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	// chain returns the operation names from s up to the root.
+	chain := func(s jSpan) []string {
+		out := []string{tr.service(s) + " " + s.OperationName}
+		for p, ok := byID[s.parent()]; ok && len(out) <= len(tr.Spans); p, ok = byID[p.parent()] {
+			out = append(out, tr.service(p)+" "+p.OperationName)
+		}
+		return out
+	}
+	turns := find("agent-chat", "invoke_agent")
+	models := find("agent-chat", "chat ")
+	tools := find("agent-chat", "execute_tool mesh_call")
+	echoes := find("agent-echo", "echo.echo")
+	if len(turns) != 1 || len(models) < 2 || len(tools) != 1 || len(echoes) != 1 {
+		t.Fatalf("turn %d, model calls %d, tool executions %d, echo spans %d; want 1, 2 or more, 1, 1", len(turns), len(models), len(tools), len(echoes))
+	}
+	turn := turns[0]
+	if c := chain(turn); !slices.Contains(c, "agent-chat chat.send") || !slices.Contains(c, "meshctl chat.send") {
+		t.Errorf("the turn's ancestors %q; want the chat agent's chat.send under meshctl's", c)
+	}
+	for _, mc := range models {
+		if mc.parent() != turn.SpanID || mc.tag("span.kind") != "client" || mc.tag("gen_ai.operation.name") != "chat" ||
+			mc.tag("gen_ai.usage.input_tokens") == "" || mc.tag("gen_ai.usage.output_tokens") == "" {
+			t.Errorf("model call %q (kind %s, parent %s): want a CLIENT span under the turn with gen_ai.operation.name chat and token usage", mc.OperationName, mc.tag("span.kind"), mc.parent())
+		}
+	}
+	tool := tools[0]
+	if tool.parent() != turn.SpanID {
+		t.Errorf("the tool's parent %s; want the turn %s", tool.parent(), turn.SpanID)
+	}
+	linked := false
+	for _, ref := range tool.References {
+		if ref.RefType == "FOLLOWS_FROM" || ref.SpanID != tool.parent() {
+			if _, ok := byID[ref.SpanID]; ok && strings.HasPrefix(byID[ref.SpanID].OperationName, "chat ") {
+				linked = true
+			}
+		}
+	}
+	if !linked {
+		t.Errorf("the tool's references %v; want a link to the model call that asked for it", tool.References)
+	}
+	c := chain(echoes[0])
+	if i := slices.Index(c, "agent-chat execute_tool mesh_call"); i < 0 || !slices.Contains(c[:i], "meshd echo.echo") {
+		t.Errorf("the echo agent's span's ancestors %q; want meshd's echo.echo under the tool's execution", c)
 	}
 }

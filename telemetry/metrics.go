@@ -80,6 +80,9 @@ type Metrics struct {
 	streams              *streamMetrics
 
 	labels *Labeler
+
+	// When each duration family last took an exemplar (observe).
+	exServer, exClient, exCall atomic.Int64
 }
 
 // NewMetrics makes the collectors and registers them, with the Go and

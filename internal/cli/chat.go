@@ -22,6 +22,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
+	"github.com/agentmesh/agentmesh/telemetry"
 )
 
 // chatAgentFlags are the flags of `meshctl agent run chat`.
@@ -49,7 +50,7 @@ func (c *chatAgentFlags) register(cmd *cobra.Command) {
 
 // newChatAgent builds the chat agent: a runtime, and a mesh client for its
 // mesh_call tool. close releases both once the agent has stopped.
-func (g *ctlFlags) newChatAgent(c *chatAgentFlags, log *slog.Logger, opts ...agents.Option) (a *agents.Agent, close func(), err error) {
+func (g *ctlFlags) newChatAgent(c *chatAgentFlags, log *slog.Logger, tel *telemetry.Telemetry, opts ...agents.Option) (a *agents.Agent, close func(), err error) {
 	var p chat.Provider
 	switch c.provider {
 	case "scripted":
@@ -63,12 +64,15 @@ func (g *ctlFlags) newChatAgent(c *chatAgentFlags, log *slog.Logger, opts ...age
 	default:
 		return nil, nil, usageErr("--provider must be scripted or openai, not %q", c.provider)
 	}
-	mc, err := g.client(mesh.WithOrigin("chat-agent"), mesh.WithTimeout(30*time.Second))
+	// The mesh_call tool's client traces its calls (a CLIENT span between
+	// the tool's span and the hub's) and counts them.
+	mc, err := g.client(mesh.WithOrigin("chat-agent"), mesh.WithTimeout(30*time.Second), mesh.WithClientTelemetry(tel))
 	if err != nil {
 		return nil, nil, err
 	}
 	rt := chat.NewRuntime(chat.Config{DataDir: c.dataDir, SystemPrompt: c.systemPrompt, TokenBudget: c.tokenBudget,
 		MaxMessages: c.maxMessages, Summarize: c.summarize}, p, chat.NewTools(chat.MeshCallTool(mc, 30*time.Second)))
+	rt.SetTelemetry(tel) // GenAI spans, gen_ai_* histograms on the agent's /metrics
 	log.Info("chat agent", "provider", p.Name(), "model", c.model, "dataDir", rt.Config().DataDir)
 	return chat.NewService(rt, opts...), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -379,7 +383,7 @@ const demoChatAgent = "demo"
 
 // connect gives the agent's mesh_call tool a client of the hub at url
 // (with a token signed by key, when the hub requires one).
-func (d *demoChat) connect(url string, tlsCfg *tls.Config, key []byte) error {
+func (d *demoChat) connect(url string, tlsCfg *tls.Config, key []byte, tel *telemetry.Telemetry) error {
 	tok := ""
 	if key != nil {
 		var err error
@@ -387,7 +391,8 @@ func (d *demoChat) connect(url string, tlsCfg *tls.Config, key []byte) error {
 			return err
 		}
 	}
-	mc, err := mesh.NewClient([]string{url}, mesh.WithOrigin("chat-agent"), mesh.WithToken(tok), mesh.WithTLS(tlsCfg), mesh.WithTimeout(30*time.Second))
+	mc, err := mesh.NewClient([]string{url}, mesh.WithOrigin("chat-agent"), mesh.WithToken(tok), mesh.WithTLS(tlsCfg), mesh.WithTimeout(30*time.Second),
+		mesh.WithClientTelemetry(tel))
 	if err != nil {
 		return err
 	}

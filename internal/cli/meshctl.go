@@ -376,7 +376,7 @@ with backoff when the link drops, and deregisters on SIGINT/SIGTERM.
 					}
 					return agents.NewChaos(cfg, opts...), nil
 				case "chat":
-					chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, opts...)
+					chatAgent, closeChat, err := g.newChatAgent(&chatFlags, log, telemetry.New(tp, metrics), opts...)
 					if err != nil {
 						return nil, err
 					}

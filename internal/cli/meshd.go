@@ -263,6 +263,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 			}
 			var demoAgents []*agents.Agent
 			var chatDemo *demoChat // the demo chat agent (chat.go)
+			var chatTel *telemetry.Telemetry
 			if demo {
 				opts := []agents.Option{agents.WithLogger(log), agents.WithDrainTimeout(dur)}
 				// Each demo agent traces as a service of its own
@@ -313,7 +314,8 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 					return withCode(ExitError, err)
 				}
 				defer chatDemo.close()
-				chatDemo.rt.SetTelemetry(telemetry.New(tps["chat"], tel.M))
+				chatTel = telemetry.New(tps["chat"], tel.M)
+				chatDemo.rt.SetTelemetry(chatTel)
 				demoAgents = []*agents.Agent{agents.NewEcho(with("echo")...), agents.NewKV(with("kv")...), chatDemo.agent}
 				for _, a := range demoAgents {
 					if sec.Key != nil {
@@ -356,7 +358,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				if srvTLS != nil {
 					url = "wss://" + ln.Addr().String() + "/ws"
 				}
-				if err := chatDemo.connect(url, peerTLS, sec.Key); err != nil {
+				if err := chatDemo.connect(url, peerTLS, sec.Key, chatTel); err != nil {
 					log.Error("demo chat agent: no mesh_call tool", "error", err)
 				}
 				for _, a := range demoAgents {

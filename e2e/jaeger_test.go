@@ -409,6 +409,16 @@ func checkCallTrace(t *testing.T, j *jaeger, h *hub, agentService string) {
 		}
 		return out
 	}
+	// Where semconv asks: an attempt names the server it went to, the
+	// hub's server span the caller's end of the connection.
+	for _, s := range tr.Spans {
+		if s.tag("span.kind") == "client" && (s.tag("server.address") == "" || s.tag("server.port") == "") {
+			t.Errorf("%s client span %q has no server.address/server.port", tr.service(s), s.OperationName)
+		}
+		if tr.service(s) == "meshd" && s.tag("span.kind") == "server" && s.tag("network.peer.address") == "" {
+			t.Errorf("meshd's server span %q has no network.peer.address", s.OperationName)
+		}
+	}
 	for _, s := range tr.Spans {
 		above := ancestors(s)
 		switch tr.service(s) {

@@ -120,6 +120,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		r.ID = envelope.NewID()
 	}
 	fc.ctx, fc.sc = h.tel.StartServer(base, r)
+	fc.sc.SetPeer(connOf(base))
 	h.inflight.Add(1)
 	// authenticate, limit
 	var err error
@@ -166,6 +167,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	}
 	if fc.attempt.Recording() {
 		fc.attempt.Span.SetAttributes(telemetry.InstanceAttr(in.InstanceID))
+		fc.attempt.SetServer(b.link.Remote)
 	}
 	fc.instance = in // tried, as the chain's attempt adds it before the breaker's verdict
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})

@@ -38,13 +38,28 @@ type stage struct {
 func (h *Hub) ingressStages() []stage {
 	return []stage{
 		{"identify", identify},
-		{"telemetry", h.tel.Server},
+		{"telemetry", h.traceServer},
 		{"log", h.logFailures},
 		{"drain", h.drainGate},
 		{"authenticate", h.authenticateCall},
 		{"limit", h.rateLimit},
 		{"deadline", h.deadline},
 		{"idempotency", h.idempotent},
+	}
+}
+
+// traceServer is the telemetry stage: the call's SERVER span (naming the
+// caller's end of the connection) and the server duration histogram.
+func (h *Hub) traceServer(next envelope.Invoker) envelope.Invoker {
+	if h.tel == nil {
+		return next
+	}
+	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+		ctx, sc := h.tel.StartServer(ctx, req)
+		sc.SetPeer(connOf(ctx))
+		res, err := next(ctx, req)
+		sc.End(err)
+		return res, err
 	}
 }
 

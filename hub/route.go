@@ -101,6 +101,13 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 	}
 	tried.Add(in.InstanceID)
 	telemetry.AnnotateInstance(ctx, in.InstanceID)
+	if telemetry.Recording(ctx) {
+		addr := in.HubAddr // a peer hub's
+		if b := h.localBinding(in); b != nil {
+			addr = b.link.Remote
+		}
+		telemetry.AnnotateServer(ctx, addr)
+	}
 	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 	if err != nil {
 		return nil, err

@@ -357,6 +357,7 @@ func (c *Client) wsInvoke(ctx context.Context, req *envelope.Request) (*envelope
 		l, lastErr, changed := c.link, c.lastErr, c.changed
 		c.mu.Unlock()
 		if l != nil {
+			telemetry.AnnotateServer(ctx, l.Remote)
 			res, err := l.Call(ctx, req)
 			// The hub sent goaway while this call was on its way and
 			// refused it unexecuted: it goes to the next hub, once the

@@ -36,6 +36,10 @@ var (
 	keyCode           = attribute.Key("agentmesh.error.code")
 	keyNotSent        = attribute.Key("agentmesh.error.not_sent")
 	keyTTL            = attribute.Key("agentmesh.ttl_ms") // the ttl header a server received
+	keyServerAddress  = semconv.ServerAddressKey
+	keyServerPort     = semconv.ServerPortKey
+	keyPeerAddress    = semconv.NetworkPeerAddressKey
+	keyPeerPort       = semconv.NetworkPeerPortKey
 	// A retry's reason and backoff, on its attempt span's "retry" event.
 	keyRetryReason  = attribute.Key("agentmesh.retry.reason")
 	keyRetryBackoff = attribute.Key("agentmesh.retry.backoff_ms")

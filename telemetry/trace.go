@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -315,6 +317,47 @@ func AnnotateInstance(ctx context.Context, id string) {
 	if s := trace.SpanFromContext(ctx); s.IsRecording() {
 		s.SetAttributes(InstanceAttr(id))
 	}
+}
+
+// Recording reports whether the span in ctx records (an attribute is
+// worth computing).
+func Recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsRecording() }
+
+// AnnotateServer names, on the span in ctx (a CLIENT attempt), the
+// server it went to (semconv server.address and server.port), from its
+// host:port.
+func AnnotateServer(ctx context.Context, hostport string) {
+	if s := trace.SpanFromContext(ctx); s.IsRecording() && hostport != "" {
+		s.SetAttributes(addrAttrs(keyServerAddress, keyServerPort, hostport)...)
+	}
+}
+
+// SetPeer names, on the call's SERVER span, the caller's end of the
+// connection (semconv network.peer.address and network.peer.port).
+func (sc *ServerCall) SetPeer(hostport string) {
+	if sc.span != nil && sc.span.IsRecording() && hostport != "" {
+		sc.span.SetAttributes(addrAttrs(keyPeerAddress, keyPeerPort, hostport)...)
+	}
+}
+
+// SetServer is AnnotateServer for an attempt begun by StartAttempt.
+func (a *AttemptCall) SetServer(hostport string) {
+	if a.Recording() && hostport != "" {
+		a.Span.SetAttributes(addrAttrs(keyServerAddress, keyServerPort, hostport)...)
+	}
+}
+
+// addrAttrs splits host:port into an address and a port attribute (the
+// address alone when there is no port).
+func addrAttrs(addr, port attribute.Key, hostport string) []attribute.KeyValue {
+	h, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return []attribute.KeyValue{addr.String(hostport)}
+	}
+	if n, err := strconv.Atoi(p); err == nil {
+		return []attribute.KeyValue{addr.String(h), port.Int(n)}
+	}
+	return []attribute.KeyValue{addr.String(h)}
 }
 
 // TraceID returns the trace id of the span in ctx, or "".

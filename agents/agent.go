@@ -326,7 +326,11 @@ func (a *Agent) retire(ctx context.Context, o *oldLink, hub string) {
 func (a *Agent) session(ctx context.Context, hub string, prev *oldLink) (registered bool, next *oldLink, err error) {
 	a.log.Debug("dialing hub", "hub", hub, "agent", a.ID())
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	l, err := link.DialToken(dctx, hub, a.token, a.conn, link.WithHandler(a.tel.Server(a.serve)), link.WithLogger(a.log))
+	cc := a.conn
+	if a.tel != nil && a.tel.M != nil && cc.Bytes == nil {
+		cc.Bytes = a.tel.M.Bytes // agentmesh_link_bytes_total of the agent's links
+	}
+	l, err := link.DialToken(dctx, hub, a.token, cc, link.WithHandler(a.tel.Server(a.serve)), link.WithLogger(a.log))
 	cancel()
 	if err != nil {
 		return false, nil, err

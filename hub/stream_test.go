@@ -334,7 +334,7 @@ func metricValue(t *testing.T, m *telemetry.Metrics, name string, v func(*dto.Me
 		if f.GetName() == name {
 			for _, mt := range f.Metric {
 				for _, lp := range mt.Label {
-					if lp.GetName() == "method" && lp.GetValue() == "echo.stream" {
+					if lp.GetName() == "rpc_method" && lp.GetValue() == "echo.stream" {
 						return v(mt)
 					}
 				}

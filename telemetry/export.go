@@ -34,7 +34,7 @@ type ClientSpan struct {
 // OTLP receiver (cfg.Endpoint, else OTEL_EXPORTER_OTLP_*; cfg.Exporter
 // replaces it), in one try. It does nothing when the SDK is disabled.
 func ExportClientSpans(ctx context.Context, cfg TracingConfig, spans []ClientSpan) error {
-	if len(spans) == 0 || envFirst("OTEL_SDK_DISABLED") == "true" {
+	if len(spans) == 0 || Disabled() {
 		return nil
 	}
 	exp := cfg.Exporter

@@ -44,6 +44,9 @@ type TracingConfig struct {
 	Interactive bool
 }
 
+// Disabled reports whether OTEL_SDK_DISABLED turns the SDK off.
+func Disabled() bool { return strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") }
+
 // DefaultEndpoint is the OTLP receiver the OpenTelemetry SDKs export to
 // when no endpoint is configured (OTLP/HTTP's, or OTLP/gRPC's with
 // protocol "grpc").
@@ -105,7 +108,7 @@ func envFirst(keys ...string) string {
 // nothing. It does no I/O: the exporter connects on first export.
 func NewProvider(ctx context.Context, cfg TracingConfig, log *slog.Logger) (*Provider, error) {
 	off := &Provider{TracerProvider: noop.NewTracerProvider()}
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+	if Disabled() {
 		return off, nil
 	}
 	endpoint := cfg.Endpoint

@@ -33,20 +33,20 @@ func newStreamMetrics() *streamMetrics {
 	return &streamMetrics{
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "agentmesh_streams_open", Help: "Streaming calls open through the hub.",
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_stream_chunks_total", Help: "Chunks relayed to streams' callers.",
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_stream_bytes_total", Help: "Bytes of the chunks relayed to streams' callers (their JSON data).",
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentmesh_stream_flow_control_stalls_total", Help: "Times a stream's producer used up its caller's credit and waited for more.",
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 		firstChunk: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "agentmesh_stream_first_chunk_seconds", Help: "Time from a stream's start to its first chunk.",
 			Buckets: Buckets, NativeHistogramBucketFactor: 1.1,
-		}, []string{"method"}),
+		}, []string{labelMethod}),
 	}
 }
 

@@ -232,6 +232,9 @@ func (g *ctlFlags) exportSlowest(ctx context.Context, rep *bench.Report) {
 		spans = append(spans, telemetry.ClientSpan{TraceID: s.TraceID, SpanID: s.SpanID, Method: rep.Method, RequestID: s.RequestID,
 			Start: s.Start, End: s.Start.Add(time.Duration(s.LatencyMs * float64(time.Millisecond))), Code: code})
 	}
+	if telemetry.Disabled() {
+		return // OTEL_SDK_DISABLED: the ids are the calls', no span is written
+	}
 	endpoint, _ := telemetry.CLIEndpoint()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

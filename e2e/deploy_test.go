@@ -164,7 +164,7 @@ func TestDeployFiles(t *testing.T) {
 
 	// Every metric the dashboard queries is one the mesh exports.
 	exported := map[string]bool{}
-	for _, n := range telemetry.NewMetrics(nil).Names() {
+	for _, n := range append(telemetry.NewMetrics(nil).Names(), telemetry.GenAIMetricNames...) {
 		exported[n] = true
 	}
 	raw, err := os.ReadFile(repo(t, "deploy/grafana/dashboards/agentmesh.json"))
@@ -182,7 +182,7 @@ func TestDeployFiles(t *testing.T) {
 	}
 	// Metric names are followed by a selector, a range or a parenthesis;
 	// label names (rpc_method...) come after "by (" and are skipped.
-	name := regexp.MustCompile(`\b(agentmesh_[a-z_]+|rpc_[a-z_]+_seconds_[a-z]+)\b`)
+	name := regexp.MustCompile(`\b(agentmesh_[a-z_]+|rpc_[a-z_]+_seconds_[a-z]+|gen_ai_client_[a-z_]+_(?:bucket|count|sum))\b`)
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			for _, n := range name.FindAllString(tg.Expr, -1) {

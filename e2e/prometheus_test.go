@@ -514,6 +514,11 @@ func TestPrometheusDeploy(t *testing.T) {
 	if rep.Count == 0 || rep.Success != rep.Count {
 		t.Errorf("meshctl bench: %d of %d calls succeeded; want all", rep.Success, rep.Count)
 	}
+	// A chat turn of the demo chat agent, so that the dashboard's model
+	// panels (gen_ai_client_*) have their series.
+	if r := runCtl(t.Context(), nil, "call", "chat.send", `{"agentId":"demo","content":"hello, prometheus"}`, "--hub", h.ws, "-o", "json"); r.code != 0 {
+		t.Fatalf("chat turn: %v", r)
+	}
 	waitFor(t, "the load's calls scraped", 15*time.Second, func() bool {
 		r, err := prom.query(t, hubEcho, time.Time{})
 		return err == nil && len(r) == 1 && r[0].Value >= before+float64(rep.Count)

@@ -308,6 +308,13 @@ func (fc *fastCall) finish(res *envelope.Response, err error) {
 	if err != nil {
 		h.logFailure(fc.ctx, &fc.req, err)
 	}
+	if h.watches.Active() {
+		var inst string
+		if fc.instance != nil {
+			inst = fc.instance.InstanceID
+		}
+		h.noteCall(&fc.req, fc.start, inst, err)
+	}
 	fc.sc.End(err)
 	fc.origin.answerFast(fc, res, err)
 }

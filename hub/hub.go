@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub/callwatch"
 	"github.com/agentmesh/agentmesh/hub/guard"
 	"github.com/agentmesh/agentmesh/hub/peering"
 	"github.com/agentmesh/agentmesh/internal/idempotency"
@@ -265,6 +266,7 @@ type Hub struct {
 
 	draining atomic.Bool
 	inflight atomic.Int64
+	watches  callwatch.List // WatchCalls: the console's tail
 	// fastTaken counts the calls the forward path took (fast.go), for
 	// tests.
 	fastTaken atomic.Int64

@@ -40,6 +40,7 @@ func (h *Hub) ingressStages() []stage {
 		{"identify", identify},
 		{"telemetry", h.traceServer},
 		{"log", h.logFailures},
+		{"watch", h.watchCalls},
 		{"drain", h.drainGate},
 		{"authenticate", h.authenticateCall},
 		{"limit", h.rateLimit},

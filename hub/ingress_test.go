@@ -28,7 +28,7 @@ func ExampleHub_IngressOrder() {
 	}
 	defer h.Shutdown(context.Background())
 	fmt.Println(strings.Join(h.IngressOrder(), " → "))
-	// Output: identify → telemetry → log → drain → authenticate → limit → deadline → idempotency → dispatch
+	// Output: identify → telemetry → log → watch → drain → authenticate → limit → deadline → idempotency → dispatch
 }
 
 // TestRefusedCallTraced: a call the hub refuses at the ingress (here the

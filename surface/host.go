@@ -15,6 +15,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -101,4 +102,9 @@ type Host interface {
 	// Draining reports whether the hub drains (BeginDrain): a surface
 	// ends its long-lived connections and refuses new ones.
 	Draining() bool
+
+	// WatchCalls calls fn with each user call the hub serves that fails
+	// or takes slow or longer, until stop (the console's live tail). fn
+	// must not block.
+	WatchCalls(slow time.Duration, fn func(telemetry.CallRecord)) (stop func())
 }

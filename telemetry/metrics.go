@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -522,4 +523,17 @@ func (m *Metrics) RegisterPending(side string, f func() int) {
 		return
 	}
 	m.Registry.MustRegister(pendingCollector{side, f})
+}
+
+// CallRecord is one call a hub served, as a live tail shows it (the
+// console's failed and slow calls).
+type CallRecord struct {
+	At         time.Time `json:"at"`
+	Method     string    `json:"method"`
+	Code       string    `json:"code"` // "OK" on success
+	Message    string    `json:"message,omitempty"`
+	DurationMs float64   `json:"durationMs"`
+	Instance   string    `json:"instance,omitempty"`
+	TraceID    string    `json:"traceId,omitempty"`
+	RequestID  string    `json:"requestId"`
 }

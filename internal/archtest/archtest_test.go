@@ -57,7 +57,7 @@ var rules = []rule{
 		Why: "the listings know a registry snapshot and the control-plane contract, not the hub"},
 	{From: "hub/sse", Allow: []string{"envelope", "stream"}, Direct: true,
 		Why: "the SSE answer of /rpc knows a call and its stream, not the hub"},
-	{From: "hub/...", Allow: []string{"hub/peering", "hub/guard", "hub/sse", "hub/listing", "link", "stream", "registry", "registry/memory", "reliability", "telemetry", "auth", "envelope", "contract/...", "internal/..."}, Direct: true,
+	{From: "hub/...", Allow: []string{"hub/peering", "hub/guard", "hub/sse", "hub/listing", "hub/callwatch", "link", "stream", "registry", "registry/memory", "reliability", "telemetry", "auth", "envelope", "contract/...", "internal/..."}, Direct: true,
 		Why: "the hub never imports a surface, the client or agents: the binary mounts the surfaces on it"},
 	{From: "hub/...", Deny: []string{module + "/registry/etcd/...", "go.etcd.io/etcd/client/v3/...", "github.com/modelcontextprotocol/..."},
 		Why: "the hub needs neither the etcd backend (the binary hands it one) nor the MCP SDK (a surface's)"},

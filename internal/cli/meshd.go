@@ -31,6 +31,7 @@ import (
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/surface/all"
+	"github.com/agentmesh/agentmesh/surface/console"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
 
@@ -54,7 +55,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		etcdMaxPerHub, etcdMaxTotal int
 		onKeys                      func([]auth.Key) // told of reloaded keys once the hub took them (the etcd records' seal)
 		sampleRatio                 float64
-		demo                        bool
+		demo, ui                    bool
 		heartbeat, defTimeout, dur  time.Duration
 		hubTTL                      time.Duration
 		warmUp                      time.Duration
@@ -251,6 +252,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				return usageErr("%v", err)
 			}
 			all.Mount(hb) // the protocol surfaces: agentick, OpenAI, Multica, NEXUS3, MCP
+			if ui {
+				console.Mount(hb, console.Config{JaegerURL: os.Getenv("MESH_JAEGER_URL")}) // /ui/
+			}
 			ctx := cmd.Context()
 			if adminAddr != "" {
 				stop, err := serveAdmin(adminAddr, hb, tel.M, log, srvTLS)
@@ -417,6 +421,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", envOr("MESH_LISTEN", hub.DefaultListen), "address to listen on (loopback by default) [$MESH_LISTEN]")
 	f.BoolVar(&demo, "demo", false, "also run the echo, kv and chat (scripted provider) agents in this process")
+	f.BoolVar(&ui, "ui", true, "serve the live console at /ui/ (with --auth-key it needs an admin-role token)")
 	f.StringVar(&chatDir, "chat-data-dir", envOr("MESH_CHAT_DATA_DIR", chat.DefaultDataDir()), "with --demo: session files of the chat agent [$MESH_CHAT_DATA_DIR]")
 	f.StringVar(&conf, "config", envOr("MESH_CONFIG", ""), "YAML file with policies, circuitBreaker, bulkhead, retryBudget [$MESH_CONFIG]")
 	f.StringVar(&id, "id", "", "hub id (default: a new UUIDv7)")

@@ -33,12 +33,22 @@ type Mesh struct {
 // warm-up of a restarted meshd.
 func Start(tb testing.TB, cfg hub.Config, opts ...hub.Option) *Mesh {
 	tb.Helper()
+	return StartMounted(tb, cfg, nil, opts...)
+}
+
+// StartMounted is Start with mount run on the hub before it serves (a
+// handler the test's package mounts, such as the console).
+func StartMounted(tb testing.TB, cfg hub.Config, mount func(*hub.Hub), opts ...hub.Option) *Mesh {
+	tb.Helper()
 	cfg = noWarmUp(cfg)
 	h, err := hub.New(cfg, opts...)
 	if err != nil {
 		tb.Fatalf("NewHub: %v", err)
 	}
 	all.Mount(h)
+	if mount != nil {
+		mount(h)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("listen: %v", err)

@@ -7,6 +7,8 @@
 //	GET  /ui/api/stream   the live view, as server-sent events (one "view"
 //	                      event per second while the page is open)
 //	POST /ui/api/call     {method, params} → {result | error, durationMs, traceId}
+//	                      (params checked first against the method's declared schema)
+//	GET  /ui/api/schema   ?method=M → its description and params schema
 //
 // The page is plain HTML, CSS and one ES module (no framework, no build
 // step): the console is three tables, a tail and a form, redrawn from one
@@ -84,6 +86,7 @@ func Mount(h surface.Host, cfg Config) {
 	h.Handle("GET /ui/api/info", http.HandlerFunc(c.info))
 	h.Handle("GET /ui/api/whoami", http.HandlerFunc(c.whoami))
 	h.Handle("GET /ui/api/stream", http.HandlerFunc(c.stream))
+	h.Handle("GET /ui/api/schema", http.HandlerFunc(c.schema))
 	h.Handle("POST /ui/api/call", http.HandlerFunc(c.call))
 	h.Track(c)
 }
@@ -264,6 +267,10 @@ func (c *console) call(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(body.Params) > 0 && !json.Valid(body.Params) {
 		c.h.Refuse(w, envelope.NewError(envelope.CodeParseError, "params are not valid JSON"))
+		return
+	}
+	if e := c.checkParams(body.Method, body.Params); e != nil {
+		writeJSON(w, map[string]any{"error": map[string]any{"code": e.Code.String(), "message": e.Message}, "checked": "schema"})
 		return
 	}
 	_, conn := c.h.Caller(r.Context())

@@ -186,6 +186,15 @@ func TestConsoleLive(t *testing.T) {
 		t.Errorf("failing call: %s; want its coded error", b)
 	}
 
+	// Params checked against the declared schema before the call.
+	res, _ = http.Post("http://"+m.Addr+"/ui/api/call", "application/json", strings.NewReader(`{"method":"echo.sleep","params":{"ms":"soon"}}`))
+	b, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	out.Error = nil
+	if json.Unmarshal(b, &out) != nil || out.Error == nil || out.Error.Code != "INVALID_PARAMS" || !strings.Contains(out.Error.Message, "declared schema") {
+		t.Errorf("echo.sleep with a string for ms: %s; want INVALID_PARAMS from the declared schema", b)
+	}
+
 	cancel()
 	for range evs {
 	}

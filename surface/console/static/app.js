@@ -229,6 +229,14 @@ $("#token-form").addEventListener("submit", (e) => {
   start();
 });
 
+// The chosen method's description and params schema, under the form.
+$("#call-method").addEventListener("change", async () => {
+  const method = $("#call-method").value.trim();
+  if (!method) return;
+  const s = await fetch("/ui/api/schema?method=" + encodeURIComponent(method), { headers: headers(), cache: "no-store" }).then((r) => r.json());
+  $("#call-schema").textContent = (s.description || "") + (s.params ? " · params: " + JSON.stringify(s.params) : "");
+});
+
 $("#call-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const method = $("#call-method").value.trim();

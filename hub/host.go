@@ -2,12 +2,16 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
+	"strings"
 
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -151,3 +155,24 @@ func (h *Hub) Untrack(c interface{ Close() }) { h.untrack(c) }
 
 // Draining reports whether the hub drains.
 func (h *Hub) Draining() bool { return h.draining.Load() }
+
+// Cluster is the hub's view of its cluster: its registry's backend and
+// health, its drain, the peer hubs it links to.
+func (h *Hub) Cluster() control.ClusterInfo {
+	kind := strings.TrimPrefix(fmt.Sprintf("%T", h.reg), "*")
+	kind, _, _ = strings.Cut(kind, ".")
+	synced := true
+	if s, ok := h.reg.(interface{ Synced() bool }); ok {
+		synced = s.Synced()
+	}
+	var peers []control.PeerInfo
+	for _, p := range h.peers.Status() {
+		pi := control.PeerInfo{Hub: p.Hub, Addr: p.Addr, Up: p.Up}
+		if p.Err != nil {
+			pi.Error = p.Err.Error()
+		}
+		peers = append(peers, pi)
+	}
+	sort.Slice(peers, func(i, j int) bool { return peers[i].Hub < peers[j].Hub })
+	return control.ClusterInfo{Hub: h.cfg.ID, Registry: kind, RegistrySynced: synced, Draining: h.draining.Load(), Peers: peers}
+}

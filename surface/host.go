@@ -107,4 +107,6 @@ type Host interface {
 	// or takes slow or longer, until stop (the console's live tail). fn
 	// must not block.
 	WatchCalls(slow time.Duration, fn func(telemetry.CallRecord)) (stop func())
+	// Cluster is the hub's view of its cluster (registry, peer links).
+	Cluster() control.ClusterInfo
 }

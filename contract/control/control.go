@@ -181,3 +181,21 @@ type SchemaEvent struct {
 	Type     string `json:"type"`
 	Category string `json:"category"`
 }
+
+// ClusterInfo is one hub's view of its cluster (the console's cluster
+// page): its registry and the peer hubs it links to.
+type ClusterInfo struct {
+	Hub            string     `json:"hub"`
+	Registry       string     `json:"registry"`       // the backend: memory, etcd
+	RegistrySynced bool       `json:"registrySynced"` // false while an etcd view is not (re)listed
+	Draining       bool       `json:"draining"`
+	Peers          []PeerInfo `json:"peers"` // the peer hubs this hub dialled
+}
+
+// PeerInfo is a peer hub as the hub's link to it stands.
+type PeerInfo struct {
+	Hub   string `json:"hub"`
+	Addr  string `json:"addr"`
+	Up    bool   `json:"up"`
+	Error string `json:"error,omitempty"` // why it is down
+}

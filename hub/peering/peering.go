@@ -311,6 +311,29 @@ func (p *Pool) Links() map[*link.Link]bool {
 	return out
 }
 
+// Status lists the peers this hub dialled: each hub, its address, and
+// whether its link is up (or why not).
+func (p *Pool) Status() []PeerStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]PeerStatus, 0, len(p.hubs))
+	for _, st := range p.hubs {
+		ps := PeerStatus{Hub: st.hub, Addr: st.addr, Up: !st.down && st.link != nil && st.link.Err() == nil}
+		if !ps.Up {
+			ps.Err = st.err
+		}
+		out = append(out, ps)
+	}
+	return out
+}
+
+// PeerStatus is a peer as Status reports it.
+type PeerStatus struct {
+	Hub, Addr string
+	Up        bool
+	Err       error // why it is down, if known
+}
+
 // follow retires a peer link whose hub sent goaway: new forwards dial
 // afresh (a draining hub refuses the dial, so the peer is down and the
 // router tries another instance), and the link closes once its calls are

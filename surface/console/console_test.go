@@ -80,6 +80,10 @@ type methodView struct {
 }
 
 type viewT struct {
+	Cluster struct {
+		Hub, Registry  string
+		RegistrySynced bool
+	}
 	Agents  []struct{ ID, Name, State string }
 	Methods []methodView
 }
@@ -136,6 +140,9 @@ func TestConsoleLive(t *testing.T) {
 				var v viewT
 				if err := json.Unmarshal([]byte(e[1]), &v); err != nil {
 					t.Fatal(err)
+				}
+				if v.Cluster.Hub != m.Hub.ID() || v.Cluster.Registry != "memory" || !v.Cluster.RegistrySynced {
+					t.Fatalf("cluster %+v; want this hub, its memory registry, synced", v.Cluster)
 				}
 				for _, a := range v.Agents {
 					sawAgent = sawAgent || (a.ID == "echo-1" && a.Name == "echo" && a.State == "ready")

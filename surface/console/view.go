@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/agentmesh/agentmesh/auth"
+	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/registry"
 	"github.com/agentmesh/agentmesh/surface"
@@ -71,11 +72,12 @@ type bucketN struct {
 
 // view is what the page draws, once per tick.
 type view struct {
-	Hub     string       `json:"hub"`
-	At      int64        `json:"at"` // unix ms
-	Hubs    []string     `json:"hubs"`
-	Agents  []agentView  `json:"agents"`
-	Methods []methodView `json:"methods"`
+	Hub     string              `json:"hub"`
+	At      int64               `json:"at"` // unix ms
+	Cluster control.ClusterInfo `json:"cluster"`
+	Hubs    []string            `json:"hubs"` // every hub an agent is attached to, and this one
+	Agents  []agentView         `json:"agents"`
+	Methods []methodView        `json:"methods"`
 }
 
 // sample is the hub's server histogram at one tick, by method.
@@ -188,7 +190,7 @@ func (v *viewer) run(ctx context.Context, done chan struct{}) {
 func (v *viewer) make(ctx context.Context) []byte {
 	now := time.Now()
 	snap := v.h.Registry().Snapshot()
-	out := view{Hub: v.h.ID(), At: now.UnixMilli()}
+	out := view{Hub: v.h.ID(), At: now.UnixMilli(), Cluster: v.h.Cluster()}
 	hubs := map[string]bool{v.h.ID(): true}
 	for _, in := range snap.Instances() {
 		caps := slices.Clone(in.Capabilities)

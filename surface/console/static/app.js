@@ -104,7 +104,19 @@ function drawHistogram(m) {
 function render(v) {
   lastView = v;
   $("#hub").textContent = "hub " + v.hub;
-  $("#hubs").textContent = `hubs: ${v.hubs.join(", ")} · ${v.agents.length} agent instances · ${v.methods.length} methods`;
+  const cl = v.cluster;
+  $("#hubs").textContent = `hubs: ${v.hubs.join(", ")} · registry ${cl.registry}${cl.registrySynced ? "" : " (not synced)"}` +
+    `${cl.draining ? " · draining" : ""} · ${v.agents.length} agent instances · ${v.methods.length} methods`;
+  $("#cluster tbody").replaceChildren(
+    el("tr", { "data-hub": cl.hub }, el("td", {}, cl.hub + " (this hub)"), el("td", {}, ""), el("td", { class: "state-ready" }, "—")),
+    ...(cl.peers || []).map((p) =>
+      el("tr", { "data-hub": p.hub },
+        el("td", {}, p.hub),
+        el("td", {}, p.addr),
+        el("td", { class: p.up ? "state-ready" : "breaker-open", title: p.error || "" }, p.up ? "up" : "down"),
+      ),
+    ),
+  );
   $("#agent-count").textContent = `(${v.agents.length})`;
   $("#agents tbody").replaceChildren(
     ...v.agents.map((a) =>

@@ -120,7 +120,9 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		r.ID = envelope.NewID()
 	}
 	fc.ctx, fc.sc = h.tel.StartServer(base, r)
-	fc.sc.SetPeer(connOf(base))
+	if fc.sc.Recording() { // connOf costs allocations: only for a span that records
+		fc.sc.SetPeer(connOf(base))
+	}
 	h.inflight.Add(1)
 	// authenticate, limit
 	var err error

@@ -57,7 +57,9 @@ func (h *Hub) traceServer(next envelope.Invoker) envelope.Invoker {
 	}
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 		ctx, sc := h.tel.StartServer(ctx, req)
-		sc.SetPeer(connOf(ctx))
+		if sc.Recording() {
+			sc.SetPeer(connOf(ctx))
+		}
 		res, err := next(ctx, req)
 		sc.End(err)
 		return res, err

@@ -332,6 +332,10 @@ func AnnotateServer(ctx context.Context, hostport string) {
 	}
 }
 
+// Recording reports whether the call's span records (an attribute is
+// worth computing).
+func (sc *ServerCall) Recording() bool { return sc.span != nil && sc.span.IsRecording() }
+
 // SetPeer names, on the call's SERVER span, the caller's end of the
 // connection (semconv network.peer.address and network.peer.port).
 func (sc *ServerCall) SetPeer(hostport string) {

@@ -38,6 +38,7 @@ import (
 	"encoding/json"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -74,10 +75,6 @@ func Mount(h surface.Host, cfg Config) {
 	sub, _ := fs.Sub(static, "static")
 	files := http.StripPrefix("/ui/", http.FileServer(http.FS(sub)))
 	h.Handle("GET /ui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !h.CheckOrigin(r) {
-			http.Error(w, "origin not allowed", http.StatusForbidden)
-			return
-		}
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("Cache-Control", "no-cache")
@@ -117,11 +114,26 @@ func (c *console) Close() {
 	c.tail.close()
 }
 
+// sameOrigin admits the page's own requests (a module script and a POST
+// carry an Origin: this hub's own host), requests with no Origin, and
+// those of an origin the hub allows; a page of another site is refused
+// (403), so it cannot read or call through a logged-in console.
+func (c *console) sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	if u, err := url.Parse(o); err == nil && u.Host == r.Host {
+		return true
+	}
+	return c.h.CheckOrigin(r)
+}
+
 // admit checks a console API request: the origin, then, with a key, an
 // admin-role token. On refusal it has answered w.
 func (c *console) admit(w http.ResponseWriter, r *http.Request) (*auth.Principal, bool) {
 	h := c.h
-	if !h.CheckOrigin(r) {
+	if !c.sameOrigin(r) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return nil, false
 	}
@@ -143,7 +155,7 @@ func (c *console) admit(w http.ResponseWriter, r *http.Request) (*auth.Principal
 // info is GET /ui/api/info: whether a token is needed (no data: the
 // page asks it first, so that it never makes a request to be refused).
 func (c *console) info(w http.ResponseWriter, r *http.Request) {
-	if !c.h.CheckOrigin(r) {
+	if !c.sameOrigin(r) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
@@ -154,7 +166,7 @@ func (c *console) info(w http.ResponseWriter, r *http.Request) {
 // console, answered 200 {ok, error} either way (the page's check of a
 // token typed in, without a refused request in the browser's log).
 func (c *console) whoami(w http.ResponseWriter, r *http.Request) {
-	if !c.h.CheckOrigin(r) {
+	if !c.sameOrigin(r) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}

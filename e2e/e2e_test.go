@@ -117,14 +117,22 @@ func startWithEnv(t *testing.T, extraEnv []string, name string, args ...string) 
 	ctx, cancel := context.WithTimeout(t.Context(), procLimit)
 	p.cmd = exec.CommandContext(ctx, filepath.Join(binDir, name), args...)
 	p.cmd.Env = env(extraEnv...)
+	launch(t, p, cancel, name+" "+strings.Join(args, " "))
+	return p
+}
+
+// launch starts p.cmd (made with a context that cancel ends) and stops it
+// when the test ends: SIGTERM when its context ends (t.Context ends just
+// before the cleanups run), SIGKILL 5 s later; label names it in the log
+// of a failed test, with its stderr.
+func launch(t *testing.T, p *proc, cancel context.CancelFunc, label string) {
+	t.Helper()
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	// t.Context ends just before the cleanups run: then the same SIGTERM,
-	// and SIGKILL 5 s later, as stop.
 	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
 		cancel()
-		t.Fatalf("start %s: %v", name, err)
+		t.Fatalf("start %s: %v", label, err)
 	}
 	go func() {
 		defer cancel()
@@ -135,10 +143,9 @@ func startWithEnv(t *testing.T, extraEnv []string, name string, args ...string) 
 	t.Cleanup(func() {
 		p.stop(5 * time.Second)
 		if t.Failed() {
-			t.Logf("%s %s stderr:\n%s", name, strings.Join(args, " "), p.stderr.String())
+			t.Logf("%s stderr:\n%s", label, p.stderr.String())
 		}
 	})
-	return p
 }
 
 // stop sends SIGTERM and waits for the exit, sending SIGKILL after grace.

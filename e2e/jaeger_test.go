@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -120,25 +119,7 @@ func startJaeger(t *testing.T) *jaeger {
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
-	p.cmd.WaitDelay = 5 * time.Second
-	if err := p.cmd.Start(); err != nil {
-		cancel()
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		defer cancel()
-		err := p.cmd.Wait()
-		p.err, p.exited = err, time.Now()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(5 * time.Second)
-		if t.Failed() {
-			t.Logf("jaeger stderr:\n%s", p.stderr.String())
-		}
-	})
+	launch(t, p, cancel, "jaeger")
 	j.proc = p
 
 	client := &http.Client{Timeout: time.Second}

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -101,25 +100,7 @@ func startPrometheus(t *testing.T, bin, addr, config string) *promServer {
 		"--web.listen-address="+addr, "--web.console.templates="+dir, "--web.console.libraries="+dir)
 	p.cmd.Dir = dir
 	p.cmd.Env = env()
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
-	p.cmd.WaitDelay = 5 * time.Second
-	if err := p.cmd.Start(); err != nil {
-		cancel()
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		defer cancel()
-		err := p.cmd.Wait()
-		p.err, p.exited = err, time.Now()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(5 * time.Second)
-		if t.Failed() {
-			t.Logf("prometheus stderr:\n%s", p.stderr.String())
-		}
-	})
+	launch(t, p, cancel, "prometheus")
 	s := &promServer{proc: p, base: "http://" + addr}
 	client := &http.Client{Timeout: time.Second}
 	waitFor(t, "Prometheus /-/ready", 30*time.Second, func() bool {

@@ -10,71 +10,37 @@
 // or SIGINT.
 
 import { Agent, MeshError, createLogger } from '../src/index.js';
+import { parseArgs, parseDuration } from './cli.mjs';
 
 const usage = `usage: agent.mjs [--hub URL]... [--name N] [--token T] [--drain-timeout 5s] [--log-level info]`;
 
-/** Parses a Go-style duration ("5s", "500ms", "1m30s", "1.5s") into ms. */
-function parseDuration(s) {
-  if (/^\d+$/.test(s)) return Number(s); // bare number: ms
-  const re = /(\d+(?:\.\d+)?)(ms|us|µs|ns|s|m|h)/gy;
-  const unit = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, µs: 1e-3, ns: 1e-6 };
-  let total = 0;
-  let m;
-  let end = 0;
-  while ((m = re.exec(s)) !== null) {
-    total += Number(m[1]) * unit[m[2]];
-    end = re.lastIndex;
+function parseAgentArgs(argv) {
+  const { flags, args } = parseArgs(argv, {
+    '--hub': { repeat: true },
+    '--name': {},
+    '--token': {},
+    '--drain-timeout': {},
+    '--log-level': {},
+    '--help': { bool: true },
+    '-h': { alias: '--help' },
+  });
+  if (flags['--help']) {
+    process.stdout.write(usage + '\n');
+    process.exit(0);
   }
-  if (end !== s.length || s === '') throw new Error(`bad duration "${s}"`);
-  return total;
-}
-
-function parseArgs(argv) {
-  const o = { hubs: [], name: undefined, token: undefined, drain: undefined, logLevel: 'info' };
-  for (let i = 0; i < argv.length; i++) {
-    let a = argv[i];
-    let v;
-    const eq = a.indexOf('=');
-    if (a.startsWith('--') && eq > 0) {
-      v = a.slice(eq + 1);
-      a = a.slice(0, eq);
-    }
-    const val = () => {
-      if (v !== undefined) return v;
-      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
-      return argv[++i];
-    };
-    switch (a) {
-      case '--hub':
-        o.hubs.push(...val().split(',').filter(Boolean));
-        break;
-      case '--name':
-        o.name = val();
-        break;
-      case '--token':
-        o.token = val();
-        break;
-      case '--drain-timeout':
-        o.drain = parseDuration(val());
-        break;
-      case '--log-level':
-        o.logLevel = val();
-        break;
-      case '-h':
-      case '--help':
-        process.stdout.write(usage + '\n');
-        process.exit(0);
-        break;
-      default:
-        throw new Error(`unknown argument ${a}`);
-    }
-  }
-  return o;
+  if (args.length > 0) throw new Error(`unexpected argument ${args[0]}`);
+  return {
+    hubs: (flags['--hub'] ?? []).flatMap((h) => h.split(',')).filter(Boolean),
+    name: flags['--name'],
+    token: flags['--token'],
+    drain: flags['--drain-timeout'] === undefined ? undefined : parseDuration(flags['--drain-timeout']),
+    logLevel: flags['--log-level'] ?? 'info',
+  };
 }
 
 let args;
 try {
-  args = parseArgs(process.argv.slice(2));
+  args = parseAgentArgs(process.argv.slice(2));
 } catch (e) {
   process.stderr.write(`agent.mjs: ${e.message}\n${usage}\n`);
   process.exit(2);

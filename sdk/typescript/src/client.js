@@ -72,7 +72,7 @@ export class Client {
     if (link === null) link = await this._waitLink(deadline, signal, method, timeoutMs);
     const left = deadline - Date.now();
     if (left <= 0) throw new MeshError(TIMEOUT, `${method}: no answer within ${timeoutMs} ms`, { notSent: true });
-    return link.call(method, params, { ...opts, timeoutMs: Number.isFinite(left) ? left : undefined });
+    return link.call(method, params, { ...opts, timeoutMs: Number.isFinite(left) ? left : undefined, budgetMs: timeoutMs });
   }
 
   /**

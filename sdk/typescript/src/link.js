@@ -292,7 +292,8 @@ export class Link {
         this._notifyIdle();
       };
       if (timeoutMs > 0) {
-        timer = setTimeout(() => giveUp(new MeshError(TIMEOUT, `${method}: no answer within ${timeoutMs} ms`)), timeoutMs);
+        const budget = opts.budgetMs ?? timeoutMs; // the call's whole timeout, for the message
+        timer = setTimeout(() => giveUp(new MeshError(TIMEOUT, `${method}: no answer within ${Math.round(budget)} ms`)), timeoutMs);
       }
       if (signal) {
         onAbort = () => giveUp(new MeshError(CANCELLED, `${method}: cancelled by the caller`, { cause: signal.reason }));

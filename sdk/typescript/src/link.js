@@ -221,7 +221,6 @@ export class Link {
     this._pingTimer = null;
     if (ping > 0) {
       this._pingTimer = setInterval(() => this._pingTick(), ping);
-      this._pingTimer.unref();
     }
   }
 

@@ -1,9 +1,12 @@
 import assert from 'node:assert/strict';
 import { hostname } from 'node:os';
-import { test } from 'node:test';
+import { test as nodeTest } from 'node:test';
 
 import { Agent, MeshError, SDK_VERSION } from '../src/index.js';
 import { FakeHub, delay, until } from '../testlib/fakehub.mjs';
+
+// A test that hangs fails instead (after 10 s), and its after-hooks still run.
+const test = (name, fn) => nodeTest(name, { timeout: 10_000 }, fn);
 
 async function withHub(t, opts) {
   const hub = await FakeHub.start(opts);

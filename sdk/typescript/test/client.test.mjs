@@ -1,8 +1,11 @@
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
+import { test as nodeTest } from 'node:test';
 
 import { Client, Link, MeshError, wsURL } from '../src/index.js';
 import { FakeHub, delay, until } from '../testlib/fakehub.mjs';
+
+// A test that hangs fails instead (after 10 s), and its after-hooks still run.
+const test = (name, fn) => nodeTest(name, { timeout: 10_000 }, fn);
 
 // Each test starts its own fake hub(s) and closes them (and its client)
 // when it ends, whatever the outcome.

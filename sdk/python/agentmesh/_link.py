@@ -49,6 +49,7 @@ class Link:
         logger: logging.Logger,
         on_request: RequestHandler | None = None,
         on_event: Callable[[], None] | None = None,
+        ping_interval: float | None = _wire.PING_INTERVAL,
     ) -> None:
         self.ws = ws
         self.url = url
@@ -75,6 +76,9 @@ class Link:
         loop = asyncio.get_running_loop()
         self._writer = loop.create_task(self._write(), name=f"agentmesh writer {url}")
         self._reader = loop.create_task(self._read(), name=f"agentmesh reader {url}")
+        self._pinger: asyncio.Task[None] | None = None
+        if ping_interval:
+            self._pinger = loop.create_task(self._ping(ping_interval), name=f"agentmesh pinger {url}")
 
     # -- sending ---------------------------------------------------------
 
@@ -294,6 +298,33 @@ class Link:
                     self._on_event()
         # chunk, credit and unknown frames: not used by this SDK.
 
+    async def _ping(self, interval: float) -> None:
+        """Pings the hub every interval after the last pong; a hub that
+        answers none for two intervals is gone: the link is lost at once
+        and its socket aborted."""
+        try:
+            while not self.closed.is_set():
+                await asyncio.sleep(interval)
+                try:
+                    async with asyncio.timeout(interval):
+                        pong = await self.ws.ping()
+                        await pong
+                except TimeoutError:
+                    self._lost(MeshError(UNAVAILABLE, f"link to hub {self.url} lost: no pong for {2 * interval:g} s"))
+                    self._abort()
+                    return
+        except asyncio.CancelledError:
+            raise
+        except _wire.ConnectionClosed:
+            pass
+        except Exception as exc:  # the connection failed under the ping
+            self.log.debug("agentmesh: pinging %s failed: %s", self.url, exc)
+
+    def _abort(self) -> None:
+        transport = getattr(self.ws, "transport", None)
+        if transport is not None:
+            transport.abort()
+
     # -- the end ---------------------------------------------------------
 
     def _lost_error(self, not_sent: bool = False) -> MeshError:
@@ -327,11 +358,12 @@ class Link:
             async with asyncio.timeout(3):
                 await self.ws.close(code, reason)
         except (TimeoutError, Exception):
-            pass
-        for t in (self._writer, self._reader):
+            self._abort()
+        tasks = [t for t in (self._writer, self._reader, self._pinger) if t is not None]
+        for t in tasks:
             if not t.done():
                 t.cancel()
-        await asyncio.gather(self._writer, self._reader, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 

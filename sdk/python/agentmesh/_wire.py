@@ -17,10 +17,11 @@ SUBPROTOCOL: Final = "agentmesh.v1"
 DEFAULT_HUB: Final = "ws://127.0.0.1:7700/ws"
 #: Largest message the hub takes by default (1 MiB).
 MAX_MESSAGE: Final = 1 << 20
-#: How often a link pings the hub; the hub is gone when a ping waits
-#: longer than PING_TIMEOUT for its pong (two intervals).
+#: How often a link pings the hub (PING_INTERVAL after the last pong);
+#: the hub is gone when a ping waits longer than another interval for its
+#: pong, i.e. after two intervals without one (the link's own pinger, not
+#: websockets' keepalive, which takes seconds more to report the loss).
 PING_INTERVAL: Final = 5.0
-PING_TIMEOUT: Final = 10.0
 DIAL_TIMEOUT: Final = 10.0
 
 
@@ -88,9 +89,7 @@ def _status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIMEOUT,
-               ping_interval: float | None = PING_INTERVAL,
-               ping_timeout: float | None = PING_TIMEOUT) -> WebSocket:
+async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIMEOUT) -> WebSocket:
     """Opens a WebSocket to a hub's /ws offering ``agentmesh.v1`` (and the
     token as ``Authorization: Bearer``). Failures are MeshError:
     UNAUTHENTICATED (401), PERMISSION_DENIED (403), else UNAVAILABLE."""
@@ -99,8 +98,8 @@ async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIME
     kwargs: dict[str, Any] = dict(
         subprotocols=[SUBPROTOCOL],
         open_timeout=timeout,
-        ping_interval=ping_interval,
-        ping_timeout=ping_timeout,
+        ping_interval=None,  # the link pings (Link._ping)
+        ping_timeout=None,
         close_timeout=2,
         max_size=MAX_MESSAGE,
         compression=None,

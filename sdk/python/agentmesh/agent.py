@@ -155,6 +155,7 @@ class Agent:
         drain_timeout: float = 5.0,
         logger: logging.Logger | None = None,
         metadata: dict[str, Any] | None = None,
+        ping_interval: float | None = _wire.PING_INTERVAL,
     ) -> None:
         from . import __version__
 
@@ -163,6 +164,9 @@ class Agent:
         self.token = token or None
         self._id = agent_id or new_id()
         self.drain_timeout = drain_timeout
+        #: How often the agent pings its hub (seconds; None: never); a hub
+        #: that answers no ping for two intervals is gone.
+        self.ping_interval = ping_interval
         self.log = logger or logging.getLogger("agentmesh")
         self.metadata: dict[str, Any] = {
             "sdk": "python",
@@ -389,7 +393,8 @@ class Agent:
             return False, None, None
         except MeshError as e:
             return False, None, e
-        link = Link(ws, hub, logger=self.log, on_request=self._on_request, on_event=self._wake.set)
+        link = Link(ws, hub, logger=self.log, on_request=self._on_request, on_event=self._wake.set,
+                    ping_interval=self.ping_interval)
         self._links.add(link)
         keep_open = False
         registered = False

@@ -29,10 +29,14 @@ class Client:
         token: str | None = None,
         timeout: float = 30.0,
         logger: logging.Logger | None = None,
+        ping_interval: float | None = _wire.PING_INTERVAL,
     ) -> None:
         self.hubs = [_wire.ws_url(h) for h in _wire.split_hubs(hubs)]
         self.token = token or None
         self.timeout = timeout
+        #: How often the client pings its hub (seconds; None: never); a hub
+        #: that answers no ping for two intervals is gone.
+        self.ping_interval = ping_interval
         self.log = logger or logging.getLogger("agentmesh")
         self._link: Link | None = None
         self._next = 0  # index of the hub the next dial tries first
@@ -120,7 +124,7 @@ class Client:
                     last = e
                     continue
                 self._next = i
-                self._link = Link(ws, self.hubs[i], logger=self.log)
+                self._link = Link(ws, self.hubs[i], logger=self.log, ping_interval=self.ping_interval)
                 return self._link
             assert last is not None
             raise last

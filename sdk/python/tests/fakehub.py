@@ -102,6 +102,10 @@ class Conn:
         """Cuts the TCP connection, no close frame."""
         self.ws.transport.abort()
 
+    def freeze(self) -> None:
+        """Stops reading the connection (no frames, no pongs): a hung hub."""
+        self.ws.transport.pause_reading()
+
     async def goaway(self) -> None:
         await self.send({"type": "goaway"})
 
@@ -199,7 +203,7 @@ class FakeHub:
 
         self._server = await websockets.serve(  # type: ignore[attr-defined]
             self._handler, "127.0.0.1", self.port, subprotocols=[SUBPROTOCOL],
-            process_request=process_request, compression=None, ping_interval=None,
+            process_request=process_request, compression=None, ping_interval=None, close_timeout=0.5,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -199,6 +199,30 @@ class TestRegistration(AgentTest):
         self.assertEqual(res["result"], {"back": True})
         await self.stop_agent(agent, task)
 
+    async def test_hung_hub_detected_by_ping(self) -> None:
+        hub2 = await FakeHub(heartbeat=0.1).start()
+        self.addAsyncCleanup(hub2.stop)
+        self.hub.heartbeat = 0.3  # heartbeats that time out do not end a link: the pings tell
+        agent = self.make_agent(hubs=[self.hub.url, hub2.url], ping_interval=0.1)
+        task = await self.run_agent(agent)
+        first = self.hub.last
+        await asyncio.sleep(0.5)  # a hub that answers its pings stays
+        self.assertTrue(agent.is_registered)
+        self.assertEqual(len(hub2.conns), 0)
+        seq, fut, f = first.request("t.sleep", {"ms": 5000, "key": "hung"})
+        await first.send(f)
+        await asyncio.wait_for(self.events.setdefault("hung", asyncio.Event()).wait(), 1)
+        frozen = time.monotonic()
+        first.freeze()
+        await until(lambda: "hung.cancelled" in self.contexts, 1, "the handler cancelled")
+        took = time.monotonic() - frozen
+        self.assertGreaterEqual(took, 0.1)
+        self.assertLess(took, 0.45)  # two intervals without a pong, and a bit
+        ctx = self.contexts["hung.cancelled"]
+        self.assertEqual(ctx.reason.code if ctx.reason else None, "UNAVAILABLE")
+        await hub2.wait_conn(1, 1)  # after uniform [0, min(2 s, 0.3 s))
+        await self.stop_agent(agent, task)
+
     async def test_redial_after_hub_down(self) -> None:
         agent = self.make_agent()
         task = await self.run_agent(agent)

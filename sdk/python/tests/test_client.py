@@ -176,6 +176,23 @@ class TestCalls(ClientTest):
             self.assertEqual(await c.call("which"), hub2.port)
             self.assertEqual(c.hub, hub2.url)
 
+    async def test_hung_hub_detected_by_ping(self) -> None:
+        async with Client(self.hub.url, ping_interval=0.1) as c:
+            await c.call("echo", 1)
+            await asyncio.sleep(0.4)
+            self.assertEqual((await c.call("echo", 2))["params"], 2, "a hub that answers its pings stays")
+            t = asyncio.create_task(c.call("hang", {}))
+            await self._conn_with(1, "hang")
+            frozen = time.monotonic()
+            self.hub.last.freeze()
+            with self.assertRaises(MeshError) as cm:
+                await asyncio.wait_for(t, 1)
+            self.assertEqual(cm.exception.code, "UNAVAILABLE")
+            self.assertIn("no pong", cm.exception.message)
+            self.assertLess(time.monotonic() - frozen, 0.45)
+            self.assertEqual((await c.call("echo", 3))["params"], 3)
+            self.assertEqual(len(self.hub.conns), 2)
+
     async def test_close_fails_pending(self) -> None:
         c = Client(self.hub.url)
         t = asyncio.create_task(c.call("hang", {}))

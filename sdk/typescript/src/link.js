@@ -99,8 +99,8 @@ export class Link {
    * Dials a hub's /ws with the agentmesh.v1 subprotocol and a bearer token
    * (if any). It fails with a MeshError: UNAUTHENTICATED or
    * PERMISSION_DENIED when the hub refused the token (401, 403),
-   * UNAVAILABLE (notSent) when the hub cannot be reached or is not a hub,
-   * CANCELLED when signal fired, TIMEOUT when the dial took timeoutMs.
+   * UNAVAILABLE (notSent) when the hub cannot be reached, is not a hub or
+   * did not answer within dialTimeoutMs, CANCELLED when signal fired.
    */
   static dial(hub, opts = {}) {
     let url;
@@ -130,7 +130,7 @@ export class Link {
         return;
       }
       const onAbort = () => fail(new MeshError(CANCELLED, `dial ${url} cancelled`, { notSent: true }));
-      const timer = setTimeout(() => fail(new MeshError(TIMEOUT, `dial ${url}: no answer within ${timeoutMs} ms`, { notSent: true })), timeoutMs);
+      const timer = setTimeout(() => fail(unavailableNotSent(`hub ${url} did not complete the WebSocket handshake within ${timeoutMs} ms`)), timeoutMs);
       signal?.addEventListener('abort', onAbort, { once: true });
       const done = () => {
         settled = true;

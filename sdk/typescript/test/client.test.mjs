@@ -246,3 +246,22 @@ test('Link: a hub that answers pings stays up', async (t) => {
   assert.equal(l.isClosed, false);
   assert.equal(await l.call('who.am'), 'up');
 });
+
+test('Link.dial: a server that never completes the handshake is UNAVAILABLE after dialTimeoutMs', async (t) => {
+  const net = await import('node:net');
+  const sockets = new Set();
+  const srv = net.createServer((s) => sockets.add(s)); // accepts, never answers
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  t.after(() => {
+    for (const s of sockets) s.destroy();
+    return new Promise((r) => srv.close(r));
+  });
+  const t0 = Date.now();
+  const e = await rejectsWith(Link.dial(`ws://127.0.0.1:${srv.address().port}/ws`, { dialTimeoutMs: 100 }), 'UNAVAILABLE');
+  assert.equal(e.notSent, true);
+  assert.ok(Date.now() - t0 < 1000);
+  const ac = new AbortController();
+  const p = Link.dial(`ws://127.0.0.1:${srv.address().port}/ws`, { signal: ac.signal });
+  ac.abort();
+  await rejectsWith(p, 'CANCELLED');
+});

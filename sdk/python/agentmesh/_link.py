@@ -2,8 +2,9 @@
 
 It numbers this side's requests, matches their answers by seq, hands the
 peer's requests to a callback, routes the peer's cancel frames to the
-requests this side serves, and writes outgoing frames from one writer task
-(frames queued while it writes go out together as one batch message).
+requests this side serves, writes outgoing frames from one writer task
+(frames queued while it writes go out together as one batch message), and
+pings the hub (a hub that answers no ping for two intervals is gone).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ class Link:
         typ = f.get("type")
         seq = f.get("seq")
         if typ in ("res", "end"):
-            fut = self._pending.pop(seq, None) if isinstance(seq, int) else None
+            fut = self._pending.pop(seq, None) if type(seq) is int else None
             if not self._pending:
                 self._pending_empty.set()
             if fut is None or fut.done():
@@ -276,7 +277,7 @@ class Link:
             else:
                 fut.set_result(f.get("result"))
         elif typ == "req":
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            if type(seq) is not int or seq < 1:
                 self.log.warning("agentmesh: dropping a request without a valid seq from %s", self.url)
                 return
             if self._on_request is None:
@@ -288,7 +289,7 @@ class Link:
                 self.log.exception("agentmesh: serving a request failed")
                 self.answer_error(seq, _str(f.get("id")), MeshError(INTERNAL_ERROR, str(exc) or type(exc).__name__))
         elif typ == "cancel":
-            s = self.serving.get(seq) if isinstance(seq, int) else None
+            s = self.serving.get(seq) if type(seq) is int else None
             if s is not None:
                 s.abort(MeshError(CANCELLED, "the caller cancelled the call"))
         elif typ == "goaway":

@@ -188,7 +188,7 @@ export class Link {
     this._serving = new Map(); // seq -> AbortController of a request served
     this._out = []; // encoded frames waiting for the next flush
     this._flushing = null; // setImmediate handle
-    this._missed = 0; // pings unanswered
+    this._lastSeen = Date.now(); // when the hub last sent anything (a message, a ping, a pong)
     this._deadError = null;
     this._closeTimer = null;
     this._idleWaiters = new Set();
@@ -208,19 +208,24 @@ export class Link {
     });
     ws.on('message', (data, isBinary) => this._onMessage(data, isBinary));
     ws.on('pong', () => {
-      this._missed = 0;
+      this._lastSeen = Date.now();
     });
     ws.on('ping', () => {
-      this._missed = 0; // ws answers it by itself
+      this._lastSeen = Date.now(); // ws answers it by itself
     });
     ws.on('error', (e) => {
       this.log.debug('link error', { hub: this.url, error: e.message });
     });
     ws.on('close', (code, reason) => this._closedNow(code, reason.toString()));
+    // Liveness: a ping every interval; a hub silent (no message, ping
+    // or pong) for two intervals is gone.
     const ping = opts.pingIntervalMs ?? DEFAULT_PING_INTERVAL_MS;
+    this._pingMs = ping;
     this._pingTimer = null;
+    this._deadTimer = null;
     if (ping > 0) {
-      this._pingTimer = setInterval(() => this._pingTick(), ping);
+      this._pingTimer = setInterval(() => this._ping(), ping);
+      this._deadTimer = setTimeout(() => this._checkAlive(), 2 * ping);
     }
   }
 
@@ -367,7 +372,7 @@ export class Link {
   // --- reading ---
 
   _onMessage(data, isBinary) {
-    this._missed = 0;
+    this._lastSeen = Date.now();
     const text = Array.isArray(data) ? Buffer.concat(data).toString('utf8') : Buffer.from(data).toString('utf8');
     let v;
     try {
@@ -523,15 +528,8 @@ export class Link {
 
   // --- liveness and loss ---
 
-  _pingTick() {
+  _ping() {
     if (this.isClosed) return;
-    if (this._missed >= 2) {
-      this._deadError = new MeshError(UNAVAILABLE, `hub ${this.url} answered none of the last 2 pings`);
-      this.log.warn('hub link dead: 2 pings unanswered', { hub: this.url });
-      this.ws.terminate();
-      return;
-    }
-    this._missed++;
     try {
       this.ws.ping();
     } catch {
@@ -539,11 +537,26 @@ export class Link {
     }
   }
 
+  _checkAlive() {
+    this._deadTimer = null;
+    if (this.isClosed) return;
+    const silent = Date.now() - this._lastSeen;
+    const limit = 2 * this._pingMs;
+    if (silent < limit) {
+      this._deadTimer = setTimeout(() => this._checkAlive(), limit - silent);
+      return;
+    }
+    this._deadError = new MeshError(UNAVAILABLE, `hub ${this.url} silent for ${silent} ms: no pong to 2 pings`);
+    this.log.warn('hub link dead: silent for two ping intervals', { hub: this.url, silentMs: silent });
+    this.ws.terminate();
+  }
+
   _closedNow(code, reason) {
     if (this.isClosed) return;
     this.isClosed = true;
     this.closing = true;
     if (this._pingTimer !== null) clearInterval(this._pingTimer);
+    if (this._deadTimer !== null) clearTimeout(this._deadTimer);
     if (this._flushing !== null) clearImmediate(this._flushing);
     this._flushing = null;
     this._out = [];

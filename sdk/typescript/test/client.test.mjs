@@ -265,3 +265,17 @@ test('Link.dial: a server that never completes the handshake is UNAVAILABLE afte
   ac.abort();
   await rejectsWith(p, 'CANCELLED');
 });
+
+test('Link: the hub\'s own pings count as signs of life', async (t) => {
+  const hub = await withHub(t, { autoPong: false, handlers: { 'who.am': () => ({ result: 'up' }) } });
+  const l = await Link.dial(hub.url, { pingIntervalMs: 40 });
+  t.after(() => l.close());
+  const conn = await hub.nthConn(0);
+  const pinger = setInterval(() => conn.ws.ping(), 15);
+  t.after(() => clearInterval(pinger));
+  await delay(250);
+  assert.equal(l.isClosed, false, 'alive while the hub pings');
+  clearInterval(pinger);
+  const { error } = await l.closed;
+  assert.equal(error.code, 'UNAVAILABLE');
+});

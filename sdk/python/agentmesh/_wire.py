@@ -92,12 +92,12 @@ def _status_of(exc: BaseException) -> int | None:
 async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIMEOUT) -> WebSocket:
     """Opens a WebSocket to a hub's /ws offering ``agentmesh.v1`` (and the
     token as ``Authorization: Bearer``). Failures are MeshError:
-    UNAUTHENTICATED (401), PERMISSION_DENIED (403), else UNAVAILABLE."""
+    UNAUTHENTICATED (401), PERMISSION_DENIED (403), else UNAVAILABLE (a
+    dial that outlives timeout too)."""
     u = ws_url(url)
     headers = {"Authorization": "Bearer " + token} if token else None
     kwargs: dict[str, Any] = dict(
         subprotocols=[SUBPROTOCOL],
-        open_timeout=timeout,
         ping_interval=None,  # the link pings (Link._ping)
         ping_timeout=None,
         close_timeout=2,
@@ -108,9 +108,9 @@ async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIME
         if NEW_API:
             from websockets.asyncio.client import connect as new_connect
 
-            ws: Any = await new_connect(u, additional_headers=headers, **kwargs)
+            ws: Any = await new_connect(u, additional_headers=headers, open_timeout=timeout, **kwargs)
         else:
-            ws = await websockets.connect(u, extra_headers=headers, **kwargs)  # type: ignore[attr-defined]
+            ws = await _dial_legacy(u, headers, timeout, kwargs)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # websockets' InvalidHandshake family, OSError, TimeoutError
@@ -121,11 +121,44 @@ async def dial(url: str, token: str | None = None, *, timeout: float = DIAL_TIME
         if status is not None:
             raise MeshError(UNAVAILABLE, f"hub {u} refused the WebSocket: HTTP {status}", not_sent=True) from exc
         text = str(exc) or type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            text = f"no WebSocket within {timeout:g} s"
         raise MeshError(UNAVAILABLE, f"cannot reach hub {u}: {text}", not_sent=True) from exc
     if ws.subprotocol != SUBPROTOCOL:
         await ws.close()
         raise MeshError(UNAVAILABLE, f"hub {u} does not speak {SUBPROTOCOL}", not_sent=True)
     return ws  # type: ignore[no-any-return]
+
+
+async def _dial_legacy(u: str, headers: dict[str, str] | None, timeout: float, kwargs: dict[str, Any]) -> Any:
+    """websockets 10.4's connect, bounded by timeout. When the bound (or a
+    cancellation) comes during the opening handshake, the half-open socket
+    is aborted first: websockets would otherwise wait close_timeout for the
+    hub to close it before giving up."""
+    from websockets.legacy.client import WebSocketClientProtocol
+
+    protocols: list[Any] = []
+
+    def create_protocol(*args: Any, **kw: Any) -> Any:
+        p = WebSocketClientProtocol(*args, **kw)
+        protocols.append(p)
+        return p
+
+    task = asyncio.ensure_future(websockets.connect(  # type: ignore[attr-defined]
+        u, extra_headers=headers, open_timeout=None, create_protocol=create_protocol, **kwargs))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:
+        if not task.done():
+            for p in protocols:
+                transport = getattr(p, "transport", None)
+                if transport is not None:
+                    transport.abort()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if not done:
+        raise TimeoutError()
+    return task.result()
 
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)

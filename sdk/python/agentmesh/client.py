@@ -115,6 +115,8 @@ class Client:
                 i = (self._next + k) % len(self.hubs)
                 left = _wire.DIAL_TIMEOUT if deadline is None else min(_wire.DIAL_TIMEOUT, deadline - loop.time())
                 if left <= 0:
+                    if last is not None:
+                        raise last  # a dial that took the call's time is UNAVAILABLE, not sent
                     raise MeshError(TIMEOUT, f"{method}: the deadline passed while dialling the hub", not_sent=True)
                 try:
                     ws = await _wire.dial(self.hubs[i], self.token, timeout=left)

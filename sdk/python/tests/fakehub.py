@@ -45,6 +45,35 @@ async def until(pred: Callable[[], Any], timeout: float = 2.0, what: str = "cond
         await asyncio.sleep(0.005)
 
 
+class HungServer:
+    """A TCP server that takes connections and never answers: a hub that
+    hangs in the WebSocket upgrade."""
+
+    def __init__(self) -> None:
+        self.writers: list[asyncio.StreamWriter] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> "HungServer":
+        async def take(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.writers.append(w)
+
+        self._server = await asyncio.start_server(take, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self.writers:
+            w.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+
 class Conn:
     """One WebSocket the fake hub accepted."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fakehub import FakeHub, LeakCheck, until  # noqa: E402
+from fakehub import FakeHub, HungServer, LeakCheck, until  # noqa: E402
 
 from agentmesh import Agent, Context, MeshError  # noqa: E402
 
@@ -260,6 +260,17 @@ class TestRegistration(AgentTest):
     async def test_no_handlers(self) -> None:
         with self.assertRaises(ValueError):
             await Agent("empty", self.hub.url).run()
+
+    async def test_stop_during_hung_dial(self) -> None:
+        async with HungServer() as srv:
+            agent = self.make_agent(hubs=srv.url)
+            task = asyncio.create_task(agent.run())
+            await asyncio.sleep(0.2)
+            start = time.monotonic()
+            agent.stop()
+            await asyncio.wait_for(task, 2)
+            self.assertLess(time.monotonic() - start, 0.2)
+            self.assertNoSDKTasks()
 
     async def test_stop_before_registered(self) -> None:
         # a hub that never answers agent.register: stop still ends run

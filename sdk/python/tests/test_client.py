@@ -12,7 +12,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fakehub import NO_ANSWER, Conn, FakeHub, LeakCheck, until  # noqa: E402
+from fakehub import NO_ANSWER, Conn, FakeHub, HungServer, LeakCheck, until  # noqa: E402
 
 from agentmesh import Client, MeshError  # noqa: E402
 
@@ -212,6 +212,26 @@ class TestCalls(ClientTest):
             self.assertEqual(cm.exception.code, "UNAVAILABLE")
             self.assertTrue(cm.exception.not_sent)
             self.assertTrue(cm.exception.retryable)
+
+    async def test_hung_upgrade(self) -> None:
+        # a server that takes the TCP connection and never answers the upgrade
+        async with HungServer() as srv, Client(srv.url) as c:
+            start = time.monotonic()
+            with self.assertRaises(MeshError) as cm:
+                await c.call("echo", 1, timeout=0.3)
+            took = time.monotonic() - start
+            self.assertEqual((cm.exception.code, cm.exception.not_sent), ("UNAVAILABLE", True))
+            self.assertGreaterEqual(took, 0.29)
+            self.assertLess(took, 0.6)
+            # the caller's own cancellation during the dial ends it at once too
+            t = asyncio.create_task(c.call("echo", 1, timeout=5))
+            await asyncio.sleep(0.1)
+            start = time.monotonic()
+            t.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await t
+            self.assertLess(time.monotonic() - start, 0.2)
+        self.assertNoSDKTasks()
 
     async def test_first_hub_down_tries_next(self) -> None:
         async with Client([f"ws://127.0.0.1:{free_port()}/ws", self.hub.url]) as c:

@@ -501,7 +501,9 @@ func (a *Agent) serve(ctx context.Context, req *envelope.Request) (res *envelope
 	defer func() {
 		if p := recover(); p != nil {
 			a.log.Error("handler panicked", "method", req.Method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			res, err = nil, envelope.Errorf(envelope.CodeInternal, "handler for %s panicked", req.Method)
+			// A panic is the Go handler's throw: INTERNAL_ERROR with its
+			// value's text, as the other SDKs answer an exception.
+			res, err = nil, envelope.Errorf(envelope.CodeInternal, "handler for %s panicked: %v", req.Method, p)
 		}
 	}()
 	v, err := h(ctx, req.Params)

@@ -35,6 +35,7 @@ func TestHandlerErrorsAreCoded(t *testing.T) {
 		return nil, envelope.NewError(envelope.CodePermissionDenied, "not you")
 	})
 	a.Handle("errs.panic", func(context.Context, json.RawMessage) (any, error) { panic("boom") })
+	a.Handle("errs.panic-error", func(context.Context, json.RawMessage) (any, error) { panic(errors.New("disk on fire")) })
 	a.Handle("errs.unencodable", func(context.Context, json.RawMessage) (any, error) { return func() {}, nil })
 	a.Handle("errs.wild.*", func(ctx context.Context, p json.RawMessage) (any, error) {
 		return agents.RequestFrom(ctx).Method, nil
@@ -48,7 +49,8 @@ func TestHandlerErrorsAreCoded(t *testing.T) {
 	}{
 		{"errs.plain", envelope.CodeRPCError, "disk on fire"},
 		{"errs.coded", envelope.CodePermissionDenied, "not you"},
-		{"errs.panic", envelope.CodeInternal, "handler for errs.panic panicked"},
+		{"errs.panic", envelope.CodeInternal, "handler for errs.panic panicked: boom"},
+		{"errs.panic-error", envelope.CodeInternal, "handler for errs.panic-error panicked: disk on fire"},
 		{"errs.unencodable", envelope.CodeInternal, ""},
 	}
 	for _, tc := range cases {

@@ -41,6 +41,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -241,6 +242,8 @@ func runRole(role, addr string) error {
 		return h.Serve(ctx, ln)
 	case "mesh-agent":
 		return agents.NewEcho().Run(ctx, "ws://"+addr+"/ws")
+	case "mesh-agent-v1":
+		return agents.NewEcho(agents.WithConnConfig(link.Config{JSONFrames: true})).Run(ctx, "ws://"+addr+"/ws")
 	case "ping-server":
 		return runPingServer(ctx, addr)
 	case "ping-clients":
@@ -558,30 +561,13 @@ func systems() []system {
 			return call, []*proc{p}, func() { cc.Close(); p.stop() }, nil
 		}},
 		{"agentmesh", func(c int) (func(int) error, []*proc, func(), error) {
-			addr, procs, stop, err := startMesh()
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			// The client as users get it: the full reliability chain.
-			cl, err := mesh.NewClient([]string{"ws://" + addr + "/ws"}, mesh.WithWaitForReady())
-			if err != nil {
-				stop()
-				return nil, nil, nil, err
-			}
-			for range 200 {
-				if err := cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), nil); err == nil {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			call := func(int) error {
-				var out json.RawMessage
-				return cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), &out)
-			}
-			return call, procs, func() { cl.Close(); stop() }, nil
+			return meshRow(false)
+		}},
+		{"agentmesh-v1", func(c int) (func(int) error, []*proc, func(), error) {
+			return meshRow(true) // the JSON frames (agentmesh.v1), client and agent
 		}},
 		{"agentmesh-jsonrpc", func(c int) (func(int) error, []*proc, func(), error) {
-			addr, procs, stop, err := startMesh()
+			addr, procs, stop, err := startMesh("mesh-agent")
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -601,8 +587,38 @@ func systems() []system {
 	}
 }
 
-// startMesh starts a hub and an echo agent, each in its own process.
-func startMesh() (addr string, procs []*proc, stop func(), err error) {
+// meshRow starts a hub and an echo agent and dials the client as users
+// get it (the full reliability chain); v1: client and agent speak the JSON
+// frames.
+func meshRow(v1 bool) (func(int) error, []*proc, func(), error) {
+	role := "mesh-agent"
+	if v1 {
+		role = "mesh-agent-v1"
+	}
+	addr, procs, stop, err := startMesh(role)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, err := mesh.NewClient([]string{"ws://" + addr + "/ws"}, mesh.WithWaitForReady(), mesh.WithConnConfig(link.Config{JSONFrames: v1}))
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	for range 200 {
+		if err := cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), nil); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	call := func(int) error {
+		var out json.RawMessage
+		return cl.Call(context.Background(), "echo.echo", json.RawMessage(payload), &out)
+	}
+	return call, procs, func() { cl.Close(); stop() }, nil
+}
+
+// startMesh starts a hub and an echo agent (agentRole), each in its own process.
+func startMesh(agentRole string) (addr string, procs []*proc, stop func(), err error) {
 	addr = freeAddr()
 	hub, err := startRole("mesh-hub", addr)
 	if err != nil {
@@ -612,7 +628,7 @@ func startMesh() (addr string, procs []*proc, stop func(), err error) {
 		hub.stop()
 		return "", nil, nil, err
 	}
-	agent, err := startRole("mesh-agent", addr)
+	agent, err := startRole(agentRole, addr)
 	if err != nil {
 		hub.stop()
 		return "", nil, nil, err
@@ -816,6 +832,11 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 				am.Cells[i].RPS/b.Cells[i].RPS, am.Cells[i].P50us/b.Cells[i].P50us, am.Cells[i].P99us/b.Cells[i].P99us)
 		}
 		fmt.Fprintf(w, "  CPU/call %.2fx\n", am.Cells[len(cs)-1].CPUmsPer1k/b.Cells[len(cs)-1].CPUmsPer1k)
+	}
+	if v1 := find("agentmesh-v1"); v1 != nil {
+		a, b := am.Cells[len(cs)-1], v1.Cells[len(cs)-1]
+		fmt.Fprintf(w, "agentmesh (v2 frames) / agentmesh-v1 (JSON frames) at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
+			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 	}
 	if j := find("agentmesh-jsonrpc"); j != nil {
 		a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]

@@ -117,7 +117,7 @@ func profileClient() (func(), error) {
 func meshStream(size int, d time.Duration, win int) (StreamCell, error) {
 	cell := StreamCell{System: "agentmesh", Size: size}
 	profileCell = fmt.Sprintf("stream-agentmesh-s%d", size)
-	addr, procs, stop, err := startMesh()
+	addr, procs, stop, err := startMesh("mesh-agent")
 	if err != nil {
 		return cell, err
 	}

@@ -40,11 +40,31 @@ func internToken(tok []byte) (string, bool) {
 	if !ok {
 		return "", false
 	}
+	return internNew(s), true
+}
+
+// internBytes returns b as a string, interned (b is the value itself,
+// valid UTF-8: a binary frame's string field).
+func internBytes(b []byte) string {
+	if len(b) > 256 {
+		return string(b)
+	}
+	if s, ok := (*interned.m.Load())[string(b)]; ok {
+		return s
+	}
+	return internNew(string(b))
+}
+
+// internNew adds s to the table while it has room, and returns it.
+func internNew(s string) string {
 	interned.mu.Lock()
 	defer interned.mu.Unlock()
 	old := *interned.m.Load()
+	if v, ok := old[s]; ok {
+		return v
+	}
 	if len(old) >= maxInterned {
-		return s, true
+		return s
 	}
 	m := make(map[string]string, len(old)+1)
 	for k, v := range old {
@@ -52,7 +72,7 @@ func internToken(tok []byte) (string, bool) {
 	}
 	m[s] = s
 	interned.m.Store(&m)
-	return s, true
+	return s
 }
 
 // internField is stringField for repeating values.

@@ -185,8 +185,9 @@ func (h *Hub) admitAs(w http.ResponseWriter, r *http.Request, peerOK bool) (*Pri
 	return who, true
 }
 
-// serveWS is GET /ws. With subprotocol agentmesh.v1 the socket is a native
-// Link (agents and SDK clients); without one, or with "jsonrpc", it speaks
+// serveWS is GET /ws. With subprotocol agentmesh.v2 (binary frames) or
+// agentmesh.v1 (JSON frames) the socket is a native Link (agents and SDK
+// clients; v2 is preferred when offered); without one, or with "jsonrpc", it speaks
 // plain JSON-RPC 2.0 and the envelope headers ride in "meta". A hub's
 // peer token opens a native link only, answered with this hub's proof
 // (peerauth.go).
@@ -197,7 +198,7 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 	}
 	var hdr http.Header
 	if who.Peer() {
-		if !slices.Contains(websocket.Subprotocols(r), envelope.Subprotocol) {
+		if offered := websocket.Subprotocols(r); !slices.Contains(offered, envelope.Subprotocol) && !slices.Contains(offered, envelope.SubprotocolV2) {
 			h.metrics().Refused("unauthenticated")
 			httpRefuse(w, guard.ErrHubTokenElsewhere)
 			return
@@ -214,7 +215,7 @@ func (h *Hub) serveWS(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
 	}
-	if ws.Subprotocol() == envelope.Subprotocol {
+	if sp := ws.Subprotocol(); sp == envelope.Subprotocol || sp == envelope.SubprotocolV2 {
 		h.startLink(ws, who)
 		return
 	}

@@ -366,7 +366,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		}
 	}
 	h.upgrader = websocket.Upgrader{
-		Subprotocols: []string{envelope.Subprotocol, "jsonrpc"},
+		Subprotocols: []string{envelope.SubprotocolV2, envelope.Subprotocol, "jsonrpc"},
 		// Browsers only from the allowed origins (no same-host fallback:
 		// DNS rebinding makes a hostile page's Origin and Host agree).
 		CheckOrigin: h.guard.Origins.Check,

@@ -62,7 +62,7 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) (s
 		r.Headers.TTL = max(time.Until(deadline).Milliseconds(), 1)
 	}
 	b := GetBuf()
-	*b = envelope.AppendRequestFrame(*b, seq, &r)
+	*b = l.appendRequest(*b, seq, &r)
 	a := asyncPool.Get().(*asyncCall)
 	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
 	l.mu.Lock()
@@ -110,7 +110,7 @@ func (l *Link) CancelGo(seq uint64, err *envelope.Error) {
 		return
 	}
 	cb := GetBuf()
-	*cb = envelope.AppendCancelFrame(*cb, seq)
+	*cb = l.appendCancel(*cb, seq)
 	l.c.TrySend(cb)
 	done.Complete(nil, err)
 }
@@ -230,7 +230,7 @@ func (l *Link) asyncTimeouts() {
 	l.mu.Unlock()
 	for _, a := range due {
 		cb := GetBuf()
-		*cb = envelope.AppendCancelFrame(*cb, a.seq)
+		*cb = l.appendCancel(*cb, a.seq)
 		l.c.TrySend(cb)
 		done := a.done
 		putAsync(a)

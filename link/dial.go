@@ -86,7 +86,7 @@ func DialCheck(ctx context.Context, hub, token string, check func(*http.Response
 	d := websocket.Dialer{
 		Proxy:            http.ProxyFromEnvironment,
 		HandshakeTimeout: 10 * time.Second,
-		Subprotocols:     []string{envelope.Subprotocol},
+		Subprotocols:     []string{envelope.SubprotocolV2, envelope.Subprotocol},
 		ReadBufferSize:   4096,
 		WriteBufferSize:  writeBufferSize,
 		WriteBufferPool:  &dialWriteBuffers,
@@ -95,6 +95,9 @@ func DialCheck(ctx context.Context, hub, token string, check func(*http.Response
 	}
 	if cfg.Dial != nil {
 		d.NetDialContext = cfg.Dial
+	}
+	if cfg.JSONFrames {
+		d.Subprotocols = d.Subprotocols[1:]
 	}
 	var hdr http.Header
 	if token != "" {
@@ -114,7 +117,7 @@ func DialCheck(ctx context.Context, hub, token string, check func(*http.Response
 		}
 		return nil, envelope.WrapError(envelope.CodeUnavailable, fmt.Sprintf("cannot reach hub %s: %v", u, NetErrText(err)), errors.Join(ErrHubUnreachable, err)).MarkNotSent()
 	}
-	if ws.Subprotocol() != envelope.Subprotocol {
+	if sp := ws.Subprotocol(); sp != envelope.Subprotocol && (sp != envelope.SubprotocolV2 || cfg.JSONFrames) {
 		_ = ws.Close()
 		return nil, envelope.Errorf(envelope.CodeUnavailable, "hub %s does not speak %s", u, envelope.Subprotocol)
 	}

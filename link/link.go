@@ -23,6 +23,8 @@ import (
 // context cancelled.
 type Link struct {
 	c       *Conn
+	v2      bool // binary frames (agentmesh.v2): set in New, from the negotiated subprotocol
+	lim     envelope.Limits
 	serve   func(context.Context, *Link, *envelope.Request) (*envelope.Response, error) // handles incoming requests; nil refuses them
 	log     *slog.Logger
 	backend string
@@ -145,11 +147,19 @@ func WithMaxServing(n int) Option { return func(l *Link) { l.maxServing = n } }
 // link's reader and writer goroutines; Close stops them.
 func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 	c := NewConn(ws, cfg)
-	c.Batched() // both ends of a native link read JSON-array batches
+	c.Batched() // both ends of a native link read batches
 	lim := c.Config().Limits
-	c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) })
+	v2 := ws.Subprotocol() == envelope.SubprotocolV2
+	if v2 {
+		c.Binary()
+		c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckBinary(b, lim) })
+	} else {
+		c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) })
+	}
 	l := &Link{
 		c:          c,
+		v2:         v2,
+		lim:        lim,
 		pending:    map[uint64]chan linkResult{},
 		serving:    map[uint64]Canceler{},
 		log:        slog.New(slog.DiscardHandler),
@@ -225,7 +235,7 @@ func (l *Link) GoingAway() bool {
 func (l *Link) SendGoAway() {
 	l.sentGoAway.Do(func() {
 		b := GetBuf()
-		*b = envelope.AppendGoAwayFrame(*b)
+		*b = l.appendGoAway(*b)
 		l.c.Send(b)
 	})
 }
@@ -284,7 +294,7 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 	r := *req
 	r.Headers.SetDeadline(ctx)
 	b := GetBuf()
-	*b = envelope.AppendRequestFrame(*b, seq, &r)
+	*b = l.appendRequest(*b, seq, &r)
 	if !l.c.TrySend(b) {
 		l.forget(seq, ch)
 		if l.Err() != nil {
@@ -309,7 +319,7 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 			l.results.Put(ch)
 		}
 		cb := GetBuf()
-		*cb = envelope.AppendCancelFrame(*cb, seq)
+		*cb = l.appendCancel(*cb, seq)
 		l.c.TrySend(cb)
 		return nil, envelope.AsError(ctx.Err())
 	}
@@ -343,7 +353,11 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 	// The reader checked the message (c.check, PrecheckFrames, set in
 	// New): decode it without a second scan.
 	f := framePool.Get().(*envelope.Frame)
-	envelope.EachCheckedFrame(data, f, l.onFrame)
+	if l.v2 {
+		envelope.EachBinaryFrame(data, l.lim, true, f, l.onFrame)
+	} else {
+		envelope.EachCheckedFrame(data, f, l.onFrame)
+	}
 	*f = envelope.Frame{} // let the message go
 	framePool.Put(f)
 }
@@ -357,7 +371,7 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 // other side would wait for its timeout: the link is closed with 1007
 // (invalid payload), so that its calls fail at once and it reconnects.
 func (l *Link) onRefused(head []byte, refused *envelope.Error) {
-	typ, seq, ok := envelope.RecoverFrameSeq(head)
+	typ, seq, ok := l.recoverFrameSeq(head)
 	answerable := ok && (typ == envelope.FrameRequest || typ == envelope.FrameResponse)
 	// Counted before the peer can see the outcome (an answer or a close),
 	// so that whoever saw it also sees it counted.
@@ -398,7 +412,7 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
 			b := GetBuf()
-			*b = envelope.AppendResponseFrame(*b, f.Seq, nil, err)
+			*b = l.appendResponse(*b, f.Seq, nil, err)
 			l.c.Send(b)
 			return
 		}
@@ -491,7 +505,7 @@ func (l *Link) LateResponses() int64 { return l.late.Load() }
 
 func (l *Link) reply(seq uint64, res *envelope.Response, e *envelope.Error) {
 	b := GetBuf()
-	*b = envelope.AppendResponseFrame(*b, seq, res, e)
+	*b = l.appendResponse(*b, seq, res, e)
 	l.c.Send(b)
 }
 

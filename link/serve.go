@@ -135,14 +135,14 @@ func (l *Link) answer(seq uint64, id string, start time.Time, res *envelope.Resp
 func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelope.Response, err error) *[]byte {
 	b := GetBuf()
 	if err != nil {
-		*b = envelope.AppendResponseFrame(*b, seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
+		*b = l.appendResponse(*b, seq, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
 			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
 		return b
 	}
 	if res.ID == "" {
 		res.ID = id
 	}
-	*b = envelope.AppendResponseFrame(*b, seq, res, nil)
+	*b = l.appendResponse(*b, seq, res, nil)
 	return b
 }
 
@@ -151,14 +151,14 @@ func (l *Link) encodeAnswer(seq uint64, id string, start time.Time, res *envelop
 func (l *Link) encodeEnd(seq, n uint64, id string, start time.Time, res *envelope.Response, err error) *[]byte {
 	b := GetBuf()
 	if err != nil {
-		*b = envelope.AppendEndFrame(*b, seq, n, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
+		*b = l.appendEnd(*b, seq, n, &envelope.Response{ID: id, Timestamp: time.Now().UnixMilli(),
 			Metrics: envelope.Metrics{LatencyMs: ms(time.Since(start)), Backend: l.backend}}, envelope.AsError(err))
 		return b
 	}
 	if res.ID == "" {
 		res.ID = id
 	}
-	*b = envelope.AppendEndFrame(*b, seq, n, res, nil)
+	*b = l.appendEnd(*b, seq, n, res, nil)
 	return b
 }
 

@@ -276,14 +276,14 @@ func (s *servedStream) end() uint64 {
 // sendChunk queues the n-th chunk of the stream seq.
 func (l *Link) sendChunk(seq, n uint64, data []byte) bool {
 	b := GetBuf()
-	*b = envelope.AppendChunkFrame(*b, seq, n, data)
+	*b = l.appendChunk(*b, seq, n, data)
 	return l.c.SendCredited(b)
 }
 
 // grantCredit queues a grant of c to the stream seq.
 func (l *Link) grantCredit(seq uint64, c stream.Credit) {
 	b := GetBuf()
-	*b = envelope.AppendCreditFrame(*b, seq, c.Chunks, c.Bytes)
+	*b = l.appendCredit(*b, seq, c.Chunks, c.Bytes)
 	l.c.SendControl(b)
 }
 
@@ -331,7 +331,7 @@ func (l *Link) callStream(ctx context.Context, req *envelope.Request) (*envelope
 	r := *req
 	r.Headers.SetDeadline(ctx)
 	b := GetBuf()
-	*b = envelope.AppendStreamRequestFrame(*b, seq, &r, credit.Chunks, credit.Bytes)
+	*b = l.appendStreamRequest(*b, seq, &r, credit.Chunks, credit.Bytes)
 	if !l.c.TrySend(b) {
 		l.forget(seq, ch)
 		if l.Err() != nil {
@@ -349,7 +349,7 @@ func (l *Link) callStream(ctx context.Context, req *envelope.Request) (*envelope
 			l.results.Put(ch)
 		}
 		cb := GetBuf()
-		*cb = envelope.AppendCancelFrame(*cb, seq)
+		*cb = l.appendCancel(*cb, seq)
 		l.c.SendControl(cb)
 		res = linkResult{err: envelope.AsError(ctx.Err())}
 	}
@@ -401,7 +401,7 @@ func (l *Link) onChunk(f *envelope.Frame) {
 	delete(l.streams, f.Seq)
 	l.mu.Unlock()
 	cb := GetBuf()
-	*cb = envelope.AppendCancelFrame(*cb, f.Seq)
+	*cb = l.appendCancel(*cb, f.Seq)
 	l.c.SendControl(cb)
 	l.deliver(f.Seq, linkResult{err: err})
 }

@@ -1,5 +1,7 @@
 package wsconn
 
+import "github.com/gorilla/websocket"
+
 // What link sets and asks of its connection beyond sending: the budget
 // relayed streams share, and the settings made before Start.
 
@@ -35,6 +37,11 @@ func (c *Conn) TakeDrained() bool {
 // JSON-array message (both ends of a native link read such batches).
 // Set before Start.
 func (c *Conn) Batched() { c.batch = true }
+
+// Binary makes the connection send binary messages, and a batch the
+// frames one after another (each carries its length: agentmesh.v2).
+// Set before Start.
+func (c *Conn) Binary() { c.binary, c.msgType = true, websocket.BinaryMessage }
 
 // NoCallBound lifts the bound on running calls of a connection with
 // backpressure (a peer hub's link). Set before Start.

@@ -62,6 +62,10 @@ type Config struct {
 	// reset (a reset would drop the close frame still queued), until the
 	// peer's kernel has taken every byte or the grace ends.
 	CloseGrace time.Duration
+	// JSONFrames makes a dialled link offer only the JSON frames
+	// (agentmesh.v1). By default it offers the binary frames
+	// (agentmesh.v2) first, and speaks v1 with a hub that has only v1.
+	JSONFrames bool
 	// Limits bound each incoming message (default 1 MiB, depth 64).
 	Limits envelope.Limits
 	// TLS configures the dialler for wss:// hubs (ClientTLS); nil: the
@@ -137,7 +141,11 @@ func (c Config) WithDefaults() Config {
 type Conn struct {
 	ws    *websocket.Conn
 	cfg   Config
-	batch bool // frames queued together go out as one JSON-array message (native links only)
+	batch bool // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
+	// binary: the frames are binary (agentmesh.v2); msgType is the
+	// messages' WebSocket type.
+	binary  bool
+	msgType int
 	// check, if set, refuses a message in the read buffer, before it is
 	// copied out: onMessage then gets only its head and the refusal.
 	check     func([]byte) *envelope.Error
@@ -209,6 +217,7 @@ func NewConn(ws *websocket.Conn, cfg Config) *Conn {
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
 		pings:   newPingPolicy(cfg.PeerPingMin),
+		msgType: websocket.TextMessage,
 	}
 }
 

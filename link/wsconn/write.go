@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/gorilla/websocket"
 )
 
 // writeLoop writes what is queued, batch by batch, until the queue stays
@@ -144,7 +143,7 @@ func (c *Conn) writeFrames(frames []*[]byte) error {
 			n, used, err = c.writeBatch(frames)
 		} else {
 			n, used = len(*frames[0]), 1
-			err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+			err = c.ws.WriteMessage(c.msgType, *frames[0])
 			PutBuf(frames[0])
 		}
 		if c.cfg.Bytes != nil {
@@ -260,27 +259,36 @@ func (c *Conn) writeBatch(frames []*[]byte) (n, used int, err error) {
 		used++
 	}
 	if used == 1 {
-		err = c.ws.WriteMessage(websocket.TextMessage, *frames[0])
+		err = c.ws.WriteMessage(c.msgType, *frames[0])
 		PutBuf(frames[0])
 		return len(*frames[0]), 1, err
 	}
-	w, err := c.ws.NextWriter(websocket.TextMessage)
+	w, err := c.ws.NextWriter(c.msgType)
 	if err != nil {
 		for _, b := range frames[:used] {
 			PutBuf(b)
 		}
 		return 0, used, err
 	}
-	sep := byte('[')
-	for _, b := range frames[:used] {
-		if err == nil {
-			_, _ = w.Write([]byte{sep})
-			_, err = w.Write(*b)
+	if c.binary { // each frame carries its length
+		for _, b := range frames[:used] {
+			if err == nil {
+				_, err = w.Write(*b)
+			}
+			PutBuf(b)
 		}
-		sep = ','
-		PutBuf(b)
+	} else {
+		sep := byte('[')
+		for _, b := range frames[:used] {
+			if err == nil {
+				_, _ = w.Write([]byte{sep})
+				_, err = w.Write(*b)
+			}
+			sep = ','
+			PutBuf(b)
+		}
+		_, _ = w.Write([]byte{']'})
 	}
-	_, _ = w.Write([]byte{']'})
 	if cerr := w.Close(); err == nil {
 		err = cerr
 	}
@@ -295,7 +303,7 @@ func (c *Conn) writeCorked(cc corker, frames []*[]byte) (n, used int, err error)
 	cc.cork()
 	for _, b := range frames[:used] {
 		if err == nil {
-			err = c.ws.WriteMessage(websocket.TextMessage, *b)
+			err = c.ws.WriteMessage(c.msgType, *b)
 		}
 		PutBuf(b)
 	}

@@ -1,0 +1,75 @@
+package link
+
+import "github.com/agentmesh/agentmesh/envelope"
+
+// A link speaks the native frames of the subprotocol its WebSocket
+// negotiated: agentmesh.v2 (binary, envelope/binary.go) when both ends
+// offer it, else agentmesh.v1 (JSON). These encode one frame each in the
+// link's own.
+
+// Binary reports whether the link speaks the binary frames (agentmesh.v2).
+func (l *Link) Binary() bool { return l.v2 }
+
+func (l *Link) appendRequest(b []byte, seq uint64, r *envelope.Request) []byte {
+	if l.v2 {
+		return envelope.AppendRequestFrameV2(b, seq, r)
+	}
+	return envelope.AppendRequestFrame(b, seq, r)
+}
+
+func (l *Link) appendStreamRequest(b []byte, seq uint64, r *envelope.Request, chunks, bytes uint64) []byte {
+	if l.v2 {
+		return envelope.AppendStreamRequestFrameV2(b, seq, r, chunks, bytes)
+	}
+	return envelope.AppendStreamRequestFrame(b, seq, r, chunks, bytes)
+}
+
+func (l *Link) appendResponse(b []byte, seq uint64, res *envelope.Response, e *envelope.Error) []byte {
+	if l.v2 {
+		return envelope.AppendResponseFrameV2(b, seq, res, e)
+	}
+	return envelope.AppendResponseFrame(b, seq, res, e)
+}
+
+func (l *Link) appendEnd(b []byte, seq, n uint64, res *envelope.Response, e *envelope.Error) []byte {
+	if l.v2 {
+		return envelope.AppendEndFrameV2(b, seq, n, res, e)
+	}
+	return envelope.AppendEndFrame(b, seq, n, res, e)
+}
+
+func (l *Link) appendChunk(b []byte, seq, n uint64, data []byte) []byte {
+	if l.v2 {
+		return envelope.AppendChunkFrameV2(b, seq, n, data)
+	}
+	return envelope.AppendChunkFrame(b, seq, n, data)
+}
+
+func (l *Link) appendCredit(b []byte, seq, n, bytes uint64) []byte {
+	if l.v2 {
+		return envelope.AppendCreditFrameV2(b, seq, n, bytes)
+	}
+	return envelope.AppendCreditFrame(b, seq, n, bytes)
+}
+
+func (l *Link) appendCancel(b []byte, seq uint64) []byte {
+	if l.v2 {
+		return envelope.AppendCancelFrameV2(b, seq)
+	}
+	return envelope.AppendCancelFrame(b, seq)
+}
+
+func (l *Link) appendGoAway(b []byte) []byte {
+	if l.v2 {
+		return envelope.AppendGoAwayFrameV2(b)
+	}
+	return envelope.AppendGoAwayFrame(b)
+}
+
+// recoverFrameSeq is envelope.RecoverFrameSeq in the link's frames.
+func (l *Link) recoverFrameSeq(head []byte) (envelope.FrameType, uint64, bool) {
+	if l.v2 {
+		return envelope.RecoverFrameSeqV2(head)
+	}
+	return envelope.RecoverFrameSeq(head)
+}

@@ -9,7 +9,6 @@ import (
 	"math"
 	"runtime"
 	"time"
-
 )
 
 // writeLoop writes what is queued, batch by batch, until the queue stays

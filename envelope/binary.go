@@ -547,6 +547,9 @@ func decodeBinaryFrame(data []byte, f *Frame) *Error {
 			return e
 		}
 	}
+	if f.Type != FrameChunk {
+		f.Data = nil // a chunk's member only
+	}
 	switch f.Type {
 	case FrameRequest:
 		if r.method == "" {

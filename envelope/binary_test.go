@@ -215,12 +215,16 @@ func FuzzDecodeBinaryFrame(f *testing.F) {
 			// A valid frame re-encodes, in binary and in JSON, to the same
 			// frame.
 			out, js := reencode(fr)
+			want := *fr
+			if want.Type == envelope.FrameRequest && want.Request.Version == "" {
+				want.Request.Version = envelope.Version // the encoders write the version
+			}
 			var back envelope.Frame
 			n := 0
 			envelope.EachBinaryFrame(out, fuzzLimits, true, &back, func(b *envelope.Frame, e *envelope.Error) {
 				n++
-				if e != nil || !reflect.DeepEqual(*b, *fr) {
-					t.Fatalf("re-encoded %x: %+v, %v; was %+v", out, *b, e, *fr)
+				if e != nil || !reflect.DeepEqual(*b, want) {
+					t.Fatalf("re-encoded %x: %+v, %v; was %+v", out, *b, e, want)
 				}
 			})
 			if n != 1 {

@@ -363,14 +363,15 @@ func EachBinaryFrame(data []byte, lim Limits, check bool, f *Frame, fn func(*Fra
 }
 
 // CheckBody checks a JSON body (params, result, data) taken unchecked
-// from a binary frame, against the limits of the message it came in.
-func CheckBody(v []byte, lim Limits) *Error {
+// from a binary frame, against the limits of the message it came in; the
+// refusal names it (name).
+func CheckBody(name string, v []byte, lim Limits) *Error {
 	if len(v) == 0 {
 		return nil
 	}
 	lim = lim.norm()
 	lim.MaxDepth--
-	return checkBody("body", v, lim)
+	return checkBody(name, v, lim)
 }
 
 func checkBodies(f *Frame, lim Limits) *Error {

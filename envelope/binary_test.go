@@ -178,7 +178,7 @@ func TestBinaryFrameErrors(t *testing.T) {
 		if e != nil || string(g.Request.Params) != `{"a":` {
 			t.Errorf("unchecked: %v, params %q", e, g.Request.Params)
 		}
-		if e := envelope.CheckBody(g.Request.Params, envelope.Limits{}); e == nil {
+		if e := envelope.CheckBody("params", g.Request.Params, envelope.Limits{}); e == nil {
 			t.Error("CheckBody took invalid JSON")
 		}
 	})

@@ -69,6 +69,12 @@ type fastCall struct {
 	sc        telemetry.ServerCall
 	pol       *reliability.Policy
 	end       time.Time // the call's deadline; zero: none
+	// On a binary origin link, params and results are passed on as they
+	// came: raw is that link while req.Params are unchecked (checked, and
+	// raw cleared, before they go anywhere but a binary agent link), and
+	// binary says the origin takes a binary agent's result unchecked.
+	raw    *link.Link
+	binary bool
 
 	// The first attempt, until it completes.
 	attempt     telemetry.AttemptCall
@@ -86,7 +92,14 @@ type fastCall struct {
 // serveFast is the link.FastHandler of callers' links.
 func (h *Hub) serveFast(l *link.Link, seq uint64, req *envelope.Request) bool {
 	pol := h.fastPolicy(req)
-	return pol != nil && h.takeFast(linkOrigin{l}, l.Base(), &fastCall{seq: seq, held: link.RequestBytes(req)}, req, pol)
+	if pol == nil {
+		return false
+	}
+	fc := &fastCall{seq: seq, held: link.RequestBytes(req)}
+	if l.Binary() {
+		fc.raw, fc.binary = l, true
+	}
+	return h.takeFast(linkOrigin{l}, l.Base(), fc, req, pol)
 }
 
 // fastPolicy is req's policy if the forward path may take it; nil for a
@@ -147,10 +160,14 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	in, _, perr := h.pick(r, nil)
 	var b *binding
 	if perr == nil {
-		if b = h.localBinding(in); b == nil {
-			fc.blocking(h.routed) // a peer hub's instance: forward() waits
-			return true
-		}
+		b = h.localBinding(in)
+	}
+	if fc.raw != nil && (b == nil || !b.link.Binary()) && !fc.checkParams() {
+		return true
+	}
+	if perr == nil && b == nil {
+		fc.blocking(h.routed) // a peer hub's instance: forward() waits
+		return true
 	}
 	release, ok := h.bulkheads.Pool(r.Method).TryAcquire()
 	if !ok {
@@ -226,6 +243,11 @@ func (h *Hub) defaultTimeout(req *envelope.Request) time.Duration {
 // reader, its deadline timer, or whoever closed it.
 func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
 	fc.instance.Release()
+	if e == nil && !fc.binary {
+		if ce := fc.agent.CheckBody("result", res.Result); ce != nil { // a binary agent's, for a JSON origin
+			e = envelope.Errorf(envelope.CodeInternal, "undecodable response from peer: %s", ce.Message)
+		}
+	}
 	if e != nil { // (a nil *envelope.Error is not a nil error)
 		fc.breakerDone(e)
 		fc.attempt.End(e)
@@ -261,6 +283,9 @@ func (fc *fastCall) failed(e *envelope.Error) {
 // blocking runs the rest of the call on the blocking chain inv, on a
 // goroutine, under the call's deadline; the caller's cancel reaches it.
 func (fc *fastCall) blocking(inv envelope.Invoker) {
+	if fc.raw != nil && !fc.checkParams() {
+		return
+	}
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if fc.end.IsZero() {
@@ -279,6 +304,18 @@ func (fc *fastCall) blocking(inv envelope.Invoker) {
 		cancel()
 		fc.finish(res, err)
 	}()
+}
+
+// checkParams checks the params of a binary origin as JSON before they
+// go where JSON is expected; false: they are not, and the call is
+// answered.
+func (fc *fastCall) checkParams() bool {
+	if e := fc.raw.CheckBody("params", fc.req.Params); e != nil {
+		fc.finish(nil, e)
+		return false
+	}
+	fc.raw = nil
+	return true
 }
 
 // CancelServed cancels the call (link.Canceler): the caller sent a cancel

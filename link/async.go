@@ -16,6 +16,8 @@ import (
 // returns. A response may be the link reader's own, valid until Complete
 // returns: what outlives it is copied out. An interface, so that a pooled
 // or per-call struct completes the call without a closure made for it.
+// On a binary link (Binary) the result is as it came, not yet checked as
+// JSON (see FastHandler).
 type Completion interface {
 	Complete(res *envelope.Response, err *envelope.Error)
 }

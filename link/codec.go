@@ -10,6 +10,18 @@ import "github.com/agentmesh/agentmesh/envelope"
 // Binary reports whether the link speaks the binary frames (agentmesh.v2).
 func (l *Link) Binary() bool { return l.v2 }
 
+// CheckBody checks a body (params, a result) that came on this link as
+// JSON, under the link's limits: on a binary link the reader leaves
+// bodies unchecked for a FastHandler and a Go call's Completion, so that
+// a hub forwarding between binary links never scans them. nil on a JSON
+// link, whose reader checked every message whole.
+func (l *Link) CheckBody(name string, v []byte) *envelope.Error {
+	if !l.v2 {
+		return nil
+	}
+	return envelope.CheckBody(name, v, l.lim)
+}
+
 func (l *Link) appendRequest(b []byte, seq uint64, r *envelope.Request) []byte {
 	if l.v2 {
 		return envelope.AppendRequestFrameV2(b, seq, r)
@@ -72,4 +84,23 @@ func (l *Link) recoverFrameSeq(head []byte) (envelope.FrameType, uint64, bool) {
 		return envelope.RecoverFrameSeqV2(head)
 	}
 	return envelope.RecoverFrameSeq(head)
+}
+
+// checkBodies checks, on a binary link, the bodies its reader does not
+// leave unchecked: a chunk's data and an error's details. Params and
+// results are checked where they are handed on (startServing, onResponse),
+// unless a FastHandler or a Completion takes them.
+func (l *Link) checkBodies(f *envelope.Frame) *envelope.Error {
+	switch f.Type {
+	case envelope.FrameChunk:
+		return l.CheckBody("data", f.Data)
+	case envelope.FrameResponse, envelope.FrameEnd:
+		if f.Err != nil {
+			return l.CheckBody("error.details", f.Err.Data)
+		}
+		if f.Type == envelope.FrameEnd {
+			return l.CheckBody("result", f.Response.Result)
+		}
+	}
+	return nil
 }

@@ -354,7 +354,8 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 	// New): decode it without a second scan.
 	f := framePool.Get().(*envelope.Frame)
 	if l.v2 {
-		envelope.EachBinaryFrame(data, l.lim, true, f, l.onFrame)
+		// Bodies unchecked: see onFrame, FastHandler and Completion.
+		envelope.EachBinaryFrame(data, l.lim, false, f, l.onFrame)
 	} else {
 		envelope.EachCheckedFrame(data, f, l.onFrame)
 	}
@@ -409,6 +410,9 @@ func (l *Link) undecodable(e *envelope.Error) *envelope.Error {
 // (framePool), overwritten by the next: what outlives the call is copied
 // out of it.
 func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
+	if err == nil && l.v2 {
+		err = l.checkBodies(f)
+	}
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
 			b := GetBuf()
@@ -453,6 +457,10 @@ func (l *Link) onResponse(f *envelope.Frame) {
 	if ch, ok := l.pending[f.Seq]; ok {
 		delete(l.pending, f.Seq)
 		l.mu.Unlock()
+		if e := l.CheckBody("result", f.Response.Result); e != nil && f.Err == nil {
+			ch <- linkResult{err: l.undecodable(e)}
+			return
+		}
 		if f.Err != nil {
 			ch <- linkResult{err: f.Err}
 		} else {

@@ -34,6 +34,13 @@ func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Cre
 		}
 		l.c.Release(1, requestBytes(req))
 	}
+	if l.v2 { // the handler gets params checked as JSON (a FastHandler takes them as they came)
+		if e := l.CheckBody("params", req.Params); e != nil {
+			l.nserving.Add(-1)
+			l.reply(seq, nil, e)
+			return
+		}
+	}
 	ctx, cancel := req.WithTTL(l.base, 0)
 	l.mu.Lock()
 	if l.closed {
@@ -190,7 +197,11 @@ func (f cancelFunc) CancelServed() { f() }
 // calls Track before it sends anything on, must not block, and answers
 // with Answer exactly once (from any goroutine). One that does not take
 // it leaves req as it was, and the link's handler (WithHandler) serves it.
-// req is the reader's: what outlives the call is copied out of it.
+// req is the reader's: what outlives the call is copied out of it. On a
+// binary link (Binary) req.Params are as they came, not yet checked as
+// JSON: one that decodes them, or sends them where JSON is expected (a
+// JSON link, a handler), checks them first (CheckBody); one that forwards
+// them to another binary link need not.
 type FastHandler func(l *Link, seq uint64, req *envelope.Request) bool
 
 // WithFast sets a FastHandler, tried before the handler for each request

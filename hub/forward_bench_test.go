@@ -65,6 +65,27 @@ func BenchmarkHubForward(b *testing.B) {
 		}
 	})
 	const pipe = 16
+	for _, n := range []int{1, pipe} {
+		// The binary frames (agentmesh.v2), as the SDKs speak them: the
+		// hub forwards params and results without looking at them.
+		name := "v2/serial"
+		if n > 1 {
+			name = "v2/pipelined16"
+		}
+		b.Run(name, func(b *testing.B) {
+			rc := dialRawWith(b, m.WS, websocket.Dialer{Subprotocols: []string{envelope.SubprotocolV2}})
+			defer rc.Close()
+			req := requestsV2(n)
+			rc.roundTripV2(b, req, n, true)
+			b.ReportAllocs()
+			reportCPU(b)
+			b.ResetTimer()
+			for b.Loop() {
+				rc.roundTripV2(b, req, n, false)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*b.N), "ns/call")
+		})
+	}
 	b.Run("pipelined16", func(b *testing.B) {
 		rc := dialRaw(b, m.WS)
 		defer rc.Close()
@@ -181,6 +202,46 @@ func (rc *rawConn) requests(n int) []byte {
 		msg = append(msg, ']')
 	}
 	return frameMasked(msg)
+}
+
+// requestsV2 is requests in binary frames: one binary message of n
+// frames back to back.
+func requestsV2(n int) []byte {
+	var msg []byte
+	for i := range n {
+		r := envelope.Request{ID: "bench-" + strconv.Itoa(i), Method: "echo.echo", Params: testkit.Payload128}
+		r.Headers.TTL = 10000
+		msg = envelope.AppendRequestFrameV2(msg, uint64(i+1), &r)
+	}
+	f := frameMasked(msg)
+	f[0] = 0x82 // FIN, binary
+	return f
+}
+
+// roundTripV2 writes req and reads binary messages until n frames came;
+// check decodes them and fails on anything but the echo (the loop only
+// counts them, so that the caller allocates nothing).
+func (rc *rawConn) roundTripV2(b *testing.B, req []byte, n int, check bool) {
+	if _, err := rc.Write(req); err != nil {
+		b.Fatal(err)
+	}
+	for got := 0; got < n; {
+		msg, err := rc.readMessage()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if check {
+			envelope.EachBinaryFrame(msg, envelope.Limits{}, true, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
+				if e != nil || f.Err != nil || !bytes.Equal(f.Response.Result, testkit.Payload128) {
+					b.Fatalf("answer %+v %v", f, e)
+				}
+			})
+		}
+		for len(msg) >= 4 {
+			msg = msg[4+int(binary.BigEndian.Uint32(msg)):]
+			got++
+		}
+	}
 }
 
 // frameMasked frames msg as one masked text frame (a zero mask).

@@ -43,9 +43,9 @@ func internToken(tok []byte) (string, bool) {
 	return internNew(s), true
 }
 
-// internBytes returns b as a string, interned (b is the value itself,
-// valid UTF-8: a binary frame's string field).
-func internBytes(b []byte) string {
+// Intern returns b as a string, interned: the string of a binary frame's
+// field that repeats (a method, an origin), b valid UTF-8.
+func Intern(b []byte) string {
 	if len(b) > 256 {
 		return string(b)
 	}

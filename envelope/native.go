@@ -663,3 +663,7 @@ func decodeErrorObject(v []byte) (*Error, *Error) {
 	}
 	return e, nil
 }
+
+// SubprotocolV2 is the WebSocket subprotocol of the binary native frames
+// (package envelope/binframe): the same frames, protobuf-encoded.
+const SubprotocolV2 = "agentmesh.v2"

@@ -12,6 +12,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/envelope/binframe"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -73,7 +74,7 @@ func TestBinaryBodiesChecked(t *testing.T) {
 		}
 		call := func(seq uint64, params string) envelope.Frame {
 			t.Helper()
-			msg := envelope.AppendRequestFrameV2(nil, seq, &envelope.Request{ID: "x", Method: "echo.echo", Params: json.RawMessage(params)})
+			msg := binframe.AppendRequest(nil, seq, &envelope.Request{ID: "x", Method: "echo.echo", Params: json.RawMessage(params)})
 			if err := ws.WriteMessage(websocket.BinaryMessage, msg); err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +84,7 @@ func TestBinaryBodiesChecked(t *testing.T) {
 				t.Fatalf("agent v1 %v: read %d, %v", agentV1, typ, err)
 			}
 			var got envelope.Frame
-			envelope.EachBinaryFrame(data, envelope.Limits{}, true, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
+			binframe.Each(data, envelope.Limits{}, true, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
 				if e != nil {
 					t.Fatalf("undecodable answer: %v", e)
 				}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub/guard"
-	"github.com/agentmesh/agentmesh/internal/ratelimit"
 )
 
 // Per-connection rate limits (Config.ConnRate). A connection is known
@@ -37,18 +36,6 @@ func connOf(ctx context.Context) string {
 	return ""
 }
 
-// newConnLimiter returns the per-connection limiter of cfg, or nil.
-func newConnLimiter(cfg Config) (*ratelimit.Limiter, error) {
-	if cfg.ConnRate <= 0 {
-		return nil, nil
-	}
-	burst := cfg.ConnBurst
-	if burst <= 0 {
-		burst = max(int(2*cfg.ConnRate), 1)
-	}
-	return ratelimit.New(ratelimit.Config{Rate: cfg.ConnRate, Burst: burst, MaxKeys: max(cfg.MaxConns, 1000)})
-}
-
 // limitConn answers OVERLOADED, with a retry-after hint, to a call over
 // its connection's rate. Agent control (register, heartbeat) and calls a
 // peer hub forwards (many callers share a peer link) are not counted.
@@ -61,10 +48,8 @@ func (h *Hub) limitConn(ctx context.Context, req *envelope.Request) error {
 		return nil
 	}
 	if ok, after := h.connLimit.Allow(key); !ok {
-		ms := max(after.Milliseconds(), 1)
 		h.metrics().Refused("rate_limited_conn")
-		return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this connection exceeded; retry in %d ms", ms).
-			WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+		return guard.RateLimited("rate limit of this connection exceeded;", after)
 	}
 	return nil
 }
@@ -80,18 +65,6 @@ func (h *Hub) connContext(next http.Handler) http.Handler {
 	})
 }
 
-// newGlobalLimiter returns the hub-wide limiter of cfg, or nil.
-func newGlobalLimiter(cfg Config) (*ratelimit.Limiter, error) {
-	if cfg.GlobalRate <= 0 {
-		return nil, nil
-	}
-	burst := cfg.GlobalBurst
-	if burst <= 0 {
-		burst = max(int(2*cfg.GlobalRate), 1)
-	}
-	return ratelimit.New(ratelimit.Config{Rate: cfg.GlobalRate, Burst: burst, MaxKeys: 1})
-}
-
 // limitGlobal answers OVERLOADED, with a retry-after hint, to a call over
 // the hub's total rate (Config.GlobalRate). Agent control and calls a
 // peer hub forwards (the first hub counted them) are not counted.
@@ -100,10 +73,8 @@ func (h *Hub) limitGlobal(ctx context.Context, req *envelope.Request) error {
 		return nil
 	}
 	if ok, after := h.global.Allow(""); !ok {
-		ms := max(after.Milliseconds(), 1)
 		h.metrics().Refused("rate_limited_global")
-		return envelope.Errorf(envelope.CodeOverloaded, "the hub's rate limit is exceeded; retry in %d ms", ms).
-			WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+		return guard.RateLimited("the hub's rate limit is exceeded;", after)
 	}
 	return nil
 }

@@ -68,13 +68,9 @@ type fastCall struct {
 	ctx       context.Context // the server span's (and the link's values)
 	sc        telemetry.ServerCall
 	pol       *reliability.Policy
-	end       time.Time // the call's deadline; zero: none
-	// On a binary origin link, params and results are passed on as they
-	// came: raw is that link while req.Params are unchecked (checked, and
-	// raw cleared, before they go anywhere but a binary agent link), and
-	// binary says the origin takes a binary agent's result unchecked.
-	raw    *link.Link
-	binary bool
+	end       time.Time  // the call's deadline; zero: none
+	raw       *link.Link // a binary origin, while req.Params are unchecked (checkParams before they go anywhere but a binary agent)
+	binary    bool       // the origin takes a binary agent's result unchecked
 
 	// The first attempt, until it completes.
 	attempt     telemetry.AttemptCall
@@ -306,9 +302,8 @@ func (fc *fastCall) blocking(inv envelope.Invoker) {
 	}()
 }
 
-// checkParams checks the params of a binary origin as JSON before they
-// go where JSON is expected; false: they are not, and the call is
-// answered.
+// checkParams checks a binary origin's params as JSON before they go
+// where JSON is expected; false: they are not, and the call is answered.
 func (fc *fastCall) checkParams() bool {
 	if e := fc.raw.CheckBody("params", fc.req.Params); e != nil {
 		fc.finish(nil, e)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/envelope/binframe"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/mesh/meshtest"
@@ -211,7 +212,7 @@ func requestsV2(n int) []byte {
 	for i := range n {
 		r := envelope.Request{ID: "bench-" + strconv.Itoa(i), Method: "echo.echo", Params: testkit.Payload128}
 		r.Headers.TTL = 10000
-		msg = envelope.AppendRequestFrameV2(msg, uint64(i+1), &r)
+		msg = binframe.AppendRequest(msg, uint64(i+1), &r)
 	}
 	f := frameMasked(msg)
 	f[0] = 0x82 // FIN, binary
@@ -231,7 +232,7 @@ func (rc *rawConn) roundTripV2(b *testing.B, req []byte, n int, check bool) {
 			b.Fatal(err)
 		}
 		if check {
-			envelope.EachBinaryFrame(msg, envelope.Limits{}, true, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
+			binframe.Each(msg, envelope.Limits{}, true, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
 				if e != nil || f.Err != nil || !bytes.Equal(f.Response.Result, testkit.Payload128) {
 					b.Fatalf("answer %+v %v", f, e)
 				}

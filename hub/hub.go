@@ -327,11 +327,11 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		// are signed with.
 		g.Peers = auth.NewPeers(cfg.ID, cfg.Advertise, g.Verifier, g.Key.Load)
 	}
-	cl, err := newConnLimiter(cfg)
+	cl, err := guard.NewRateLimiter(cfg.ConnRate, cfg.ConnBurst, max(cfg.MaxConns, 1000))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connection rate limit: %w", err)
 	}
-	gl, err := newGlobalLimiter(cfg)
+	gl, err := guard.NewRateLimiter(cfg.GlobalRate, cfg.GlobalBurst, 1)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: global rate limit: %w", err)
 	}

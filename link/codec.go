@@ -1,9 +1,12 @@
 package link
 
-import "github.com/agentmesh/agentmesh/envelope"
+import (
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/envelope/binframe"
+)
 
 // A link speaks the native frames of the subprotocol its WebSocket
-// negotiated: agentmesh.v2 (binary, envelope/binary.go) when both ends
+// negotiated: agentmesh.v2 (binary, envelope/binframe) when both ends
 // offer it, else agentmesh.v1 (JSON). These encode one frame each in the
 // link's own.
 
@@ -19,61 +22,61 @@ func (l *Link) CheckBody(name string, v []byte) *envelope.Error {
 	if !l.v2 {
 		return nil
 	}
-	return envelope.CheckBody(name, v, l.lim)
+	return binframe.CheckBody(name, v, l.lim)
 }
 
 func (l *Link) appendRequest(b []byte, seq uint64, r *envelope.Request) []byte {
 	if l.v2 {
-		return envelope.AppendRequestFrameV2(b, seq, r)
+		return binframe.AppendRequest(b, seq, r)
 	}
 	return envelope.AppendRequestFrame(b, seq, r)
 }
 
 func (l *Link) appendStreamRequest(b []byte, seq uint64, r *envelope.Request, chunks, bytes uint64) []byte {
 	if l.v2 {
-		return envelope.AppendStreamRequestFrameV2(b, seq, r, chunks, bytes)
+		return binframe.AppendStreamRequest(b, seq, r, chunks, bytes)
 	}
 	return envelope.AppendStreamRequestFrame(b, seq, r, chunks, bytes)
 }
 
 func (l *Link) appendResponse(b []byte, seq uint64, res *envelope.Response, e *envelope.Error) []byte {
 	if l.v2 {
-		return envelope.AppendResponseFrameV2(b, seq, res, e)
+		return binframe.AppendResponse(b, seq, res, e)
 	}
 	return envelope.AppendResponseFrame(b, seq, res, e)
 }
 
 func (l *Link) appendEnd(b []byte, seq, n uint64, res *envelope.Response, e *envelope.Error) []byte {
 	if l.v2 {
-		return envelope.AppendEndFrameV2(b, seq, n, res, e)
+		return binframe.AppendEnd(b, seq, n, res, e)
 	}
 	return envelope.AppendEndFrame(b, seq, n, res, e)
 }
 
 func (l *Link) appendChunk(b []byte, seq, n uint64, data []byte) []byte {
 	if l.v2 {
-		return envelope.AppendChunkFrameV2(b, seq, n, data)
+		return binframe.AppendChunk(b, seq, n, data)
 	}
 	return envelope.AppendChunkFrame(b, seq, n, data)
 }
 
 func (l *Link) appendCredit(b []byte, seq, n, bytes uint64) []byte {
 	if l.v2 {
-		return envelope.AppendCreditFrameV2(b, seq, n, bytes)
+		return binframe.AppendCredit(b, seq, n, bytes)
 	}
 	return envelope.AppendCreditFrame(b, seq, n, bytes)
 }
 
 func (l *Link) appendCancel(b []byte, seq uint64) []byte {
 	if l.v2 {
-		return envelope.AppendCancelFrameV2(b, seq)
+		return binframe.AppendCancel(b, seq)
 	}
 	return envelope.AppendCancelFrame(b, seq)
 }
 
 func (l *Link) appendGoAway(b []byte) []byte {
 	if l.v2 {
-		return envelope.AppendGoAwayFrameV2(b)
+		return binframe.AppendGoAway(b)
 	}
 	return envelope.AppendGoAwayFrame(b)
 }
@@ -81,7 +84,7 @@ func (l *Link) appendGoAway(b []byte) []byte {
 // recoverFrameSeq is envelope.RecoverFrameSeq in the link's frames.
 func (l *Link) recoverFrameSeq(head []byte) (envelope.FrameType, uint64, bool) {
 	if l.v2 {
-		return envelope.RecoverFrameSeqV2(head)
+		return binframe.RecoverFrameSeq(head)
 	}
 	return envelope.RecoverFrameSeq(head)
 }

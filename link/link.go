@@ -10,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/envelope/binframe"
 	"github.com/agentmesh/agentmesh/link/wsconn"
 	"github.com/agentmesh/agentmesh/stream"
 )
@@ -152,7 +153,7 @@ func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 	v2 := ws.Subprotocol() == envelope.SubprotocolV2
 	if v2 {
 		c.Binary()
-		c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckBinary(b, lim) })
+		c.SetCheck(func(b []byte) *envelope.Error { return binframe.Precheck(b, lim) })
 	} else {
 		c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) })
 	}
@@ -355,7 +356,7 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 	f := framePool.Get().(*envelope.Frame)
 	if l.v2 {
 		// Bodies unchecked: see onFrame, FastHandler and Completion.
-		envelope.EachBinaryFrame(data, l.lim, false, f, l.onFrame)
+		binframe.Each(data, l.lim, false, f, l.onFrame)
 	} else {
 		envelope.EachCheckedFrame(data, f, l.onFrame)
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/agentmesh/agentmesh/auth"
 	"github.com/agentmesh/agentmesh/envelope"
@@ -145,9 +146,8 @@ func (g *Guard) AuthenticateAs(r *http.Request, peerOK bool) (*auth.Principal, *
 		// refusals are counted apart. A valid token still passes.
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		if ok, after := g.failures.Allow(host); !ok {
-			ms := max(after.Milliseconds(), 1)
-			return nil, envelope.Errorf(envelope.CodeOverloaded, "too many failed authentications from this address; retry in %d ms", ms).
-				WithData(map[string]int64{"retryAfterMs": ms})
+			e := RateLimited("too many failed authentications from this address;", after)
+			return nil, e.WithMaybeSent()
 		}
 	}
 	return p, e
@@ -217,9 +217,7 @@ func (g *Guard) Authorize(p *auth.Principal, req *envelope.Request) error {
 			key = "jti:" + p.ID
 		}
 		if ok, after := g.limiter.Allow(key); !ok {
-			ms := max(after.Milliseconds(), 1)
-			return envelope.Errorf(envelope.CodeOverloaded, "rate limit of this identity exceeded; retry in %d ms", ms).
-				WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+			return RateLimited("rate limit of this identity exceeded;", after)
 		}
 	}
 	return nil
@@ -305,4 +303,26 @@ func (g *Guard) MayCall(p *auth.Principal, m string) bool {
 // limit or drain refuses.
 func IsAgentControl(m string) bool {
 	return m == "agent.heartbeat" || m == "agent.deregister"
+}
+
+// RateLimited is the OVERLOADED refusal of a call past a rate limit:
+// what, then when to retry ("retry in N ms", and retryAfterMs in its
+// data); not sent.
+func RateLimited(what string, after time.Duration) *envelope.Error {
+	ms := max(after.Milliseconds(), 1)
+	return envelope.Errorf(envelope.CodeOverloaded, "%s retry in %d ms", what, ms).
+		WithData(map[string]int64{"retryAfterMs": ms}).MarkNotSent()
+}
+
+// NewRateLimiter returns a limiter of rate calls per second per key
+// (burst: 2 × rate by default) for at most maxKeys keys, or nil when rate
+// is not positive.
+func NewRateLimiter(rate float64, burst, maxKeys int) (*ratelimit.Limiter, error) {
+	if rate <= 0 {
+		return nil, nil
+	}
+	if burst <= 0 {
+		burst = max(int(2*rate), 1)
+	}
+	return ratelimit.New(ratelimit.Config{Rate: rate, Burst: burst, MaxKeys: maxKeys})
 }

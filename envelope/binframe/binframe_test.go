@@ -1,4 +1,4 @@
-package envelope_test
+package binframe_test
 
 import (
 	"encoding/binary"
@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/envelope/binframe"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 )
 
 // sampleFrames are the same frames in v1 (JSON) and v2 (binary), every
@@ -22,20 +24,20 @@ func sampleFrames() (v1, v2 [][]byte) {
 		Headers: envelope.Headers{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
 	fail := envelope.WireError(envelope.CodeTimeout, "too slow", json.RawMessage(`{"after":"5s"}`)).MarkNotSent().WithAttempts(3)
 	add := func(a, b []byte) { v1, v2 = append(v1, a), append(v2, b) }
-	add(envelope.AppendRequestFrame(nil, 1, req), envelope.AppendRequestFrameV2(nil, 1, req))
-	add(envelope.AppendRequestFrame(nil, 2, &envelope.Request{Method: "m"}), envelope.AppendRequestFrameV2(nil, 2, &envelope.Request{Method: "m"}))
-	add(envelope.AppendStreamRequestFrame(nil, 3, req, 64, 1<<20), envelope.AppendStreamRequestFrameV2(nil, 3, req, 64, 1<<20))
-	add(envelope.AppendResponseFrame(nil, 4, res, nil), envelope.AppendResponseFrameV2(nil, 4, res, nil))
-	add(envelope.AppendResponseFrame(nil, 5, res, fail), envelope.AppendResponseFrameV2(nil, 5, res, fail))
-	add(envelope.AppendEndFrame(nil, 6, 9, res, nil), envelope.AppendEndFrameV2(nil, 6, 9, res, nil))
+	add(envelope.AppendRequestFrame(nil, 1, req), binframe.AppendRequest(nil, 1, req))
+	add(envelope.AppendRequestFrame(nil, 2, &envelope.Request{Method: "m"}), binframe.AppendRequest(nil, 2, &envelope.Request{Method: "m"}))
+	add(envelope.AppendStreamRequestFrame(nil, 3, req, 64, 1<<20), binframe.AppendStreamRequest(nil, 3, req, 64, 1<<20))
+	add(envelope.AppendResponseFrame(nil, 4, res, nil), binframe.AppendResponse(nil, 4, res, nil))
+	add(envelope.AppendResponseFrame(nil, 5, res, fail), binframe.AppendResponse(nil, 5, res, fail))
+	add(envelope.AppendEndFrame(nil, 6, 9, res, nil), binframe.AppendEnd(nil, 6, 9, res, nil))
 	add(envelope.AppendEndFrame(nil, 7, 2, nil, envelope.NewError(envelope.CodeUnavailable, "lost")),
-		envelope.AppendEndFrameV2(nil, 7, 2, nil, envelope.NewError(envelope.CodeUnavailable, "lost")))
-	add(envelope.AppendChunkFrame(nil, 8, 1, []byte(`{"tok":"a"}`)), envelope.AppendChunkFrameV2(nil, 8, 1, []byte(`{"tok":"a"}`)))
-	add(envelope.AppendChunkFrame(nil, 8, 2, nil), envelope.AppendChunkFrameV2(nil, 8, 2, nil))
-	add(envelope.AppendCreditFrame(nil, 8, 32, 65536), envelope.AppendCreditFrameV2(nil, 8, 32, 65536))
-	add(envelope.AppendCreditFrame(nil, 8, 0, 10), envelope.AppendCreditFrameV2(nil, 8, 0, 10))
-	add(envelope.AppendCancelFrame(nil, 9), envelope.AppendCancelFrameV2(nil, 9))
-	add(envelope.AppendGoAwayFrame(nil), envelope.AppendGoAwayFrameV2(nil))
+		binframe.AppendEnd(nil, 7, 2, nil, envelope.NewError(envelope.CodeUnavailable, "lost")))
+	add(envelope.AppendChunkFrame(nil, 8, 1, []byte(`{"tok":"a"}`)), binframe.AppendChunk(nil, 8, 1, []byte(`{"tok":"a"}`)))
+	add(envelope.AppendChunkFrame(nil, 8, 2, nil), binframe.AppendChunk(nil, 8, 2, nil))
+	add(envelope.AppendCreditFrame(nil, 8, 32, 65536), binframe.AppendCredit(nil, 8, 32, 65536))
+	add(envelope.AppendCreditFrame(nil, 8, 0, 10), binframe.AppendCredit(nil, 8, 0, 10))
+	add(envelope.AppendCancelFrame(nil, 9), binframe.AppendCancel(nil, 9))
+	add(envelope.AppendGoAwayFrame(nil), binframe.AppendGoAway(nil))
 	return v1, v2
 }
 
@@ -46,11 +48,11 @@ type decoded struct {
 
 func eachV2(t testing.TB, msg []byte, check bool) []decoded {
 	t.Helper()
-	if err := envelope.PrecheckBinary(msg, envelope.Limits{}); err != nil {
+	if err := binframe.Precheck(msg, envelope.Limits{}); err != nil {
 		t.Fatalf("precheck refused %x: %v", msg, err)
 	}
 	var out []decoded
-	envelope.EachBinaryFrame(msg, envelope.Limits{}, check, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
+	binframe.Each(msg, envelope.Limits{}, check, new(envelope.Frame), func(f *envelope.Frame, e *envelope.Error) {
 		out = append(out, decoded{*f, e})
 	})
 	return out
@@ -164,28 +166,33 @@ func TestBinaryFrameErrors(t *testing.T) {
 		}
 	}
 	for _, bad := range [][]byte{nil, {0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 9, 1, 2}, append(build(req, seq, s(10, "m")), 0, 0)} {
-		if envelope.PrecheckBinary(bad, envelope.Limits{}) == nil {
+		if binframe.Precheck(bad, envelope.Limits{}) == nil {
 			t.Errorf("precheck took %x", bad)
 		}
 	}
-	if envelope.PrecheckBinary(build(req, seq, s(12, strings.Repeat("x", 100))), envelope.Limits{MaxBytes: 64}) == nil {
+	if binframe.Precheck(build(req, seq, s(12, strings.Repeat("x", 100))), envelope.Limits{MaxBytes: 64}) == nil {
 		t.Error("precheck took a message over the byte limit")
 	}
 	// Unchecked (a hub forwarding between binary links): the body is
 	// left as it came.
 	var f envelope.Frame
-	envelope.EachBinaryFrame(build(req, seq, s(10, "m"), s(12, `{"a":`)), envelope.Limits{}, false, &f, func(g *envelope.Frame, e *envelope.Error) {
+	binframe.Each(build(req, seq, s(10, "m"), s(12, `{"a":`)), envelope.Limits{}, false, &f, func(g *envelope.Frame, e *envelope.Error) {
 		if e != nil || string(g.Request.Params) != `{"a":` {
 			t.Errorf("unchecked: %v, params %q", e, g.Request.Params)
 		}
-		if e := envelope.CheckBody("params", g.Request.Params, envelope.Limits{}); e == nil {
+		if e := binframe.CheckBody("params", g.Request.Params, envelope.Limits{}); e == nil {
 			t.Error("CheckBody took invalid JSON")
 		}
 	})
-	if typ, seq, ok := envelope.RecoverFrameSeqV2(build(req, seq, s(10, "m\xff"))); !ok || typ != envelope.FrameRequest || seq != 42 {
+	if typ, seq, ok := binframe.RecoverFrameSeq(build(req, seq, s(10, "m\xff"))); !ok || typ != envelope.FrameRequest || seq != 42 {
 		t.Errorf("recovered %d %d %v", typ, seq, ok)
 	}
 }
+
+var fuzzLimits = testkit.FuzzLimits
+
+var allHeaders = envelope.Headers{TraceID: "t", Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tracestate: "k=v", Baggage: "b=1",
+	AuthToken: "tok", UserID: "u", TTL: 2500, Priority: envelope.PriorityHigh, RetryCount: 2, CorrelationID: "c", Hops: 1, IdempotencyKey: "key"}
 
 func FuzzDecodeBinaryFrame(f *testing.F) {
 	_, v2 := sampleFrames()
@@ -196,12 +203,12 @@ func FuzzDecodeBinaryFrame(f *testing.F) {
 	}
 	f.Add(batch)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if envelope.PrecheckBinary(data, fuzzLimits) != nil {
+		if binframe.Precheck(data, fuzzLimits) != nil {
 			return
 		}
-		rtyp, rseq, rok := envelope.RecoverFrameSeqV2(data)
+		rtyp, rseq, rok := binframe.RecoverFrameSeq(data)
 		first := true
-		envelope.EachBinaryFrame(data, fuzzLimits, true, new(envelope.Frame), func(fr *envelope.Frame, err *envelope.Error) {
+		binframe.Each(data, fuzzLimits, true, new(envelope.Frame), func(fr *envelope.Frame, err *envelope.Error) {
 			if first && rok && err == nil && (fr.Type != rtyp || fr.Seq != rseq) {
 				t.Fatalf("recovered type %d seq %d; decoded %d %d from %x", rtyp, rseq, fr.Type, fr.Seq, data)
 			}
@@ -221,7 +228,7 @@ func FuzzDecodeBinaryFrame(f *testing.F) {
 			}
 			var back envelope.Frame
 			n := 0
-			envelope.EachBinaryFrame(out, fuzzLimits, true, &back, func(b *envelope.Frame, e *envelope.Error) {
+			binframe.Each(out, fuzzLimits, true, &back, func(b *envelope.Frame, e *envelope.Error) {
 				n++
 				if e != nil || !reflect.DeepEqual(*b, want) {
 					t.Fatalf("re-encoded %x: %+v, %v; was %+v", out, *b, e, want)
@@ -241,19 +248,19 @@ func reencode(fr *envelope.Frame) (v2, v1 []byte) {
 	switch fr.Type {
 	case envelope.FrameRequest:
 		if fr.Request.Stream {
-			return envelope.AppendStreamRequestFrameV2(nil, fr.Seq, &fr.Request, fr.N, fr.Bytes), envelope.AppendStreamRequestFrame(nil, fr.Seq, &fr.Request, fr.N, fr.Bytes)
+			return binframe.AppendStreamRequest(nil, fr.Seq, &fr.Request, fr.N, fr.Bytes), envelope.AppendStreamRequestFrame(nil, fr.Seq, &fr.Request, fr.N, fr.Bytes)
 		}
-		return envelope.AppendRequestFrameV2(nil, fr.Seq, &fr.Request), envelope.AppendRequestFrame(nil, fr.Seq, &fr.Request)
+		return binframe.AppendRequest(nil, fr.Seq, &fr.Request), envelope.AppendRequestFrame(nil, fr.Seq, &fr.Request)
 	case envelope.FrameChunk:
-		return envelope.AppendChunkFrameV2(nil, fr.Seq, fr.N, fr.Data), envelope.AppendChunkFrame(nil, fr.Seq, fr.N, fr.Data)
+		return binframe.AppendChunk(nil, fr.Seq, fr.N, fr.Data), envelope.AppendChunkFrame(nil, fr.Seq, fr.N, fr.Data)
 	case envelope.FrameCredit:
-		return envelope.AppendCreditFrameV2(nil, fr.Seq, fr.N, fr.Bytes), envelope.AppendCreditFrame(nil, fr.Seq, fr.N, fr.Bytes)
+		return binframe.AppendCredit(nil, fr.Seq, fr.N, fr.Bytes), envelope.AppendCreditFrame(nil, fr.Seq, fr.N, fr.Bytes)
 	case envelope.FrameEnd:
-		return envelope.AppendEndFrameV2(nil, fr.Seq, fr.N, &fr.Response, fr.Err), envelope.AppendEndFrame(nil, fr.Seq, fr.N, &fr.Response, fr.Err)
+		return binframe.AppendEnd(nil, fr.Seq, fr.N, &fr.Response, fr.Err), envelope.AppendEndFrame(nil, fr.Seq, fr.N, &fr.Response, fr.Err)
 	case envelope.FrameResponse:
-		return envelope.AppendResponseFrameV2(nil, fr.Seq, &fr.Response, fr.Err), envelope.AppendResponseFrame(nil, fr.Seq, &fr.Response, fr.Err)
+		return binframe.AppendResponse(nil, fr.Seq, &fr.Response, fr.Err), envelope.AppendResponseFrame(nil, fr.Seq, &fr.Response, fr.Err)
 	case envelope.FrameCancel:
-		return envelope.AppendCancelFrameV2(nil, fr.Seq), envelope.AppendCancelFrame(nil, fr.Seq)
+		return binframe.AppendCancel(nil, fr.Seq), envelope.AppendCancelFrame(nil, fr.Seq)
 	}
-	return envelope.AppendGoAwayFrameV2(nil), envelope.AppendGoAwayFrame(nil)
+	return binframe.AppendGoAway(nil), envelope.AppendGoAwayFrame(nil)
 }

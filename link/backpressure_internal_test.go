@@ -93,3 +93,33 @@ func TestPeerLinkHasNoCallBound(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestCallWaitsForQueueRoom: calls made together beyond the send queue's
+// size wait for room within their deadline instead of failing OVERLOADED
+// (a thousand goroutines calling at once through a 256-frame queue: here
+// 200 through 2). It fails without the wait.
+func TestCallWaitsForQueueRoom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sws, cws := wspipe.Pair(t)
+		srv := New(sws, Config{PingInterval: time.Hour}, Accepted(),
+			WithHandler(func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
+				return &envelope.Response{ID: req.ID, Result: json.RawMessage(`1`)}, nil
+			}))
+		cli := New(cws, Config{PingInterval: time.Hour, QueueSize: 2})
+		defer srv.Close()
+		defer cli.Close()
+		var wg sync.WaitGroup
+		var failed sync.Map
+		for i := range 200 {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if _, err := cli.Call(ctx, &envelope.Request{ID: envelope.NewID(), Method: "m", Version: envelope.Version}); err != nil {
+					failed.Store(i, err)
+				}
+			})
+		}
+		wg.Wait()
+		failed.Range(func(k, v any) bool { t.Errorf("call %v: %v", k, v); return true })
+	})
+}

@@ -271,7 +271,9 @@ func newResultChan() any { return make(chan linkResult, 1) }
 
 // Call sends req over the link and waits for its answer, the link's loss,
 // or ctx's end. The time left on ctx travels in the ttl header; when ctx
-// ends first, the peer is told to cancel.
+// ends first, the peer is told to cancel. A full send queue (Config.
+// QueueSize) is waited on too, within ctx: a thousand goroutines calling
+// at once are all sent, in turn.
 //
 // A request with Stream set is a streaming call: its chunks go to the
 // sink ctx carries (stream.With), which grants its credit, and the call
@@ -296,12 +298,12 @@ func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Respo
 	r.Headers.SetDeadline(ctx)
 	b := GetBuf()
 	*b = l.appendRequest(*b, seq, &r)
-	if !l.c.TrySend(b) {
+	if !l.c.SendCtx(ctx, b) { // a full queue is waited on, within the call's deadline
 		l.forget(seq, ch)
-		if l.Err() != nil {
+		if ctx.Err() == nil || l.Err() != nil {
 			return nil, UnavailableNotSent("link closed")
 		}
-		return nil, envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
+		return nil, envelope.AsError(ctx.Err()).MarkNotSent()
 	}
 	select {
 	case res := <-ch:

@@ -5,6 +5,7 @@ package wsconn
 // into few writes.
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime"
@@ -334,6 +335,30 @@ func (c *Conn) TrySend(b *[]byte) bool {
 	}
 	PutBuf(b)
 	return false
+}
+
+// SendCtx queues one of this side's own frames, as TrySend does, waiting
+// for room while the queue is full until ctx ends or the connection
+// closes. It reports whether it queued b; the buffer belongs to the
+// connection afterwards either way.
+func (c *Conn) SendCtx(ctx context.Context, b *[]byte) bool {
+	ok, room := c.enqueue(b, true, false)
+	for !ok && room != nil {
+		select {
+		case <-room:
+		case <-c.closing:
+			room = nil
+			continue
+		case <-ctx.Done():
+			room = nil
+			continue
+		}
+		ok, room = c.enqueue(b, true, false)
+	}
+	if !ok {
+		PutBuf(b)
+	}
+	return ok
 }
 
 // send queues a frame, waiting up to WriteTimeout for room; a peer that

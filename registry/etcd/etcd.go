@@ -143,6 +143,8 @@ type Registry struct {
 	watchMu     sync.Mutex
 	watchCancel context.CancelFunc // ends the current watch, so that follow lists again
 	lost        atomic.Bool        // the probe could not reach etcd
+
+	writes *writer // instance writes, group-committed (batch.go)
 }
 
 var _ registry.Registry = (*Registry)(nil)
@@ -271,6 +273,8 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		warned: map[string]string{}, repairs: map[string]int64{}, repairC: make(chan struct{}, 1),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.writes = newWriter(cli, cfg.OpTimeout)
+	r.wg.Go(func() { r.writes.run(r.ctx) })
 	r.wg.Go(r.follow)
 	r.wg.Go(r.probe)
 	r.wg.Go(r.keepSession)
@@ -362,7 +366,8 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	r.mu.Lock()
 	r.pending[reg.InstanceID]++
 	r.mu.Unlock()
-	put, err := r.cli.Put(ctx, r.key(reg.InstanceID), r.value(in, lease), clientv3.WithLease(lease))
+	k := r.key(reg.InstanceID)
+	rev, err := r.writes.do(ctx, k, clientv3.OpPut(k, r.value(in, lease), clientv3.WithLease(lease)))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pending[reg.InstanceID]--; r.pending[reg.InstanceID] == 0 {
@@ -376,7 +381,7 @@ func (r *Registry) Register(ctx context.Context, reg registry.Registration) (*re
 	if r.closed {
 		return nil, registry.ErrClosed
 	}
-	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], put.Header.Revision)
+	r.modRev[reg.InstanceID] = max(r.modRev[reg.InstanceID], rev)
 	delete(r.orphans, reg.InstanceID)
 	r.local[reg.InstanceID] = in
 	r.dirty[reg.InstanceID] = struct{}{}
@@ -418,13 +423,10 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, b registry.Beat) er
 // meanwhile (the agent re-registered there).
 func (r *Registry) putIfOurs(ctx context.Context, id, val string, lease clientv3.LeaseID) error {
 	k := r.key(id)
-	res, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
-		Then(clientv3.OpPut(k, val, clientv3.WithLease(lease))).
-		Commit()
+	rev, err := r.writes.do(ctx, k, clientv3.OpPut(k, val, clientv3.WithLease(lease)), clientv3.Compare(clientv3.LeaseValue(k), "=", lease))
 	if err == nil {
 		r.mu.Lock()
-		r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+		r.modRev[id] = max(r.modRev[id], rev)
 		r.mu.Unlock()
 	}
 	return err
@@ -433,13 +435,10 @@ func (r *Registry) putIfOurs(ctx context.Context, id, val string, lease clientv3
 // deleteIfOurs removes an instance's key unless another hub owns it now.
 func (r *Registry) deleteIfOurs(ctx context.Context, id string, lease clientv3.LeaseID) error {
 	k := r.key(id)
-	res, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
-		Then(clientv3.OpDelete(k)).
-		Commit()
+	rev, err := r.writes.do(ctx, k, clientv3.OpDelete(k), clientv3.Compare(clientv3.LeaseValue(k), "=", lease))
 	if err == nil {
 		r.mu.Lock()
-		r.modRev[id] = max(r.modRev[id], res.Header.Revision)
+		r.modRev[id] = max(r.modRev[id], rev)
 		r.mu.Unlock()
 	}
 	return err

@@ -114,12 +114,12 @@ type Registry struct {
 	lastSync            atomic.Int64 // unix ns of the last list of the prefix by follow (LastSync)
 
 	mu     sync.Mutex
-	insts  map[string]*registry.Instance // every instance in etcd or local, routable or not
-	owners map[string]owner              // instance id → the hub epoch and lease it was written under
-	perHub map[string]int                // instances in insts, by hub
-	local  map[string]*registry.Instance // attached to this hub: heartbeats and expiry are ours
-	expiry registry.Expiry               // local instances by the deadline their heartbeats set; under mu
-	hubs   map[string]hubState           // other hubs' presence as last seen
+	insts  map[string]*registry.Instance  // every instance in etcd or local, routable or not
+	owners map[string]owner               // instance id → the hub epoch and lease it was written under
+	byHub  map[string]map[string]struct{} // the ids of the instances in insts, by hub
+	local  map[string]*registry.Instance  // attached to this hub: heartbeats and expiry are ours
+	expiry registry.Expiry                // local instances by the deadline their heartbeats set; under mu
+	hubs   map[string]hubState            // other hubs' presence as last seen
 	// dirty: the instances whose record, owner or routability changed
 	// since the last publish (publishLocked applies only them); allDirty:
 	// everything may have (a hub's presence changed, a full listing).
@@ -268,7 +268,7 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		cli: cli, base: cfg.Prefix, prefix: cfg.Prefix + "instances/", hubsP: cfg.Prefix + "hubs/",
 		cfg: cfg, epoch: epoch, log: log,
 		Publisher: registry.NewPublisher(),
-		insts:     map[string]*registry.Instance{}, owners: map[string]owner{}, perHub: map[string]int{}, local: map[string]*registry.Instance{},
+		insts:     map[string]*registry.Instance{}, owners: map[string]owner{}, byHub: map[string]map[string]struct{}{}, local: map[string]*registry.Instance{},
 		hubs: map[string]hubState{}, dirty: map[string]struct{}{}, modRev: map[string]int64{}, pending: map[string]int{}, orphans: map[string]bool{}, upCh: make(chan struct{}),
 		warned: map[string]string{}, repairs: map[string]int64{}, repairC: make(chan struct{}, 1),
 	}
@@ -546,12 +546,25 @@ func (r *Registry) removeLocked(in *registry.Instance, now time.Time) {
 func (r *Registry) setInstLocked(in *registry.Instance, o owner) {
 	id := in.InstanceID
 	if old := r.insts[id]; old != nil {
-		r.perHub[old.Hub]--
+		r.unindexLocked(old)
 	}
 	r.insts[id] = in
-	r.perHub[in.Hub]++
+	ids := r.byHub[in.Hub]
+	if ids == nil {
+		ids = map[string]struct{}{}
+		r.byHub[in.Hub] = ids
+	}
+	ids[id] = struct{}{}
 	r.owners[id] = o
 	r.dirty[id] = struct{}{}
+}
+
+func (r *Registry) unindexLocked(in *registry.Instance) {
+	if ids := r.byHub[in.Hub]; ids != nil {
+		if delete(ids, in.InstanceID); len(ids) == 0 {
+			delete(r.byHub, in.Hub)
+		}
+	}
 }
 
 func (r *Registry) delInstLocked(id string) {
@@ -559,9 +572,7 @@ func (r *Registry) delInstLocked(id string) {
 	if old == nil {
 		return
 	}
-	if r.perHub[old.Hub]--; r.perHub[old.Hub] <= 0 {
-		delete(r.perHub, old.Hub)
-	}
+	r.unindexLocked(old)
 	delete(r.insts, id)
 	delete(r.owners, id)
 	r.dirty[id] = struct{}{}
@@ -586,8 +597,8 @@ func (r *Registry) routable(in *registry.Instance) bool {
 
 // publishLocked publishes what changed since the last publish: the dirty
 // instances alone (a watch event costs the instances it names, not the
-// registry's size), or the whole view after a listing or a change of a
-// hub's presence.
+// registry's size; a hub's presence changing, its instances), or the
+// whole view after a listing.
 func (r *Registry) publishLocked() {
 	if !r.allDirty {
 		if len(r.dirty) == 0 {
@@ -635,7 +646,9 @@ func (r *Registry) setHubLocked(id string, h hubState, now time.Time) {
 		return
 	}
 	if r.hubs[id] != h {
-		r.allDirty = true // its instances may come or go: the next publish looks at all
+		for inst := range r.byHub[id] { // its instances may come or go: the next publish looks at them
+			r.dirty[inst] = struct{}{}
+		}
 	}
 	r.hubs[id] = h // its instances that stop being routable leave at the next Publish
 }

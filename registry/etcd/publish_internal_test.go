@@ -13,7 +13,7 @@ import (
 func viewOf(n int) *Registry {
 	r := &Registry{
 		cfg: Config{Hub: "hub-a"}, epoch: "ea", Publisher: registry.NewPublisher(),
-		insts: map[string]*registry.Instance{}, owners: map[string]owner{}, perHub: map[string]int{},
+		insts: map[string]*registry.Instance{}, owners: map[string]owner{}, byHub: map[string]map[string]struct{}{},
 		local: map[string]*registry.Instance{}, hubs: map[string]hubState{}, dirty: map[string]struct{}{},
 	}
 	r.setHubLocked("hub-b", hubState{epoch: "eb", addr: "b:1", lease: 7}, time.Now())
@@ -60,10 +60,58 @@ func TestIncrementalPublish(t *testing.T) {
 	if len(r.dirty) != 0 {
 		t.Errorf("%d dirty left after the publish", len(r.dirty))
 	}
-	r.setHubLocked("hub-b", hubState{}, time.Now()) // hub-b left
+	r.setHubLocked("hub-c", hubState{epoch: "ec", addr: "c:1", lease: 8}, time.Now())
+	r.setInstLocked(instanceOf(500, "hub-c"), owner{epoch: "ec", lease: 8})
 	r.publishLocked()
-	if got := len(r.Snapshot().Instances()); got != 0 {
-		t.Errorf("%d instances published after their hub left; want 0", got)
+	r.setHubLocked("hub-b", hubState{}, time.Now()) // hub-b left: its 100 instances, and only they, are looked at
+	if r.allDirty || len(r.dirty) != 100 {
+		t.Errorf("after hub-b left: allDirty %v, %d dirty; want false, its 100 instances", r.allDirty, len(r.dirty))
+	}
+	r.publishLocked()
+	if got := len(r.Snapshot().Instances()); got != 1 || r.Snapshot().Instance("agent-000500") == nil {
+		t.Errorf("%d instances published after hub-b left; want hub-c's 1", got)
+	}
+	r.setHubLocked("hub-b", hubState{epoch: "eb", addr: "b:1", lease: 7}, time.Now()) // back, the same life
+	r.publishLocked()
+	if got := len(r.Snapshot().Instances()); got != 101 {
+		t.Errorf("%d instances published after hub-b came back; want 101", got)
+	}
+}
+
+// BenchmarkPresencePublish: the publish after one hub of 20 loses its
+// presence, in a view of n instances spread over them: the hub's
+// instances alone, against the whole view it cost before.
+func BenchmarkPresencePublish(b *testing.B) {
+	const hubs = 20
+	for _, n := range []int{20000, 100000} {
+		for _, whole := range []bool{false, true} {
+			name := fmt.Sprintf("n=%d/incremental", n)
+			if whole {
+				name = fmt.Sprintf("n=%d/whole", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				r := viewOf(0)
+				for h := range hubs {
+					hub := fmt.Sprintf("hub-%d", h)
+					r.setHubLocked(hub, hubState{epoch: "e" + hub, addr: "x:1", lease: int64(h + 1)}, time.Now())
+				}
+				for i := range n {
+					h := i % hubs
+					r.setInstLocked(instanceOf(i, fmt.Sprintf("hub-%d", h)), owner{epoch: fmt.Sprintf("ehub-%d", h), lease: int64(h + 1)})
+				}
+				r.publishLocked()
+				up := hubState{epoch: "ehub-3", addr: "x:1", lease: 4}
+				for i := 0; b.Loop(); i++ {
+					st := up
+					if i%2 == 0 {
+						st = hubState{} // gone, then back
+					}
+					r.setHubLocked("hub-3", st, time.Now())
+					r.allDirty = whole
+					r.publishLocked()
+				}
+			})
+		}
 	}
 }
 

@@ -295,8 +295,8 @@ func (r *Registry) parseInstance(id string, kv *mvccpb.KeyValue) (record, owner,
 	rec.HubAddr = h.addr // where the hub itself says it is
 	if old := r.insts[id]; old == nil || old.Hub != rec.Hub {
 		switch {
-		case r.perHub[rec.Hub] >= r.cfg.MaxInstancesPerHub:
-			return refuse(ReasonOverLimit, "hub "+strconv.Quote(rec.Hub)+" has "+strconv.Itoa(r.perHub[rec.Hub])+" instances")
+		case len(r.byHub[rec.Hub]) >= r.cfg.MaxInstancesPerHub:
+			return refuse(ReasonOverLimit, "hub "+strconv.Quote(rec.Hub)+" has "+strconv.Itoa(len(r.byHub[rec.Hub]))+" instances")
 		case len(r.insts)-len(r.local) >= r.cfg.MaxInstances:
 			return refuse(ReasonOverLimit, strconv.Itoa(len(r.insts))+" instances")
 		}

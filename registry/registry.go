@@ -161,6 +161,8 @@ func (in *Instance) StreamingMethods() []string {
 
 // NewInstance makes an instance for r, ready and heartbeated now.
 func NewInstance(r Registration, now time.Time) *Instance {
+	r.Name, r.Capabilities, r.Intents = shareString(r.Name), shareStrings(r.Capabilities), shareStrings(r.Intents)
+	r.Schemas = shareRaw(r.Schemas) // (share.go)
 	in := &Instance{Registration: r, RegisteredAt: now, st: &instState{}}
 	in.st.lastBeat.Store(now.UnixNano())
 	s := StateReady

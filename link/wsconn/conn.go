@@ -179,14 +179,20 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
-	roomKept    atomic.Bool  // raw is set: the writer keeps room for a close frame
-	credit      int          // bytes the kernel can take without a new look (writer only)
-	lingering   atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
-	heard       atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
-	pingsSent   atomic.Int64 // pings this side wrote (tests)
-	peerPinged  atomic.Int64 // unix nanos: when the peer's last ping arrived
-	quit        chan struct{}
-	quitOnce    sync.Once
+	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
+	credit      int         // bytes the kernel can take without a new look (under wmu)
+	// wmu is held by whoever writes data messages: the writer goroutine,
+	// or a sender writing its frame itself (enqueueLimit: writeInline).
+	wmu        sync.Mutex
+	lastQueued int64        // unix nanos: when the last frame was queued (under qmu; lone)
+	prevQuiet  bool         // it came after a quiet inlineGap (under qmu)
+	inlined    atomic.Int64 // frames their senders wrote (tests)
+	lingering  atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
+	heard      atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
+	pingsSent  atomic.Int64 // pings this side wrote (tests)
+	peerPinged atomic.Int64 // unix nanos: when the peer's last ping arrived
+	quit       chan struct{}
+	quitOnce   sync.Once
 	// drained, if set, runs (on the writer) after a write that left the
 	// bytes owed under the budget, once drainWanted was set: relayed
 	// streams parked on the budget go on (Link.unpark).

@@ -100,7 +100,9 @@ func (c *Conn) writeLoop() {
 				PutBuf(b)
 			}
 		} else {
+			c.wmu.Lock()
 			err = c.writeFrames(frames)
+			c.wmu.Unlock()
 		}
 		clear(frames)
 		c.writing.Store(0)
@@ -209,6 +211,7 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 		q, size, ok := sendQueue(c.raw)
 		if !ok {
 			c.raw = nil // not a socket that says: write as before
+			c.credit = 0
 			c.roomKept.Store(false)
 			return t != nil, nil
 		}
@@ -466,6 +469,23 @@ func (c *Conn) enqueueLimit(b *[]byte, wait, owed bool, limit int) (ok bool, roo
 		c.qmu.Unlock()
 		return false, room
 	}
+	if c.lone() && len(c.q) == 0 && c.writing.Load() == 0 && c.wmu.TryLock() {
+		// A lone frame (nothing queued or being written, nothing written
+		// for inlineGap), and the kernel known to have room for it
+		// (credit, kept by waitSendRoom on a connection with
+		// backpressure): the sender writes it itself, which cannot block,
+		// instead of waking the writer goroutine (a futex wake and a
+		// goroutine switch per hop of a lone call). Frames that come in a
+		// burst go to the writer, which puts them in one write.
+		if n := len(*b) + 14; c.credit >= n {
+			c.credit -= n
+			c.writing.Store(1)
+			c.qmu.Unlock()
+			c.writeInline(b)
+			return true, nil
+		}
+		c.wmu.Unlock()
+	}
 	c.q = append(c.q, b)
 	if c.bp {
 		var n int32
@@ -490,4 +510,40 @@ func (c *Conn) enqueueLimit(b *[]byte, wait, owed bool, limit int) (ok bool, roo
 	}
 	c.qmu.Unlock()
 	return true, nil
+}
+
+// writeInline writes b on the sender's goroutine, which holds wmu and
+// found the queue empty and room in the kernel for b (enqueueLimit).
+func (c *Conn) writeInline(b *[]byte) {
+	n := len(*b)
+	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+	err := c.ws.WriteMessage(c.msgType, *b)
+	PutBuf(b)
+	c.inlined.Add(1)
+	c.wmu.Unlock()
+	c.writing.Store(0)
+	if c.cfg.Bytes != nil {
+		c.cfg.Bytes(0, n)
+	}
+	if err != nil {
+		c.Shutdown(err)
+	}
+}
+
+// inlineGap: a frame queued this long after the one before, itself as
+// long after its own, is lone (a call's hop, not part of a burst): its
+// sender may write it itself (enqueueLimit).
+const inlineGap = 50 * time.Microsecond
+
+// lone reports, under qmu, for a frame being queued, whether it and the
+// frame before it each came after inlineGap or more of quiet: frames that
+// come one at a time (lone calls), not the start of a burst (the writer
+// puts a burst in one write; an inline write of its first frame would be
+// one more).
+func (c *Conn) lone() bool {
+	now := time.Now().UnixNano()
+	quiet := now-c.lastQueued >= int64(inlineGap)
+	lone := quiet && c.prevQuiet
+	c.lastQueued, c.prevQuiet = now, quiet
+	return lone
 }

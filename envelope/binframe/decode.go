@@ -180,6 +180,23 @@ func (fd *field) bytes(name string) ([]byte, *envelope.Error) {
 	return fd.b, nil
 }
 
+// walk calls fn for each field of a message in order, until fn refuses
+// one; a field that cannot be read is errMalformed.
+func walk(data []byte, fn func(fd field) *envelope.Error) *envelope.Error {
+	var fd field
+	for len(data) > 0 {
+		n := next(data, &fd)
+		if n < 0 {
+			return errMalformed
+		}
+		data = data[n:]
+		if e := fn(fd); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
 // decodeBinaryFrame decodes one frame's fields into f, which it clears
 // first: the checks of the v1 decoder (decodeFrameEnd), on binary
 // fields. On error f keeps Type and Seq when they were read.
@@ -192,14 +209,7 @@ func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 		id, origin, dest, method, version string
 		ts                                int64
 	}
-	var fd field
-	for len(data) > 0 {
-		n := next(data, &fd)
-		if n < 0 {
-			return errMalformed
-		}
-		data = data[n:]
-		var e *envelope.Error
+	if err := walk(data, func(fd field) (e *envelope.Error) {
 		switch fd.num {
 		case bType:
 			typ, e = fd.uint("type", 1, 255)
@@ -241,9 +251,9 @@ func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 			v, e = fd.uint("stream", 0, 1)
 			stream = v == 1
 		}
-		if e != nil {
-			return e
-		}
+		return e
+	}); err != nil {
+		return err
 	}
 	if f.Type != envelope.FrameChunk {
 		f.Data = nil // a chunk's member only
@@ -311,14 +321,7 @@ func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 }
 
 func decodeHeadersV2(data []byte, h *envelope.Headers) *envelope.Error {
-	var fd field
-	for len(data) > 0 {
-		n := next(data, &fd)
-		if n < 0 {
-			return errMalformed
-		}
-		data = data[n:]
-		var e *envelope.Error
+	if err := walk(data, func(fd field) (e *envelope.Error) {
 		var v uint64
 		switch fd.num {
 		case hTraceID:
@@ -359,22 +362,15 @@ func decodeHeadersV2(data []byte, h *envelope.Headers) *envelope.Error {
 			v, e = fd.uint("headers.hops", 0, 16)
 			h.Hops = int(v)
 		}
-		if e != nil {
-			return e
-		}
+		return e
+	}); err != nil {
+		return err
 	}
 	return nil
 }
 
 func decodeMetricsV2(data []byte, m *envelope.Metrics) *envelope.Error {
-	var fd field
-	for len(data) > 0 {
-		n := next(data, &fd)
-		if n < 0 {
-			return errMalformed
-		}
-		data = data[n:]
-		var e *envelope.Error
+	if err := walk(data, func(fd field) (e *envelope.Error) {
 		switch fd.num {
 		case mLatencyMs:
 			m.LatencyMs, e = fd.double("metrics.latencyMs")
@@ -389,9 +385,9 @@ func decodeMetricsV2(data []byte, m *envelope.Metrics) *envelope.Error {
 		case mProcessingTime:
 			m.ProcessingTime, e = fd.double("metrics.processingTime")
 		}
-		if e != nil {
-			return e
-		}
+		return e
+	}); err != nil {
+		return err
 	}
 	return nil
 }
@@ -413,14 +409,7 @@ func decodeErrorV2(data []byte) (*envelope.Error, *envelope.Error) {
 	var details []byte
 	var num int64
 	hasNum, notSent, attempts := false, false, 0
-	var fd field
-	for len(data) > 0 {
-		n := next(data, &fd)
-		if n < 0 {
-			return nil, errMalformed
-		}
-		data = data[n:]
-		var de *envelope.Error
+	if err := walk(data, func(fd field) (de *envelope.Error) {
 		switch fd.num {
 		case eCode:
 			sym, de = fd.intern("error.code")
@@ -448,9 +437,9 @@ func decodeErrorV2(data []byte) (*envelope.Error, *envelope.Error) {
 			v, de = fd.uint("error.attempts", 0, 1<<20)
 			attempts = int(v)
 		}
-		if de != nil {
-			return nil, de
-		}
+		return de
+	}); err != nil {
+		return nil, err
 	}
 	if c, ok := envelope.ParseCode(sym); ok && c != envelope.CodeOK {
 		code = c

@@ -3,11 +3,8 @@ package wsconn
 import (
 	"fmt"
 	"net"
-	"net/http"
 	"sync/atomic"
 	"testing"
-
-	"github.com/gorilla/websocket"
 )
 
 type countingConn struct {
@@ -38,29 +35,8 @@ func (l *countingListener) Accept() (net.Conn, error) {
 // together in one write to the socket, each still its own message, in
 // order.
 func TestCorkedWrites(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := &countingListener{Listener: ln}
-	accepted := make(chan *websocket.Conn, 1)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		accepted <- ws
-	})}
-	go func() { _ = srv.Serve(NewCapListener(counted, 10, nil)) }()
-	defer srv.Close()
-	client, _, err := websocket.DefaultDialer.DialContext(t.Context(), "ws://"+ln.Addr().String()+"/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ws := <-accepted
-	defer ws.Close()
+	counted := new(countingListener)
+	ws, client := acceptedPair(t, func(ln net.Listener) net.Listener { counted.Listener = ln; return counted })
 	c := NewConn(ws, Config{}) // not started: writeFrames runs here
 	var frames []*[]byte
 	for i := range 10 {

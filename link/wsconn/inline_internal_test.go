@@ -16,12 +16,16 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 )
 
-// inlinePair is an accepted connection with backpressure (the hub's side
-// of a link: it knows the kernel's room), started, and its client.
-func inlinePair(t *testing.T) (*Conn, *websocket.Conn) {
+// acceptedPair is the accepting end of a real WebSocket (its listener
+// wrapped by wrap, if not nil) and the client's.
+func acceptedPair(t *testing.T, wrap func(net.Listener) net.Listener) (*websocket.Conn, *websocket.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if wrap != nil {
+		ln = wrap(ln)
 	}
 	accepted := make(chan *websocket.Conn, 1)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -34,12 +38,21 @@ func inlinePair(t *testing.T) (*Conn, *websocket.Conn) {
 	})}
 	go func() { _ = srv.Serve(NewCapListener(ln, 10, nil)) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	client, _, err := websocket.DefaultDialer.DialContext(t.Context(), "ws://"+ln.Addr().String()+"/", nil)
+	client, _, err := websocket.DefaultDialer.DialContext(t.Context(), "ws://"+addr+"/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	c := NewConn(<-accepted, Config{PingInterval: time.Hour})
+	ws := <-accepted
+	t.Cleanup(func() { _ = ws.Close() })
+	return ws, client
+}
+
+// inlinePair is an accepted connection with backpressure (the hub's side
+// of a link: it knows the kernel's room), started, and its client.
+func inlinePair(t *testing.T) (*Conn, *websocket.Conn) {
+	ws, client := acceptedPair(t, nil)
+	c := NewConn(ws, Config{PingInterval: time.Hour})
 	c.WithBackpressure()
 	c.Start(func([]byte, *envelope.Error) {}, func(error) {})
 	t.Cleanup(c.Close)

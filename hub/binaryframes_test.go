@@ -3,6 +3,7 @@ package hub_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -134,5 +135,31 @@ func TestBinaryBodiesChecked(t *testing.T) {
 		if err := c.Call(t.Context(), "bad.result", []string{"good"}, &out); err != nil || out != "fine" {
 			t.Errorf("%s: after it: %q, %v", name, out, err)
 		}
+	}
+}
+
+// TestDamagedBinaryMessageClosesLink: a binary message whose frames do
+// not fill it (a stream damaged on the way: a peer link through a lossy
+// proxy, S07) is not answered from its seq, which cannot be trusted: the
+// link is closed 1007, so that its calls fail over at once.
+func TestDamagedBinaryMessageClosesLink(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	m.RunAgent(t, agents.NewEcho())
+	d := websocket.Dialer{Subprotocols: []string{envelope.SubprotocolV2}}
+	ws, _, err := d.DialContext(t.Context(), m.WS, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	msg := binframe.AppendRequest(nil, 7, &envelope.Request{ID: "x", Method: "echo.echo", Params: json.RawMessage(`[1]`)})
+	msg = append(msg, 0, 0) // two bytes past the frame: not a frame
+	if err := ws.WriteMessage(websocket.BinaryMessage, msg); err != nil {
+		t.Fatal(err)
+	}
+	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, r, err := ws.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseInvalidFramePayloadData {
+		t.Fatalf("got %x, %v; want the link closed 1007", r, err)
 	}
 }

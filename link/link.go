@@ -376,6 +376,9 @@ func (l *Link) onMessage(data []byte, refused *envelope.Error) {
 // (invalid payload), so that its calls fail at once and it reconnects.
 func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	typ, seq, ok := l.recoverFrameSeq(head)
+	if refused == binframe.ErrDamaged {
+		ok = false // a damaged stream: no seq in it is to be believed
+	}
 	answerable := ok && (typ == envelope.FrameRequest || typ == envelope.FrameResponse)
 	// Counted before the peer can see the outcome (an answer or a close),
 	// so that whoever saw it also sees it counted.
@@ -388,7 +391,7 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 	}
 	switch {
 	case ok && typ == envelope.FrameRequest:
-		l.reply(seq, nil, refused)
+		l.reply(seq, nil, refusal(refused))
 	case ok && typ == envelope.FrameResponse:
 		l.deliver(seq, linkResult{err: l.undecodable(refused)})
 	default:
@@ -399,6 +402,13 @@ func (l *Link) onRefused(head []byte, refused *envelope.Error) {
 		}
 		l.c.Shutdown(wsconn.CloseWith(websocket.CloseInvalidFramePayloadData, text))
 	}
+}
+
+// refusal is the answer to a request this side refused before any
+// handler saw it (its frame failed its checks): not sent.
+func refusal(e *envelope.Error) *envelope.Error {
+	cp := *e // e may be shared (a decoder's sentinel)
+	return cp.MarkNotSent()
 }
 
 // undecodable is the error of a call whose response failed its checks.
@@ -419,7 +429,7 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 	if err != nil {
 		if f.Type == envelope.FrameRequest && f.Seq != 0 {
 			b := GetBuf()
-			*b = l.appendResponse(*b, f.Seq, nil, err)
+			*b = l.appendResponse(*b, f.Seq, nil, refusal(err))
 			l.c.Send(b)
 			return
 		}
@@ -456,6 +466,13 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 // onResponse hands a response to the call awaiting it: a Call's gets a
 // copy, a Go call's completion the reader's frame itself (Completion).
 func (l *Link) onResponse(f *envelope.Frame) {
+	if f.Err != nil && l.hubPeer && f.Err.NotSent() && (f.Err.Code == envelope.CodeInvalidRequest || f.Err.Code == envelope.CodeParseError) {
+		// The peer hub's link refused a request of ours as malformed
+		// before any handler saw it (refusal): this hub encoded it, so
+		// it was damaged on the way, as a damaged response is
+		// (undecodable). Not sent: safe to try again.
+		f.Err = envelope.Errorf(envelope.CodeUnavailable, "request damaged on the link to the peer hub: %s", f.Err.Message).MarkNotSent()
+	}
 	l.mu.Lock()
 	if ch, ok := l.pending[f.Seq]; ok {
 		delete(l.pending, f.Seq)

@@ -22,20 +22,27 @@ func Precheck(data []byte, lim envelope.Limits) *envelope.Error {
 		return envelope.Errorf(envelope.CodeInvalidRequest, "message of %d bytes exceeds the limit of %d bytes", len(data), lim.MaxBytes)
 	}
 	if len(data) == 0 {
-		return envelope.NewError(envelope.CodeInvalidRequest, "empty message")
+		return ErrDamaged
 	}
 	for len(data) > 0 {
 		if len(data) < frameHead {
-			return envelope.NewError(envelope.CodeInvalidRequest, "a frame's length is cut short")
+			return ErrDamaged
 		}
 		n := binary.BigEndian.Uint32(data)
 		if n == 0 || uint64(n) > uint64(len(data)-frameHead) {
-			return envelope.Errorf(envelope.CodeInvalidRequest, "a frame's length (%d) does not fit the message", n)
+			return ErrDamaged
 		}
 		data = data[frameHead+int(n):]
 	}
 	return nil
 }
+
+// ErrDamaged is Precheck's refusal of a message whose frames do not fill
+// it exactly: no encoder makes one, so the stream was damaged on the way
+// (or its sender is broken), and nothing in it can be trusted, not even
+// a seq to answer: a receiver closes the link (1007), so that its calls
+// fail over at once, as for a lost link.
+var ErrDamaged = envelope.NewError(envelope.CodeInvalidRequest, "the frames do not fill the message: the stream is damaged")
 
 // Each decodes a v2 message that passed Precheck: fn runs
 // for each frame in order, with the frame's error if it is invalid. Each

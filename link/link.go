@@ -183,6 +183,8 @@ func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 		if !l.callBound {
 			c.NoCallBound()
 		}
+	} else {
+		c.TrackRoom() // a dialled link (a client's, an agent's): its lone frames are written by their senders too
 	}
 	c.OnDrained(l.unpark)
 	l.ctx, l.cancel = context.WithCancel(l.parent)

@@ -232,6 +232,15 @@ func NewConn(ws *websocket.Conn, cfg Config) *Conn {
 // that a slow consumer can be closed with a close frame. Set before start.
 func (c *Conn) WithBackpressure() {
 	c.bp = true
+	c.TrackRoom()
+}
+
+// TrackRoom makes the writer hand the kernel whole frames only, keeping
+// room for a close frame, as WithBackpressure does, without its bounds;
+// knowing the kernel's room also lets a lone frame be written by its
+// sender (enqueueLimit). Set before Start. A connection that is not a
+// socket writes as before.
+func (c *Conn) TrackRoom() {
 	c.raw = rawConn(c.ws.NetConn())
 	c.roomKept.Store(c.raw != nil)
 }

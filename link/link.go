@@ -15,7 +15,7 @@ import (
 	"github.com/agentmesh/agentmesh/stream"
 )
 
-// Link is one native-envelope WebSocket (subprotocol agentmesh.v1) between
+// Link is one native-envelope WebSocket (agentmesh.v2 or v1) between
 // two parties that may both call and serve: hub and agent, or hub and SDK
 // client. Many calls are multiplexed over it, paired by a link-scoped seq.
 //

@@ -140,6 +140,8 @@ func TestBinaryFrameErrors(t *testing.T) {
 		{"params too deep", build(req, seq, s(10, "m"), s(12, strings.Repeat("[", 70)+strings.Repeat("]", 70))), "nesting"},
 		{"stream without credit", build(req, seq, s(10, "m"), v(17, 1)), "initial credit"},
 		{"unknown type", build(v(1, 77), seq), "unknown frame type 77"},
+		{"type twice", build(req, seq, s(10, "m"), v(1, uint64(envelope.FrameGoAway))), "type is given twice"},
+		{"seq twice", build(req, seq, s(10, "m"), v(2, 43)), "seq is given twice"},
 		{"truncated field", append(frame(req, seq, []byte{0x52, 0x10, 'x'}), append(append(req, seq...), 0x52, 0x10, 'x')...), "malformed"},
 		{"chunk without n", build(v(1, uint64(envelope.FrameChunk)), seq), "chunk's n"},
 		{"credit of nothing", build(v(1, uint64(envelope.FrameCredit)), seq), "at least 1 chunk"},

@@ -210,7 +210,7 @@ func walk(data []byte, fn func(fd field) *envelope.Error) *envelope.Error {
 func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 	*f = envelope.Frame{}
 	var typ uint64
-	var stream bool
+	var stream, seenSeq bool
 	var hdr, met, errb, params, result []byte
 	var r struct {
 		id, origin, dest, method, version string
@@ -219,9 +219,16 @@ func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 	if err := walk(data, func(fd field) (e *envelope.Error) {
 		switch fd.num {
 		case bType:
+			if typ != 0 { // the first one says what the frame is (RecoverFrameSeq): no second opinion
+				return envelope.NewError(envelope.CodeInvalidRequest, "type is given twice")
+			}
 			typ, e = fd.uint("type", 1, 255)
 			f.Type = envelope.FrameType(typ)
 		case bSeq:
+			if seenSeq {
+				return envelope.NewError(envelope.CodeInvalidRequest, "seq is given twice")
+			}
+			seenSeq = true
 			f.Seq, e = fd.uint("seq", 0, math.MaxInt64)
 		case bN:
 			f.N, e = fd.uint("n", 0, math.MaxInt64)
@@ -307,8 +314,9 @@ func decodeBinaryFrame(data []byte, f *envelope.Frame) *envelope.Error {
 			s.Result = result
 		}
 	case envelope.FrameCancel:
+		f.N, f.Bytes = 0, 0
 	case envelope.FrameGoAway:
-		f.Seq = 0
+		f.Seq, f.N, f.Bytes = 0, 0, 0 // a goaway is about the whole link
 	case envelope.FrameChunk:
 		f.Bytes = 0
 		if f.N == 0 {

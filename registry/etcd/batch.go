@@ -26,6 +26,7 @@ const maxBatch = 100
 
 // write is one instance write: op on key, if cmp holds.
 type write struct {
+	ctx  context.Context // its caller's: a write whose caller gave up is not sent
 	key  string
 	cmp  []clientv3.Cmp
 	op   clientv3.Op
@@ -56,7 +57,7 @@ func newWriter(cli *clientv3.Client, timeout time.Duration) *writer {
 // do queues a write and waits for its commit or ctx's end (the write may
 // still land after that, as any write given up on).
 func (w *writer) do(ctx context.Context, key string, op clientv3.Op, cmp ...clientv3.Cmp) (int64, error) {
-	wr := &write{key: key, cmp: cmp, op: op, done: make(chan writeResult, 1)}
+	wr := &write{ctx: ctx, key: key, cmp: cmp, op: op, done: make(chan writeResult, 1)}
 	w.mu.Lock()
 	w.q = append(w.q, wr)
 	w.mu.Unlock()
@@ -84,6 +85,10 @@ func (w *writer) take() []*write {
 	var batch, rest []*write
 	keys := map[string]bool{}
 	for _, wr := range w.q {
+		if err := wr.ctx.Err(); err != nil {
+			wr.done <- writeResult{err: err} // its caller gave up while it waited: not sent
+			continue
+		}
 		if len(batch) < maxBatch && !keys[wr.key] {
 			keys[wr.key] = true
 			batch = append(batch, wr)
@@ -122,7 +127,17 @@ func (w *writer) commit(ctx context.Context, batch []*write) {
 	for i, wr := range batch {
 		ops[i] = clientv3.OpTxn(wr.cmp, []clientv3.Op{wr.op}, nil)
 	}
-	cctx, cancel := context.WithTimeout(ctx, w.timeout)
+	// The transaction outlives none of its callers: a write made with a
+	// short deadline (expiry's 1 s attempts) is not held behind a commit
+	// stuck on etcd (a lost leader) for the writer's whole timeout, nor
+	// is every write queued after it.
+	deadline := time.Now().Add(w.timeout)
+	for _, wr := range batch {
+		if d, ok := wr.ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
 	res, err := w.cli.Txn(cctx).Then(ops...).Commit()
 	cancel()
 	w.commits.Add(1)

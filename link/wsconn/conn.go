@@ -135,11 +135,12 @@ func (c Config) WithDefaults() Config {
 // writer goroutine (gorilla allows no more). Frames to send go into a
 // bounded queue; the writer is started when a frame is queued and exits
 // after writerLinger with nothing to write, so an idle connection holds
-// one goroutine and no queue. Pings go out from a timer (gorilla's
-// WriteControl may run concurrently with the writer). onMessage runs on
+// one goroutine and no queue. Pings go out from a timer; every write,
+// data or control, goes through the connection's wire (frame.go). onMessage runs on
 // the reader goroutine and must not block.
 type Conn struct {
 	ws    *websocket.Conn
+	wire  wire // what is written (gorilla reads, this side frames: frame.go)
 	cfg   Config
 	batch bool // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
 	// binary: the frames are binary (agentmesh.v2); msgType is the
@@ -218,6 +219,7 @@ func NewConn(ws *websocket.Conn, cfg Config) *Conn {
 	ws.SetReadLimit(int64(cfg.Limits.MaxBytes) + 1024)
 	return &Conn{
 		ws:      ws,
+		wire:    newWire(ws),
 		cfg:     cfg,
 		closing: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
@@ -341,7 +343,7 @@ func (c *Conn) underBounds() (ok, waited bool) {
 			// an unsolicited pong (RFC 6455 5.5.3) keeps a peer that
 			// reads, and counts pongs as life (this mesh's links do),
 			// from taking the hub for dead while its long calls run.
-			_ = c.ws.WriteControl(websocket.PongMessage, nil, time.Now().Add(time.Second))
+			_ = c.writeControl(websocket.PongMessage, nil, time.Now().Add(time.Second))
 			keepalive.Reset(pausedPong)
 		}
 		c.qmu.Lock()
@@ -446,6 +448,13 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 	_ = c.setReadDeadline(time.Now().Add(idle))
 	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
 	c.ws.SetPingHandler(c.onPing)
+	c.ws.SetCloseHandler(func(code int, _ string) error {
+		// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
+		// handler does, on this side's wire: Shutdown's own close frame
+		// then finds it sent.
+		_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+		return nil
+	})
 	for {
 		if c.bp {
 			if ok, _ := c.underBounds(); !ok {
@@ -545,7 +554,7 @@ func (c *Conn) Shutdown(err error) {
 		var ne net.Error
 		timedOut := errors.As(err, &ne) && ne.Timeout()
 		if !timedOut && (!errors.Is(err, ErrNotReading) || c.roomKept.Load()) {
-			werr := c.ws.WriteControl(websocket.CloseMessage,
+			werr := c.writeControl(websocket.CloseMessage,
 				websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
 			if werr == nil && errors.Is(err, ErrNotReading) {
 				// The writer handed the kernel whole frames only, with

@@ -54,52 +54,6 @@ type cappedConn struct {
 	l    *CapListener
 	once sync.Once
 	readAhead
-
-	// Corked writes (cork, uncork): held, then written as one.
-	wmu    sync.Mutex
-	corked bool
-	wbuf   *[]byte
-}
-
-// corker is a connection whose writes can be held and sent as one: a
-// writer with many WebSocket messages to send (a plain JSON-RPC client's
-// answers, which cannot share a message) makes one write of them, as a
-// native link's batch does.
-type corker interface {
-	cork()
-	uncork() error
-}
-
-// Write writes p, or holds it while corked. Writes are serialized here,
-// so that a control frame (a ping, a close) written while held messages
-// are being sent goes out after them.
-func (c *cappedConn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if c.corked {
-		*c.wbuf = append(*c.wbuf, p...)
-		return len(p), nil
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *cappedConn) cork() {
-	c.wmu.Lock()
-	c.corked = true
-	c.wbuf = GetBuf()
-	c.wmu.Unlock()
-}
-
-// uncork writes what was held, in one write.
-func (c *cappedConn) uncork() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.corked = false
-	b := c.wbuf
-	c.wbuf = nil
-	_, err := c.Conn.Write(*b)
-	PutBuf(b)
-	return err
 }
 
 func (c *cappedConn) Read(p []byte) (int, error) { return c.readAhead.read(p) }

@@ -123,29 +123,23 @@ func (c *Conn) writeLoop() {
 	}
 }
 
-// writeFrames writes frames in order: as JSON-array batches on a native
-// link, one message each otherwise. It returns every buffer to the pool.
+// writeFrames writes frames in order: as batches on a native link (one
+// message of many frames), several messages in one write otherwise. It
+// returns every buffer to the pool.
 func (c *Conn) writeFrames(frames []*[]byte) error {
-	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 	var err error
 	for len(frames) > 0 && err == nil {
 		if c.raw != nil {
-			var waited bool
-			if waited, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
+			if _, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
 				break
-			}
-			if waited { // the deadline is for the write, not the wait
-				_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 			}
 		}
 		var n, used int
-		if cc, ok := c.ws.NetConn().(corker); ok && !c.batch && len(frames) > 1 {
-			n, used, err = c.writeCorked(cc, frames)
-		} else if c.batch && len(frames) > 1 {
-			n, used, err = c.writeBatch(frames)
+		if len(frames) > 1 {
+			n, used, err = c.writeGroup(frames)
 		} else {
 			n, used = len(*frames[0]), 1
-			err = c.ws.WriteMessage(c.msgType, *frames[0])
+			err = c.writeMessage(*frames[0])
 			PutBuf(frames[0])
 		}
 		if c.cfg.Bytes != nil {
@@ -164,22 +158,18 @@ func (c *Conn) writeFrames(frames []*[]byte) error {
 // close frame (at most 2 + 4 + 125 bytes each).
 const closeReserve = 4 << 10
 
-// nextWrite is the size of the next message writeFrames writes from
-// frames (as writeBatch picks it), with its WebSocket header.
+// nextWrite is the size of the next write writeFrames makes from frames
+// (as writeGroup picks them), with the WebSocket headers and a batch's
+// brackets and commas.
 func (c *Conn) nextWrite(frames []*[]byte) int {
-	n := len(*frames[0])
-	if _, ok := c.ws.NetConn().(corker); ok && !c.batch && len(frames) > 1 {
-		used, n := c.corkedGroup(frames)
+	if len(frames) == 1 {
+		return len(*frames[0]) + 14
+	}
+	used, n := c.group(frames)
+	if !c.batch {
 		return n + 14*used
 	}
-	if c.batch && len(frames) > 1 {
-		budget := c.cfg.Limits.MaxBytes / 2
-		n += 2
-		for used := 1; used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget; used++ {
-			n += len(*frames[used]) + 1
-		}
-	}
-	return n + 14
+	return n + used + 1 + 14
 }
 
 // waitSendRoom waits until the kernel's send buffer can take n more
@@ -246,82 +236,55 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 // means a burst, worth a scheduler round to batch what follows.
 const batchYieldGap = 200 * time.Microsecond
 
-// maxBatchFrames bounds the frames one batched message carries.
+// maxBatchFrames bounds the frames one write carries.
 const maxBatchFrames = 128
 
-// writeBatch sends the first frames as one message, a JSON array: one
-// write (and one syscall) for many frames under load. A batch holds at
-// most maxBatchFrames and stays under half the peer's message limit; it
-// reports how many frames it used (at least one).
-func (c *Conn) writeBatch(frames []*[]byte) (n, used int, err error) {
-	budget := c.cfg.Limits.MaxBytes / 2
-	used = 1
-	n = len(*frames[0]) + 2
-	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget {
-		n += len(*frames[used]) + 1
-		used++
-	}
-	if used == 1 {
-		err = c.ws.WriteMessage(c.msgType, *frames[0])
-		PutBuf(frames[0])
-		return len(*frames[0]), 1, err
-	}
-	w, err := c.ws.NextWriter(c.msgType)
-	if err != nil {
-		for _, b := range frames[:used] {
-			PutBuf(b)
+// writeGroup writes the first frames in one write, at most
+// maxBatchFrames and half the peer's message limit, and reports how many
+// it used (at least one) and their bytes. On a native link (batch) they
+// go as one message: a JSON array, or (binary) frames that each carry
+// their length; otherwise each is its own message (a plain JSON-RPC
+// client's answers, which cannot share one).
+func (c *Conn) writeGroup(frames []*[]byte) (n, used int, err error) {
+	used, n = c.group(frames)
+	b := getWire()
+	switch {
+	case !c.batch || used == 1:
+		for _, f := range frames[:used] {
+			*b = c.wire.appendMessage(*b, c.msgType, *f)
 		}
-		return 0, used, err
-	}
-	if c.binary { // each frame carries its length
-		for _, b := range frames[:used] {
-			if err == nil {
-				_, err = w.Write(*b)
-			}
-			PutBuf(b)
+	case c.binary:
+		var mask int
+		*b, mask = c.wire.appendHeader(*b, c.msgType, n)
+		for _, f := range frames[:used] {
+			*b = append(*b, *f...)
 		}
-	} else {
+		maskFrom(*b, mask)
+	default:
+		var mask int
+		*b, mask = c.wire.appendHeader(*b, c.msgType, n+used+1)
 		sep := byte('[')
-		for _, b := range frames[:used] {
-			if err == nil {
-				_, _ = w.Write([]byte{sep})
-				_, err = w.Write(*b)
-			}
+		for _, f := range frames[:used] {
+			*b = append(append(*b, sep), *f...)
 			sep = ','
-			PutBuf(b)
 		}
-		_, _ = w.Write([]byte{']'})
+		*b = append(*b, ']')
+		maskFrom(*b, mask)
 	}
-	if cerr := w.Close(); err == nil {
-		err = cerr
+	for _, f := range frames[:used] {
+		PutBuf(f)
 	}
+	err = c.writeWire(*b, time.Now().Add(c.cfg.WriteTimeout), false)
+	putWire(b)
 	return n, used, err
 }
 
-// writeCorked writes the first frames, each its own message, in one
-// write (corker): at most maxBatchFrames and half the peer's message
-// limit, as a batch. It reports how many it used (at least one).
-func (c *Conn) writeCorked(cc corker, frames []*[]byte) (n, used int, err error) {
-	used, n = c.corkedGroup(frames)
-	cc.cork()
-	for _, b := range frames[:used] {
-		if err == nil {
-			err = c.ws.WriteMessage(c.msgType, *b)
-		}
-		PutBuf(b)
-	}
-	if uerr := cc.uncork(); err == nil {
-		err = uerr
-	}
-	return n, used, err
-}
-
-// corkedGroup is how many of frames writeCorked writes at once, and
-// their bytes (without the WebSocket headers).
-func (c *Conn) corkedGroup(frames []*[]byte) (used, n int) {
+// group is how many of frames writeGroup writes at once, and their
+// bytes (without WebSocket headers or a batch's brackets and commas).
+func (c *Conn) group(frames []*[]byte) (used, n int) {
 	budget := c.cfg.Limits.MaxBytes / 2
 	used, n = 1, len(*frames[0])
-	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used]) <= budget {
+	for used < len(frames) && used < maxBatchFrames && n+len(*frames[used])+1 <= budget {
 		n += len(*frames[used])
 		used++
 	}
@@ -516,8 +479,7 @@ func (c *Conn) enqueueLimit(b *[]byte, wait, owed bool, limit int) (ok bool, roo
 // found the queue empty and room in the kernel for b (enqueueLimit).
 func (c *Conn) writeInline(b *[]byte) {
 	n := len(*b)
-	_ = c.ws.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
-	err := c.ws.WriteMessage(c.msgType, *b)
+	err := c.writeMessage(*b)
 	PutBuf(b)
 	c.inlined.Add(1)
 	c.wmu.Unlock()

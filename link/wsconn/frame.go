@@ -1,0 +1,170 @@
+package wsconn
+
+// The writing half of RFC 6455 is done here rather than by gorilla, which
+// keeps the handshake and the reading half. Gorilla copies a message into
+// a write buffer borrowed from its WriteBufferPool and gives the buffer
+// back boxed in an interface: one allocation per message written, two per
+// call a hub routes (the hub keeps no write buffer on an idle link, so it
+// needs the pool). Here a message is framed into a pooled *[]byte, which
+// goes back without boxing, and a batch of frames is one WebSocket frame
+// in one write, where gorilla cut it into write-buffer-sized frames, a
+// system call each.
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"net"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// wire serializes what is written on a connection: one message at a time,
+// and nothing after the close frame. Data messages (the writer, inline
+// senders) and control frames (pings, pongs, the close) all go through
+// it, so each write sets its own deadline undisturbed.
+type wire struct {
+	sem       chan struct{} // holds one token: taken to write
+	closeSent bool          // under sem
+	server    bool          // frames go out unmasked (RFC 6455 5.1)
+}
+
+func newWire(ws *websocket.Conn) wire {
+	w := wire{sem: make(chan struct{}, 1), server: isServer(ws)}
+	w.sem <- struct{}{}
+	return w
+}
+
+// isServer reports whether ws is the accepting end: gorilla does not say,
+// so its field is read (it has been isServer since gorilla's first
+// release; TestWireFramesBothWays fails if that changes).
+func isServer(ws *websocket.Conn) bool {
+	f := reflect.ValueOf(ws).Elem().FieldByName("isServer")
+	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
+}
+
+// wireBufs holds the buffers messages are framed in.
+var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+func getWire() *[]byte { return wireBufs.Get().(*[]byte) }
+
+func putWire(b *[]byte) {
+	if cap(*b) > 256<<10 {
+		return // a big batch's: not kept
+	}
+	*b = (*b)[:0]
+	wireBufs.Put(b)
+}
+
+// appendHeader appends the header of a final frame of type op carrying n
+// bytes; mask is where the masking key went (-1 for a server's frame),
+// to be applied once the n bytes follow (maskFrom).
+func (w *wire) appendHeader(b []byte, op int, n int) (_ []byte, mask int) {
+	b0 := byte(op) | 0x80 // FIN
+	var mbit byte
+	if !w.server {
+		mbit = 0x80
+	}
+	switch {
+	case n <= 125:
+		b = append(b, b0, mbit|byte(n))
+	case n <= 0xffff:
+		b = append(b, b0, mbit|126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, b0, mbit|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	if w.server {
+		return b, -1
+	}
+	// A client masks with a key its peer cannot predict (RFC 6455 10.3):
+	// math/rand/v2's generator is ChaCha8, seeded from the system.
+	b = binary.LittleEndian.AppendUint32(b, rand.Uint32())
+	return b, len(b) - 4
+}
+
+// maskFrom masks what follows the key at mask (a client's frame).
+func maskFrom(b []byte, mask int) {
+	if mask < 0 {
+		return
+	}
+	key := b[mask : mask+4]
+	p := b[mask+4:]
+	k8 := uint64(binary.LittleEndian.Uint32(key))
+	k8 |= k8 << 32
+	i := 0
+	for ; i+8 <= len(p); i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], binary.LittleEndian.Uint64(p[i:])^k8)
+	}
+	for ; i < len(p); i++ {
+		p[i] ^= key[i&3]
+	}
+}
+
+// appendMessage appends payload as one message of type op.
+func (w *wire) appendMessage(b []byte, op int, payload []byte) []byte {
+	b, mask := w.appendHeader(b, op, len(payload))
+	b = append(b, payload...)
+	maskFrom(b, mask)
+	return b
+}
+
+// write writes b, one or more whole frames, by deadline. Only a close
+// frame may be the last: once it went out (close), nothing more does.
+func (c *Conn) writeWire(b []byte, deadline time.Time, close bool) error {
+	select {
+	case <-c.wire.sem:
+	default:
+		// Taken: a data write is in progress (it cannot block with
+		// room tracked, but may without). A control frame waits for it
+		// until its own deadline, as gorilla's WriteControl did.
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-c.wire.sem:
+			t.Stop()
+		case <-t.C:
+			return errWriteTimeout
+		}
+	}
+	defer func() { c.wire.sem <- struct{}{} }()
+	if c.wire.closeSent {
+		return websocket.ErrCloseSent
+	}
+	nc := c.ws.NetConn()
+	_ = nc.SetWriteDeadline(deadline)
+	_, err := nc.Write(b)
+	if close || err != nil {
+		c.wire.closeSent = true // after a failed write the stream is cut mid-frame: nothing may follow
+	}
+	return err
+}
+
+// writeControl writes a control frame (a ping, a pong, a close) of at
+// most 125 bytes, waiting for a data write in progress until deadline.
+func (c *Conn) writeControl(op int, data []byte, deadline time.Time) error {
+	var a [2 + 4 + 125]byte
+	b := c.wire.appendMessage(a[:0], op, data[:min(len(data), 125)])
+	return c.writeWire(b, deadline, op == websocket.CloseMessage)
+}
+
+// writeMessage writes payload as one message of the connection's type.
+func (c *Conn) writeMessage(payload []byte) error {
+	b := getWire()
+	*b = c.wire.appendMessage(*b, c.msgType, payload)
+	err := c.writeWire(*b, time.Now().Add(c.cfg.WriteTimeout), false)
+	putWire(b)
+	return err
+}
+
+// errWriteTimeout is a control frame that found the connection busy
+// writing past its deadline.
+var errWriteTimeout = &net.OpError{Op: "write", Net: "websocket", Err: timeoutError{}}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }

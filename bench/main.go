@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -58,6 +59,7 @@ func main() {
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	rounds := flag.Int("rounds", 1, "measure every cell this many times, the systems interleaved, and report the medians")
 	idle := flag.Int("idle", 0, "instead: measure the hub's memory per idle agent link with this many agents")
+	heapProfile := flag.String("heapprofile", "", "with -idle: write the hub's heap profile here once the agents idled")
 	settle := flag.Duration("idle-settle", 2*time.Second, "with -idle: how long the agents idle before the hub is measured (the runtime's forced GC, which shrinks idle stacks, runs every 2 min)")
 	fleetN := flag.Int("fleet", 0, "instead: measure what this many idle agents cost one hub (registration, idle CPU, echo throughput beside them against -fleet-base, dropping them all)")
 	fleetBase := flag.Int("fleet-base", 10, "with -fleet: the baseline's idle agents")
@@ -70,6 +72,11 @@ func main() {
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
 	flag.Parse()
 	if *role != "" {
+		if f := os.Getenv("BENCH_HEAP_PROFILE"); f != "" {
+			// A heap profile when the harness asks (SIGUSR1: -idle's
+			// -heapprofile, once the idle links settled).
+			defer heapOnSignal(f)()
+		}
 		if f := os.Getenv("BENCH_WINDOW_PROFILE"); f != "" {
 			// A profile of a window the harness marks: SIGUSR1 starts it,
 			// SIGUSR2 ends it (-fleet's idle window).
@@ -89,7 +96,7 @@ func main() {
 		return
 	}
 	if *idle > 0 {
-		if err := idleMemory(*idle, *settle); err != nil {
+		if err := idleMemory(*idle, *settle, *heapProfile); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
@@ -863,9 +870,9 @@ func rss(pid int) int64 {
 
 // idleMemory attaches n idle agents to a hub process and reports the
 // hub's resident memory per agent link.
-func idleMemory(n int, settle time.Duration) error {
+func idleMemory(n int, settle time.Duration, heapProfile string) error {
 	addr := freeAddr()
-	hub, err := startRole("mesh-hub", addr)
+	hub, err := startRoleEnv("mesh-hub", addr, heapProfile != "", "BENCH_HEAP_PROFILE="+heapProfile)
 	if err != nil {
 		return err
 	}
@@ -894,6 +901,11 @@ func idleMemory(n int, settle time.Duration) error {
 	time.Sleep(settle) // let the hub settle (GC, heartbeats)
 	after := rss(hub.cmd.Process.Pid)
 	heap1, stack1 := goMem(addr)
+	if heapProfile != "" {
+		_ = hub.cmd.Process.Signal(syscall.SIGUSR1)
+		time.Sleep(3 * time.Second) // a GC and the profile's write
+		fmt.Println("hub heap profile:", heapProfile)
+	}
 	fmt.Printf("hub RSS %.1f MiB with no agents, %.1f MiB with %d idle agents after %v: %.1f KiB per idle agent link\n",
 		float64(before)/(1<<20), float64(after)/(1<<20), n, settle, float64(after-before)/float64(n)/1024)
 	if heap0 == 0 || heap1 == 0 {
@@ -903,6 +915,29 @@ func idleMemory(n int, settle time.Duration) error {
 	fmt.Printf("Go heap in use +%.1f KiB and goroutine stacks +%.1f KiB per idle agent link (from the hub's /metrics)\n",
 		float64(heap1-heap0)/float64(n)/1024, float64(stack1-stack0)/float64(n)/1024)
 	return nil
+}
+
+// heapOnSignal writes a heap profile to path (after a GC) on SIGUSR1;
+// the returned func stops listening.
+func heapOnSignal(path string) func() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-sig:
+			case <-done:
+				return
+			}
+			runtime.GC()
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.WriteHeapProfile(f)
+				_ = f.Close()
+			}
+		}
+	}()
+	return func() { signal.Stop(sig); close(done) }
 }
 
 // goMem scrapes the hub's heap and stack in use from /metrics.

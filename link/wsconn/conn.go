@@ -437,7 +437,11 @@ func (c *Conn) Start(onMessage func(data []byte, refused *envelope.Error), onClo
 	c.onClose = onClose
 	// c.ping is set before the timer can fire or shutdown can run.
 	c.ping = time.AfterFunc(time.Hour, c.sendPing)
-	c.ping.Reset(c.cfg.PingInterval)
+	first := c.cfg.PingInterval
+	if c.wire.server && c.mayskip() {
+		first += first / 4 // a peer that pings at the same interval pings first (pingWait)
+	}
+	c.ping.Reset(first)
 	c.wg.Add(1)
 	go c.readLoop(onMessage)
 }

@@ -132,7 +132,11 @@ type gateway struct {
 // execution_start … result … execution_end bracket its events).
 type agSession struct {
 	subs    map[*agSub]struct{}
-	turn    chan struct{} // a token while a turn runs
+	// Turns run one at a time, in the order their sends were accepted
+	// (under the gateway's mu): busy while one runs, queue the ready
+	// channels of those waiting, first to be closed first.
+	busy    bool
+	queue   []chan struct{}
 	running string        // messageId of the running turn
 	pending int           // turns started or waiting
 }
@@ -210,7 +214,7 @@ func (gw *gateway) Close() {
 func (gw *gateway) session(id string) *agSession {
 	s := gw.sessions[id]
 	if s == nil {
-		s = &agSession{subs: map[*agSub]struct{}{}, turn: make(chan struct{}, 1)}
+		s = &agSession{subs: map[*agSub]struct{}{}}
 		gw.sessions[id] = s
 	}
 	return s

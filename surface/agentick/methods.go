@@ -368,14 +368,34 @@ func (gw *gateway) send(ctx context.Context, c *agClient, p *agParams) (any, *ag
 		return nil, agentickFromMesh(envelope.Errorf(envelope.CodeOverloaded, "session %s has %d sends waiting already", name, s.pending), false)
 	}
 	s.pending++
+	// Its place in the session's line is taken here, as the send is
+	// accepted: turns run in the order of their sends (a goroutine each
+	// racing for the session made a later send run first).
+	ready := make(chan struct{})
+	if s.busy {
+		s.queue = append(s.queue, ready)
+	} else {
+		s.busy = true
+		close(ready)
+	}
 	gw.activity[name] = time.Now()
 	gw.wg.Add(1)
 	gw.mu.Unlock()
 	// The turn outlives the request: it runs with the gateway's context
 	// and the caller's principal.
 	tctx := context.WithoutCancel(ctx)
-	go gw.turn(tctx, s, name, id, msg, info.Conversation)
+	go gw.turn(tctx, s, ready, name, id, msg, info.Conversation)
 	return map[string]string{"messageId": id}, nil
+}
+
+// nextTurn lets the session's next waiting turn run, under mu.
+func (gw *gateway) nextTurn(s *agSession) {
+	if len(s.queue) == 0 {
+		s.busy = false
+		return
+	}
+	close(s.queue[0])
+	s.queue = s.queue[1:]
 }
 
 // turn runs one send: execution_start, the chat turn (its events come
@@ -383,7 +403,7 @@ func (gw *gateway) send(ctx context.Context, c *agClient, p *agParams) (any, *ag
 // session's conversation when it was sent: after a reset since, the chat
 // agent refuses the send (CANCELLED) instead of running it in the new,
 // empty conversation.
-func (gw *gateway) turn(ctx context.Context, s *agSession, name, id, msg string, conv int) {
+func (gw *gateway) turn(ctx context.Context, s *agSession, ready chan struct{}, name, id, msg string, conv int) {
 	defer gw.wg.Done()
 	defer func() {
 		gw.mu.Lock()
@@ -395,11 +415,22 @@ func (gw *gateway) turn(ctx context.Context, s *agSession, name, id, msg string,
 	defer cancel()
 	defer context.AfterFunc(gw.ctx, cancel)()
 	select {
-	case s.turn <- struct{}{}:
+	case <-ready:
 	case <-ctx.Done():
+		gw.mu.Lock()
+		if i := slices.Index(s.queue, ready); i >= 0 {
+			s.queue = slices.Delete(s.queue, i, i+1)
+		} else {
+			gw.nextTurn(s) // its turn came meanwhile: the next one's
+		}
+		gw.mu.Unlock()
 		return
 	}
-	defer func() { <-s.turn }()
+	defer func() {
+		gw.mu.Lock()
+		gw.nextTurn(s)
+		gw.mu.Unlock()
+	}()
 	gw.mu.Lock()
 	s.running = id
 	gw.mu.Unlock()

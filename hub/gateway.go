@@ -244,7 +244,7 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 	} else {
 		opts = append(opts, link.WithFast(h.serveFast)) // fast.go
 	}
-	l := link.New(ws, h.cfg.Conn, opts...)
+	l := link.NewShared(ws, h.connCfg, opts...)
 	if !h.track(l) {
 		go l.Close()
 		return
@@ -301,10 +301,9 @@ type rpcConn struct {
 }
 
 func (h *Hub) startJSONRPC(ws *websocket.Conn, who *Principal) {
-	rc := &rpcConn{c: link.NewConn(ws, h.cfg.Conn), h: h, who: who}
+	rc := &rpcConn{c: link.NewConnShared(ws, h.connCfg), h: h, who: who}
 	rc.c.WithBackpressure()
-	lim := rc.c.Config().Limits
-	rc.c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckJSONRPC(b, lim) })
+	rc.c.SetCheck(envelope.PrecheckJSONRPC)
 	base := context.Background()
 	if who != nil {
 		base = context.WithValue(base, principalKey{}, who)

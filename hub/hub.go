@@ -235,6 +235,7 @@ func WithLogger(l *slog.Logger) Option { return func(h *Hub) { h.log = l } }
 // A Hub is safe for concurrent use.
 type Hub struct {
 	cfg       Config
+	connCfg   *link.Config // cfg.Conn with its defaults, shared by the links this hub accepts
 	reg       registry.Registry
 	ownsReg   bool
 	log       *slog.Logger
@@ -370,16 +371,18 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		// Browsers only from the allowed origins (no same-host fallback:
 		// DNS rebinding makes a hostile page's Origin and Host agree).
 		CheckOrigin: h.guard.Origins.Check,
-		// A 1 KiB read buffer of its own rather than the HTTP server's 4
-		// KiB one: it holds frame headers and small messages, and a
-		// larger message is read straight into its destination past it;
-		// under load the connection's readAhead (capListener) takes up
-		// to 64 KiB per syscall beneath it, so small frames cost no
-		// syscall each, while every idle link keeps 3 KiB less (bench
-		// -idle). Write buffers come from a pool only while writing: an
-		// idle link holds none.
-		ReadBufferSize:  1024,
-		WriteBufferSize: 32 << 10, // a 16-KiB chunk or a batch in one frame, one write
+		// A 256-byte read buffer of its own rather than the HTTP
+		// server's 4 KiB one: it holds frame headers and small
+		// messages, and a larger message is read straight into its
+		// destination past it; under load the connection's readAhead
+		// (capListener) takes up to 64 KiB per syscall beneath it, so
+		// small frames cost no syscall each, while an idle link keeps
+		// the buffer, and twice its size in RSS with the collector's
+		// headroom (bench -idle: 1 KiB was 1.7 KiB more per link). The
+		// link frames what it writes itself (wsconn's wire); the pool
+		// only keeps gorilla from holding a write buffer of its own.
+		ReadBufferSize:  256,
+		WriteBufferSize: 4 << 10,
 		WriteBufferPool: &sync.Pool{},
 	}
 	h.builtins = h.builtinMethods()
@@ -405,6 +408,8 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		h.cfg.Conn.InvalidFrame = m.InvalidFrame
 		m.RegisterHubState(h.state)
 	}
+	shared := h.cfg.Conn.WithDefaults()
+	h.connCfg = &shared
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
 	pc := peering.Config{Link: h.cfg.peerConn(), Log: h.log, Track: func(l *link.Link) bool { return h.track(l) },

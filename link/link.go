@@ -59,7 +59,11 @@ type Link struct {
 	results sync.Pool
 
 	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
-	goaway     chan struct{} // closed when the peer sent a goaway frame
+	// goaway is closed when the peer sent a goaway frame; made by the
+	// first to want it (GoAway, the frame), for the hub's accepted links
+	// never watch it: 100 bytes less per idle link.
+	goaway     atomic.Pointer[chan struct{}]
+	goneAway   atomic.Bool
 	goawayOnce sync.Once
 	sentGoAway sync.Once // SendGoAway's frame, queued once; callers wait for it
 
@@ -147,15 +151,22 @@ func WithMaxServing(n int) Option { return func(l *Link) { l.maxServing = n } }
 // New starts a Link over an established WebSocket. It starts the
 // link's reader and writer goroutines; Close stops them.
 func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
-	c := NewConn(ws, cfg)
+	d := cfg.WithDefaults()
+	return NewShared(ws, &d, opts...)
+}
+
+// NewShared is New with a configuration the links of one server share
+// (wsconn.NewConnShared): defaults set, never changed afterwards.
+func NewShared(ws *websocket.Conn, cfg *Config, opts ...Option) *Link {
+	c := wsconn.NewConnShared(ws, cfg)
 	c.Batched() // both ends of a native link read batches
 	lim := c.Config().Limits
 	v2 := ws.Subprotocol() == envelope.SubprotocolV2
 	if v2 {
 		c.Binary()
-		c.SetCheck(func(b []byte) *envelope.Error { return binframe.Precheck(b, lim) })
+		c.SetCheck(binframe.Precheck)
 	} else {
-		c.SetCheck(func(b []byte) *envelope.Error { return envelope.PrecheckFrames(b, lim) })
+		c.SetCheck(envelope.PrecheckFrames)
 	}
 	l := &Link{
 		c:          c,
@@ -167,7 +178,6 @@ func New(ws *websocket.Conn, cfg Config, opts ...Option) *Link {
 		backend:    "WebSocket",
 		maxServing: 10000,
 		work:       make(chan task),
-		goaway:     make(chan struct{}),
 		parent:     context.Background(),
 		Remote:     ws.RemoteAddr().String(),
 	}
@@ -219,17 +229,21 @@ func (l *Link) Quiet() bool { return l.Serving() == 0 && l.c.Unwritten() == 0 }
 
 // GoAway is closed once the peer sent a goaway frame: it takes no new
 // requests on this link. The link stays open for the answers still due.
-func (l *Link) GoAway() <-chan struct{} { return l.goaway }
+func (l *Link) GoAway() <-chan struct{} { return l.goawayChan() }
+
+func (l *Link) goawayChan() chan struct{} {
+	if p := l.goaway.Load(); p != nil {
+		return *p
+	}
+	ch := make(chan struct{})
+	if l.goaway.CompareAndSwap(nil, &ch) {
+		return ch
+	}
+	return *l.goaway.Load()
+}
 
 // goingAway reports whether the peer sent a goaway frame.
-func (l *Link) GoingAway() bool {
-	select {
-	case <-l.goaway:
-		return true
-	default:
-		return false
-	}
-}
+func (l *Link) GoingAway() bool { return l.goneAway.Load() }
 
 // SendGoAway tells the peer, once, that this side takes no new requests
 // on the link (a draining hub). It does not close the link. It returns
@@ -461,7 +475,10 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 			c.CancelServed()
 		}
 	case envelope.FrameGoAway:
-		l.goawayOnce.Do(func() { close(l.goaway) })
+		l.goawayOnce.Do(func() {
+			l.goneAway.Store(true)
+			close(l.goawayChan())
+		})
 	}
 }
 

@@ -26,6 +26,10 @@ type CapListener = wsconn.CapListener
 // NewConn wraps an established WebSocket (wsconn.NewConn).
 func NewConn(ws *websocket.Conn, cfg Config) *Conn { return wsconn.NewConn(ws, cfg) }
 
+// NewConnShared wraps an established WebSocket with a shared
+// configuration (wsconn.NewConnShared).
+func NewConnShared(ws *websocket.Conn, cfg *Config) *Conn { return wsconn.NewConnShared(ws, cfg) }
+
 // NewCapListener is wsconn.NewCapListener.
 func NewCapListener(ln net.Listener, max int64, refused func()) *CapListener {
 	return wsconn.NewCapListener(ln, max, refused)

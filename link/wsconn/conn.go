@@ -141,7 +141,7 @@ func (c Config) WithDefaults() Config {
 type Conn struct {
 	ws    *websocket.Conn
 	wire  wire // what is written (gorilla reads, this side frames: frame.go)
-	cfg   Config
+	cfg   *Config // shared by the connections of one server (NewConnShared)
 	batch bool // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
 	// binary: the frames are binary (agentmesh.v2); msgType is the
 	// messages' WebSocket type.
@@ -149,7 +149,7 @@ type Conn struct {
 	msgType int
 	// check, if set, refuses a message in the read buffer, before it is
 	// copied out: onMessage then gets only its head and the refusal.
-	check     func([]byte) *envelope.Error
+	check     func([]byte, envelope.Limits) *envelope.Error // with the connection's limits: a plain func, not a closure per link
 	closing   chan struct{}
 	closeOnce sync.Once
 	err       error // why it closed; read after closing is closed
@@ -192,8 +192,7 @@ type Conn struct {
 	heard      atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
 	pingsSent  atomic.Int64 // pings this side wrote (tests)
 	peerPinged atomic.Int64 // unix nanos: when the peer's last ping arrived
-	quit       chan struct{}
-	quitOnce   sync.Once
+	quit       atomic.Bool  // Close was called: a linger ends at once
 	// drained, if set, runs (on the writer) after a write that left the
 	// bytes owed under the budget, once drainWanted was set: relayed
 	// streams parked on the budget go on (Link.unpark).
@@ -215,7 +214,19 @@ func (c *Conn) Unwritten() int {
 }
 
 func NewConn(ws *websocket.Conn, cfg Config) *Conn {
-	cfg = cfg.WithDefaults()
+	d := cfg.WithDefaults()
+	return NewConnShared(ws, &d)
+}
+
+// NewConnShared is NewConn with a configuration that many connections
+// share (a server's: 144 bytes less per idle link). It must have its
+// defaults set (WithDefaults) and must not change afterwards; one that
+// lacks them is copied with them set.
+func NewConnShared(ws *websocket.Conn, cfg *Config) *Conn {
+	if cfg.PingInterval <= 0 || cfg.IdleTimeout <= 0 || cfg.PeerPingMin == 0 || cfg.WriteTimeout <= 0 || cfg.QueueSize <= 0 || cfg.MaxUnwrittenBytes == 0 || cfg.MaxUnwrittenCalls == 0 || cfg.CloseGrace <= 0 || cfg.Limits.MaxBytes <= 0 || cfg.Limits.MaxDepth <= 0 {
+		d := cfg.WithDefaults()
+		cfg = &d
+	}
 	ws.SetReadLimit(int64(cfg.Limits.MaxBytes) + 1024)
 	return &Conn{
 		ws:      ws,
@@ -223,7 +234,6 @@ func NewConn(ws *websocket.Conn, cfg Config) *Conn {
 		cfg:     cfg,
 		closing: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
 		pings:   newPingPolicy(cfg.PeerPingMin),
 		msgType: websocket.TextMessage,
 	}
@@ -405,10 +415,8 @@ func (c *Conn) linger() {
 	end := time.Now().Add(c.cfg.CloseGrace)
 	buf := make([]byte, 4096)
 	for {
-		select {
-		case <-c.quit:
+		if c.quit.Load() { // checked at least every 20 ms (the read's deadline)
 			return
-		default:
 		}
 		now := time.Now()
 		if !now.Before(end) {
@@ -493,9 +501,9 @@ func (c *Conn) readMessage() (int, []byte, *envelope.Error, error) {
 	if err != nil {
 		return typ, nil, nil, err
 	}
-	check := c.check
-	if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
-		check = nil
+	var check func([]byte) *envelope.Error
+	if c.check != nil && (typ == websocket.TextMessage || typ == websocket.BinaryMessage) {
+		check = func(b []byte) *envelope.Error { return c.check(b, c.cfg.Limits) }
 	}
 	pc, _ := c.ws.NetConn().(pacer) // not a TLS connection's: its reads are the TLS layer's
 	buf, refused, err := ReadChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
@@ -582,7 +590,7 @@ func (c *Conn) Shutdown(err error) {
 // Close closes the connection and waits for its goroutines (it cuts a
 // slow consumer's linger short).
 func (c *Conn) Close() {
-	c.quitOnce.Do(func() { close(c.quit) })
+	c.quit.Store(true)
 	c.Shutdown(nil)
 	c.wg.Wait()
 }
@@ -627,10 +635,10 @@ func rawConn(nc net.Conn) syscall.RawConn {
 }
 
 // Config returns the connection's configuration, defaults applied.
-func (c *Conn) Config() Config { return c.cfg }
+func (c *Conn) Config() Config { return *c.cfg }
 
 // SetCheck sets the message-level check run on every message read, in
 // the read buffer, before the message is copied out (for example
 // envelope.PrecheckJSONRPC); a message it refuses reaches the reader's
 // callback as refused. Call it before Start.
-func (c *Conn) SetCheck(check func([]byte) *envelope.Error) { c.check = check }
+func (c *Conn) SetCheck(check func([]byte, envelope.Limits) *envelope.Error) { c.check = check }

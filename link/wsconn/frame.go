@@ -26,9 +26,12 @@ import (
 // senders) and control frames (pings, pongs, the close) all go through
 // it, so each write sets its own deadline undisturbed.
 type wire struct {
-	sem       chan struct{} // holds one token: taken to write
-	closeSent bool          // under sem
-	server    bool          // frames go out unmasked (RFC 6455 5.1)
+	// sem holds one token, taken to write: a channel, not a mutex, so
+	// that a control frame can wait for it with a deadline, and wake the
+	// moment a data write gives it back.
+	sem       chan struct{}
+	closeSent bool // under sem
+	server    bool // frames go out unmasked (RFC 6455 5.1)
 }
 
 func newWire(ws *websocket.Conn) wire {
@@ -112,15 +115,20 @@ func (w *wire) appendMessage(b []byte, op int, payload []byte) []byte {
 	return b
 }
 
-// write writes b, one or more whole frames, by deadline. Only a close
-// frame may be the last: once it went out (close), nothing more does.
-func (c *Conn) writeWire(b []byte, deadline time.Time, close bool) error {
+// writeWire writes b, one or more whole frames (one control frame, if
+// control), by deadline. Once a close frame went out, nothing more does.
+func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 	select {
 	case <-c.wire.sem:
 	default:
-		// Taken: a data write is in progress (it cannot block with
-		// room tracked, but may without). A control frame waits for it
-		// until its own deadline, as gorilla's WriteControl did.
+		// Taken: another write is in progress (a data write cannot
+		// block where the kernel's room is tracked, but may without). A
+		// data message waits for it; a control frame only until its
+		// own deadline, as gorilla's WriteControl did.
+		if !control {
+			<-c.wire.sem
+			break
+		}
 		t := time.NewTimer(time.Until(deadline))
 		select {
 		case <-c.wire.sem:
@@ -130,6 +138,7 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, close bool) error {
 		}
 	}
 	defer func() { c.wire.sem <- struct{}{} }()
+	close := control && len(b) > 0 && b[0]&0x0f == websocket.CloseMessage
 	if c.wire.closeSent {
 		return websocket.ErrCloseSent
 	}
@@ -147,7 +156,7 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, close bool) error {
 func (c *Conn) writeControl(op int, data []byte, deadline time.Time) error {
 	var a [2 + 4 + 125]byte
 	b := c.wire.appendMessage(a[:0], op, data[:min(len(data), 125)])
-	return c.writeWire(b, deadline, op == websocket.CloseMessage)
+	return c.writeWire(b, deadline, true)
 }
 
 // writeMessage writes payload as one message of the connection's type.

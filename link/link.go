@@ -58,7 +58,7 @@ type Link struct {
 	// (or of none) is a fatal error there; a link lives in one bubble.
 	results sync.Pool
 
-	accepted   bool          // accepted by a hub (not dialled): told goaway when it drains
+	accepted bool // accepted by a hub (not dialled): told goaway when it drains
 	// goaway is closed when the peer sent a goaway frame; made by the
 	// first to want it (GoAway, the frame), for the hub's accepted links
 	// never watch it: 100 bytes less per idle link.

@@ -140,9 +140,9 @@ func (c Config) WithDefaults() Config {
 // the reader goroutine and must not block.
 type Conn struct {
 	ws    *websocket.Conn
-	wire  wire // what is written (gorilla reads, this side frames: frame.go)
+	wire  wire    // what is written (gorilla reads, this side frames: frame.go)
 	cfg   *Config // shared by the connections of one server (NewConnShared)
-	batch bool // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
+	batch bool    // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
 	// binary: the frames are binary (agentmesh.v2); msgType is the
 	// messages' WebSocket type.
 	binary  bool

@@ -131,14 +131,14 @@ type gateway struct {
 // here, and its turns started here (one at a time, so that each turn's
 // execution_start … result … execution_end bracket its events).
 type agSession struct {
-	subs    map[*agSub]struct{}
+	subs map[*agSub]struct{}
 	// Turns run one at a time, in the order their sends were accepted
 	// (under the gateway's mu): busy while one runs, queue the ready
 	// channels of those waiting, first to be closed first.
 	busy    bool
 	queue   []chan struct{}
-	running string        // messageId of the running turn
-	pending int           // turns started or waiting
+	running string // messageId of the running turn
+	pending int    // turns started or waiting
 }
 
 // Mount serves the agentick surface on h: its WebSocket (an upgrade on

@@ -371,16 +371,11 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		// Browsers only from the allowed origins (no same-host fallback:
 		// DNS rebinding makes a hostile page's Origin and Host agree).
 		CheckOrigin: h.guard.Origins.Check,
-		// A 256-byte read buffer of its own rather than the HTTP
-		// server's 4 KiB one: it holds frame headers and small
-		// messages, and a larger message is read straight into its
-		// destination past it; under load the connection's readAhead
-		// (capListener) takes up to 64 KiB per syscall beneath it, so
-		// small frames cost no syscall each, while an idle link keeps
-		// the buffer, and twice its size in RSS with the collector's
-		// headroom (bench -idle: 1 KiB was 1.7 KiB more per link). The
-		// link frames what it writes itself (wsconn's wire); the pool
-		// only keeps gorilla from holding a write buffer of its own.
+		// A 256-byte read buffer (frame headers, small frames): larger
+		// messages are read straight into their destination, and under
+		// load readAhead takes up to 64 KiB per syscall beneath it, while
+		// an idle link holds little (bench -idle). The link frames what it
+		// writes (wsconn's wire); the pool keeps gorilla's writer empty.
 		ReadBufferSize:  256,
 		WriteBufferSize: 4 << 10,
 		WriteBufferPool: &sync.Pool{},
@@ -408,8 +403,7 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		h.cfg.Conn.InvalidFrame = m.InvalidFrame
 		m.RegisterHubState(h.state)
 	}
-	shared := h.cfg.Conn.WithDefaults()
-	h.connCfg = &shared
+	h.connCfg = new(h.cfg.Conn.WithDefaults())
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
 	pc := peering.Config{Link: h.cfg.peerConn(), Log: h.log, Track: func(l *link.Link) bool { return h.track(l) },

@@ -251,11 +251,15 @@ func TestSynctestDeadlines(t *testing.T) {
 func TestSynctestPingTimeout(t *testing.T) {
 	const ping = time.Second
 	idle := 2 * ping
-	const deafAt = 3500 * time.Millisecond // between the pings of 3 s and 4 s
-	lastPong := 3 * time.Second            // the last ping answered
-	want := lastPong + idle
+	const deafAt = 3500 * time.Millisecond
 
 	t.Run("hub closes a deaf client", func(t *testing.T) {
+		// The hub's first ping goes out 1.25 intervals after the link
+		// opened (a peer that pings first keeps it from pinging at all:
+		// wsconn's pingWait), then one every interval: 1.25 s, 2.25 s,
+		// 3.25 s (the last answered), 4.25 s.
+		lastPong := 3250 * time.Millisecond
+		want := lastPong + idle
 		synctest.Test(t, func(t *testing.T) {
 			m := meshtest.StartInMemory(t, hub.Config{Conn: link.Config{PingInterval: ping}})
 			d := websocket.Dialer{Subprotocols: []string{envelope.Subprotocol}, NetDialContext: m.DialContext}
@@ -298,6 +302,10 @@ func TestSynctestPingTimeout(t *testing.T) {
 	})
 
 	t.Run("dialled link closes on a deaf hub", func(t *testing.T) {
+		// A dialled link pings every interval: 1 s, 2 s, 3 s (the last
+		// answered), 4 s.
+		lastPong := 3 * time.Second
+		want := lastPong + idle
 		synctest.Test(t, func(t *testing.T) {
 			// A stand-in hub that upgrades, answers pings until deaf is
 			// closed, then reads nothing more (the connection stays open).

@@ -17,7 +17,7 @@ import (
 // messages, from the accepting end and from the dialling end; then pings,
 // pongs and the close frame, after which nothing more is written.
 func TestWireFramesBothWays(t *testing.T) {
-	sizes := []int{0, 1, 125, 126, 127, 1000, 65535, 65536, 70000, 300 << 10}
+	sizes := []int{0, 1, 125, 126, 127, 1000, 65535, 65536, 70000, 300 << 10} // 10 messages
 	payload := func(n, salt int) []byte {
 		b := make([]byte, n)
 		for i := range b {
@@ -46,13 +46,32 @@ func TestWireFramesBothWays(t *testing.T) {
 				t.Fatalf("wire.server = %v for the %s end", c.wire.server, dir)
 			}
 			to.SetReadLimit(4 << 20)
+			// The peer reads the 15 data messages all along (a write as
+			// large as the kernel's buffers must not wait for the test to
+			// read them); the control frames the test reads itself.
+			type msg struct {
+				typ  int
+				data []byte
+			}
+			msgs := make(chan msg, 32)
+			go func() {
+				defer close(msgs)
+				_ = to.SetReadDeadline(time.Now().Add(10 * time.Second))
+				for range 15 { // the data messages written below
+					typ, data, err := to.ReadMessage()
+					if err != nil {
+						return
+					}
+					msgs <- msg{typ, data}
+				}
+			}()
 			read := func(want []byte, typ int) {
 				t.Helper()
-				_ = to.SetReadDeadline(time.Now().Add(5 * time.Second))
-				gt, got, err := to.ReadMessage()
-				if err != nil {
-					t.Fatal(err)
+				m, ok := <-msgs
+				if !ok {
+					t.Fatal("the peer's reader ended early")
 				}
+				gt, got := m.typ, m.data
 				if gt != typ || !bytes.Equal(got, want) {
 					t.Fatalf("read type %d, %d bytes; want type %d, %d bytes (equal: %v)", gt, len(got), typ, len(want), bytes.Equal(got, want))
 				}
@@ -83,6 +102,9 @@ func TestWireFramesBothWays(t *testing.T) {
 			}
 			read(append(payload(7, 0), payload(9, 1)...), websocket.BinaryMessage)
 
+			if _, ok := <-msgs; ok {
+				t.Fatal("more messages than written")
+			}
 			// Control frames: a ping, with its data, then the close.
 			ping := make(chan string, 1)
 			to.SetPingHandler(func(s string) error { ping <- s; return nil })

@@ -14,8 +14,8 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net"
+	"os"
 	"reflect"
-	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -46,19 +46,6 @@ func newWire(ws *websocket.Conn) wire {
 func isServer(ws *websocket.Conn) bool {
 	f := reflect.ValueOf(ws).Elem().FieldByName("isServer")
 	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
-}
-
-// wireBufs holds the buffers messages are framed in.
-var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
-
-func getWire() *[]byte { return wireBufs.Get().(*[]byte) }
-
-func putWire(b *[]byte) {
-	if cap(*b) > 256<<10 {
-		return // a big batch's: not kept
-	}
-	*b = (*b)[:0]
-	wireBufs.Put(b)
 }
 
 // appendHeader appends the header of a final frame of type op carrying n
@@ -161,19 +148,13 @@ func (c *Conn) writeControl(op int, data []byte, deadline time.Time) error {
 
 // writeMessage writes payload as one message of the connection's type.
 func (c *Conn) writeMessage(payload []byte) error {
-	b := getWire()
+	b := GetBuf() // framed in the pool the queued frames come from
 	*b = c.wire.appendMessage(*b, c.msgType, payload)
 	err := c.writeWire(*b, time.Now().Add(c.cfg.WriteTimeout), false)
-	putWire(b)
+	PutBuf(b)
 	return err
 }
 
 // errWriteTimeout is a control frame that found the connection busy
-// writing past its deadline.
-var errWriteTimeout = &net.OpError{Op: "write", Net: "websocket", Err: timeoutError{}}
-
-type timeoutError struct{}
-
-func (timeoutError) Error() string   { return "i/o timeout" }
-func (timeoutError) Timeout() bool   { return true }
-func (timeoutError) Temporary() bool { return true }
+// writing past its deadline: a timeout, as a net.Conn's write would say.
+var errWriteTimeout = &net.OpError{Op: "write", Net: "websocket", Err: os.ErrDeadlineExceeded}

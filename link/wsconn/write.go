@@ -130,7 +130,7 @@ func (c *Conn) writeFrames(frames []*[]byte) error {
 	var err error
 	for len(frames) > 0 && err == nil {
 		if c.raw != nil {
-			if _, err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
+			if err = c.waitSendRoom(c.nextWrite(frames)); err != nil {
 				break
 			}
 		}
@@ -184,10 +184,10 @@ func (c *Conn) nextWrite(frames []*[]byte) int {
 // Looking costs two system calls; it is done only once the bytes written
 // since the last look could exceed the room seen then (credit), so a
 // connection whose peer keeps up looks about once per half-buffer.
-func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
+func (c *Conn) waitSendRoom(n int) error {
 	if c.credit >= n {
 		c.credit -= n
-		return false, nil
+		return nil
 	}
 	var t *time.Timer
 	defer func() {
@@ -203,12 +203,12 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 			c.raw = nil // not a socket that says: write as before
 			c.credit = 0
 			c.roomKept.Store(false)
-			return t != nil, nil
+			return nil
 		}
 		room := size/2 - q - closeReserve
 		if room >= n || q == 0 {
 			c.credit = room - n
-			return t != nil, nil
+			return nil
 		}
 		now := time.Now()
 		if last < 0 || q < last {
@@ -216,7 +216,7 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 		}
 		last = q
 		if now.Sub(progress) >= c.cfg.WriteTimeout {
-			return true, errSlowConsumer
+			return errSlowConsumer
 		}
 		if t == nil {
 			t = time.NewTimer(delay)
@@ -226,7 +226,7 @@ func (c *Conn) waitSendRoom(n int) (waited bool, err error) {
 		select {
 		case <-t.C:
 		case <-c.closing:
-			return true, errConnClosed
+			return errConnClosed
 		}
 		delay = min(2*delay, 5*time.Millisecond)
 	}
@@ -247,7 +247,7 @@ const maxBatchFrames = 128
 // client's answers, which cannot share one).
 func (c *Conn) writeGroup(frames []*[]byte) (n, used int, err error) {
 	used, n = c.group(frames)
-	b := getWire()
+	b := GetBuf()
 	switch {
 	case !c.batch || used == 1:
 		for _, f := range frames[:used] {
@@ -275,7 +275,7 @@ func (c *Conn) writeGroup(frames []*[]byte) (n, used int, err error) {
 		PutBuf(f)
 	}
 	err = c.writeWire(*b, time.Now().Add(c.cfg.WriteTimeout), false)
-	putWire(b)
+	PutBuf(b)
 	return n, used, err
 }
 

@@ -63,9 +63,8 @@ type Link struct {
 	// first to want it (GoAway, the frame), for the hub's accepted links
 	// never watch it: 100 bytes less per idle link.
 	goaway     atomic.Pointer[chan struct{}]
-	goneAway   atomic.Bool
-	goawayOnce sync.Once
-	sentGoAway sync.Once // SendGoAway's frame, queued once; callers wait for it
+	goneAway   atomic.Bool // the peer's goaway came (goaway closed once, by whoever set it)
+	sentGoAway sync.Once   // SendGoAway's frame, queued once; callers wait for it
 
 	maxServing int
 	fast       FastHandler
@@ -475,10 +474,9 @@ func (l *Link) onFrame(f *envelope.Frame, err *envelope.Error) {
 			c.CancelServed()
 		}
 	case envelope.FrameGoAway:
-		l.goawayOnce.Do(func() {
-			l.goneAway.Store(true)
+		if l.goneAway.CompareAndSwap(false, true) {
 			close(l.goawayChan())
-		})
+		}
 	}
 }
 

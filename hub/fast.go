@@ -31,8 +31,10 @@ import (
 //     agent control, an idempotency key, a peer's forwarded call, a
 //     hedged policy, a draining hub) is not taken at all;
 //   - after the ingress stages: a call whose instance is not attached
-//     here (a peer hub's), or whose bulkhead would queue it, runs the
-//     routed chain from the bulkhead on;
+//     here (a peer hub's) runs the routed chain from the bulkhead on.
+//     One whose bulkhead is full waits in its queue with no goroutine
+//     (Bulkhead.Enqueue): the call that frees a slot admits it, and its
+//     first attempt goes out from there (admitted);
 //   - after its first attempt: a failure the policy may retry resumes the
 //     retry loop (RetryOptions.Resume) as if the loop had made it.
 
@@ -81,7 +83,8 @@ type fastCall struct {
 	mu        sync.Mutex
 	agent     *link.Link // the first attempt's link, and its seq there
 	aseq      uint64
-	cancel    context.CancelFunc // the blocking chain's, once it runs the call
+	cancel    context.CancelFunc  // the blocking chain's, once it runs the call
+	queued    *reliability.Waiter // while it waits in its bulkhead's queue
 	cancelled bool
 }
 
@@ -153,24 +156,82 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		fc.end = fc.start.Add(t)
 	}
 	// dispatch → route: the bulkhead, then the retry loop's first attempt
-	in, _, perr := h.pick(r, nil)
-	var b *binding
-	if perr == nil {
-		b = h.localBinding(in)
-	}
-	if fc.raw != nil && (b == nil || !b.link.Binary()) && !fc.checkParams() {
-		return true
-	}
-	if perr == nil && b == nil {
-		fc.blocking(h.routed) // a peer hub's instance: forward() waits
-		return true
-	}
-	release, ok := h.bulkheads.Pool(r.Method).TryAcquire()
+	in, b, perr, ok := fc.pick(h.routed)
 	if !ok {
-		fc.blocking(h.routed) // queued (or refused) by the chain's bulkhead
+		return true
+	}
+	pool := h.bulkheads.Pool(r.Method)
+	release, ok := pool.TryAcquire()
+	if !ok {
+		fc.enqueue(pool)
 		return true
 	}
 	fc.bulkhead = release
+	fc.first(in, b, perr)
+	return true
+}
+
+// pick picks the instance of fc's first attempt as the retry loop's
+// first attempt would (in, bound here by b; or the error perr, which
+// first fails it with); false: fc went on (to the blocking chain inv,
+// for a peer hub's instance) or was answered.
+func (fc *fastCall) pick(inv envelope.Invoker) (in *registry.Instance, b *binding, perr error, ok bool) {
+	in, _, perr = fc.h.pick(&fc.req, nil)
+	if perr == nil {
+		if b = fc.h.localBinding(in); b == nil {
+			fc.blocking(inv) // forward() waits
+			return nil, nil, nil, false
+		}
+	}
+	if fc.raw != nil && (b == nil || !b.link.Binary()) && !fc.checkParams() {
+		return nil, nil, nil, false
+	}
+	return in, b, perr, true
+}
+
+// enqueue queues fc in its method's full bulkhead, to be admitted
+// (admitted) when a call frees a slot.
+func (fc *fastCall) enqueue(pool *reliability.Bulkhead) {
+	w := pool.NewWaiter(reliability.ParsePriority(fc.req.Headers.Priority), fc.admitted)
+	fc.mu.Lock()
+	fc.queued = w
+	fc.mu.Unlock()
+	release, err := pool.Enqueue(w, fc.end)
+	if release != nil || err != nil { // a slot freed meanwhile, or refused at once
+		fc.admitted(release, err)
+		return
+	}
+	fc.mu.Lock()
+	cancelled := fc.cancelled
+	fc.mu.Unlock()
+	if cancelled && w.Withdraw() { // cancelled before it was queued
+		fc.admitted(nil, envelope.AsError(context.Canceled))
+	}
+}
+
+// admitted is fc's bulkhead verdict (Waiter): a slot, taken on the
+// goroutine of the call that freed it, or the refusal.
+func (fc *fastCall) admitted(release func(), err *envelope.Error) {
+	fc.mu.Lock()
+	fc.queued = nil
+	fc.mu.Unlock()
+	if err != nil {
+		if on := fc.h.bulkheads.OnReject; on != nil && err.Code == envelope.CodeOverloaded {
+			on(fc.req.Method)
+		}
+		fc.finish(nil, err)
+		return
+	}
+	fc.bulkhead = release
+	if in, b, perr, ok := fc.pick(fc.h.retried); ok {
+		fc.first(in, b, perr)
+	}
+}
+
+// first makes fc's first attempt, on in (bound here by b) or failing with
+// the pick's error perr, fc holding its bulkhead slot.
+func (fc *fastCall) first(in *registry.Instance, b *binding, perr error) {
+	h, r := fc.h, &fc.req
 	h.retry.Begin(r.Method, fc.start)
 	r.Headers.RetryCount = 0
 	_, fc.attempt = h.tel.StartAttempt(fc.ctx, r)
@@ -178,7 +239,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		e := envelope.AsError(perr)
 		fc.attempt.End(e)
 		fc.failed(e)
-		return true
+		return
 	}
 	if fc.attempt.Recording() {
 		fc.attempt.Span.SetAttributes(telemetry.InstanceAttr(in.InstanceID))
@@ -190,12 +251,12 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		e := envelope.AsError(err)
 		fc.attempt.End(e)
 		fc.failed(e)
-		return true
+		return
 	}
 	fc.breakerDone = done
 	in.Hold()
 	deadline := fc.end
-	if t := pol.PerTryTimeout; t > 0 && (deadline.IsZero() || deadline.Sub(fc.start) > t) {
+	if t := fc.pol.PerTryTimeout; t > 0 && (deadline.IsZero() || deadline.Sub(fc.start) > t) {
 		deadline = fc.start.Add(t)
 	}
 	fc.mu.Lock()
@@ -204,12 +265,12 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	fc.mu.Unlock()
 	if cancelled { // the caller's link closed meanwhile
 		fc.Complete(nil, envelope.AsError(context.Canceled))
-		return true
+		return
 	}
 	aseq, e := b.link.Go(r, deadline, fc)
 	if e != nil {
 		fc.Complete(nil, e)
-		return true
+		return
 	}
 	fc.mu.Lock()
 	fc.aseq = aseq
@@ -218,7 +279,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	if cancelled {
 		b.link.CancelGo(aseq, envelope.AsError(context.Canceled))
 	}
-	return true
+	return
 }
 
 // defaultTimeout is the deadline stage's bound for a call without a ttl.
@@ -318,9 +379,11 @@ func (fc *fastCall) checkParams() bool {
 func (fc *fastCall) CancelServed() {
 	fc.mu.Lock()
 	fc.cancelled = true
-	agent, aseq, cancel := fc.agent, fc.aseq, fc.cancel
+	agent, aseq, cancel, queued := fc.agent, fc.aseq, fc.cancel, fc.queued
 	fc.mu.Unlock()
-	if cancel != nil {
+	if queued != nil && queued.Withdraw() {
+		fc.admitted(nil, envelope.AsError(context.Canceled))
+	} else if cancel != nil {
 		cancel()
 	} else if aseq != 0 {
 		agent.CancelGo(aseq, envelope.AsError(context.Canceled))

@@ -247,6 +247,7 @@ type Hub struct {
 	builtins  map[string]builtin
 	in        envelope.Invoker // the ingress chain (ingress.go), built once by New
 	routed    envelope.Invoker // bulkhead → retry → attempt, for routed calls
+	retried   envelope.Invoker // retry → attempt: routed, its bulkhead slot taken
 	attempts  envelope.Invoker // one attempt, with its span
 	retry     *reliability.RetryOptions
 	forwarded envelope.Invoker // bulkhead → attempt, for calls forwarded by a peer hub
@@ -420,7 +421,8 @@ func New(cfg Config, opts ...Option) (*Hub, error) {
 		OnSkip:   onSkip,
 	}
 	h.attempts = h.tel.Attempt(h.attempt)
-	h.routed = h.bulkheads.Middleware(reliability.Retry(ps, *h.retry)(h.attempts))
+	h.retried = reliability.Retry(ps, *h.retry)(h.attempts)
+	h.routed = h.bulkheads.Middleware(h.retried)
 	h.forwarded = envelope.Chain(h.bulkheads.Middleware, h.tel.Attempt)(h.attempt)
 	h.in = h.buildIngress()
 	watch, err := h.reg.Watch(ctx)

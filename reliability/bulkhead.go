@@ -54,19 +54,37 @@ func ParsePriority(s string) Priority {
 // queued calls are admitted highest priority first, FIFO within one
 // priority. So low-priority calls are shed before high ones, and a
 // critical call is never shed while a lower one is queued.
+//
+// A call waits in the queue one of two ways: Acquire blocks its
+// goroutine; a Waiter (NewWaiter, Enqueue) waits with no goroutine, and
+// its admit func is called with the verdict: by the call whose release
+// frees the slot, by the call that sheds it, or by its queue timer.
 // Safe for concurrent use.
 type Bulkhead struct {
 	cfg      BulkheadConfig
 	mu       sync.Mutex
 	active   int
 	queued   int
-	queues   [numPriorities][]*waiter
+	queues   [numPriorities][]*Waiter
 	rejected atomic.Int64
 	rel      func() // b.release, bound once so that Acquire does not allocate it
+
+	// Waiters admitted by a release, whose admit funcs run one after
+	// the other on the goroutine of the first release that found none
+	// running (handing): an admitted call that ends at once releases
+	// again, and the next admission runs in this loop, not one stack
+	// frame deeper.
+	handoff []*Waiter
+	handing bool
 }
 
-type waiter struct {
-	ch chan bool // true: admitted; false: shed
+// A Waiter is a call queued without a goroutine (NewWaiter, Enqueue).
+type Waiter struct {
+	b     *Bulkhead
+	p     Priority
+	ch    chan bool                                 // Acquire's: true admitted, false shed
+	admit func(release func(), err *envelope.Error) // a Waiter's
+	timer *time.Timer                               // its queue timeout, while queued
 }
 
 // NewBulkhead returns a pool; MaxConcurrent <= 0 means unbounded.
@@ -91,6 +109,12 @@ func (b *Bulkhead) overloaded(why string) *envelope.Error {
 	return envelope.NewError(envelope.CodeOverloaded, why).MarkNotSent()
 }
 
+const (
+	whyFull    = "bulkhead full: calls running and queue full"
+	whyShed    = "shed from the bulkhead queue by a call of higher priority"
+	whyTimeout = "waited the bulkhead's queue timeout"
+)
+
 // Acquire waits for a slot. On success call release exactly once.
 func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err error) {
 	if b.cfg.MaxConcurrent <= 0 {
@@ -102,14 +126,18 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 		b.mu.Unlock()
 		return b.rel, nil
 	}
-	if b.queued >= b.cfg.QueueSize && !b.evictLocked(p) {
-		b.mu.Unlock()
-		return nil, b.overloaded("bulkhead full: calls running and queue full")
+	var shed *Waiter
+	if b.queued >= b.cfg.QueueSize {
+		if shed = b.evictLocked(p); shed == nil {
+			b.mu.Unlock()
+			return nil, b.overloaded(whyFull)
+		}
 	}
-	w := &waiter{ch: make(chan bool, 1)}
+	w := &Waiter{b: b, p: p, ch: make(chan bool, 1)}
 	b.queues[p] = append(b.queues[p], w)
 	b.queued++
 	b.mu.Unlock()
+	b.shed(shed)
 
 	var timeout <-chan time.Time
 	// No timer of its own when the caller's deadline comes first: ctx
@@ -125,13 +153,13 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 		if ok {
 			return b.rel, nil
 		}
-		return nil, b.overloaded("shed from the bulkhead queue by a call of higher priority")
+		return nil, b.overloaded(whyShed)
 	case <-timeout:
-		if b.dequeue(w, p) {
-			return nil, b.overloaded("waited the bulkhead's queue timeout")
+		if b.dequeue(w) {
+			return nil, b.overloaded(whyTimeout)
 		}
 	case <-ctx.Done():
-		if b.dequeue(w, p) {
+		if b.dequeue(w) {
 			return nil, envelope.AsError(ctx.Err())
 		}
 	}
@@ -139,7 +167,7 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 	if <-w.ch {
 		return b.rel, nil
 	}
-	return nil, b.overloaded("shed from the bulkhead queue by a call of higher priority")
+	return nil, b.overloaded(whyShed)
 }
 
 // TryAcquire takes a slot if one is free with no call queued, without
@@ -158,32 +186,115 @@ func (b *Bulkhead) TryAcquire() (release func(), ok bool) {
 	return nil, false
 }
 
+// NewWaiter makes a call of priority p ready to Enqueue: admit will get
+// its verdict, once, unless Withdraw takes it back first. admit gets a
+// release (call it exactly once) or a coded error: OVERLOADED when the
+// call was shed or waited the queue timeout, DEADLINE_EXCEEDED when its
+// deadline came first. admit runs on another call's goroutine (the one
+// that released or shed) or on the queue timer's: it must not block.
+func (b *Bulkhead) NewWaiter(p Priority, admit func(release func(), err *envelope.Error)) *Waiter {
+	return &Waiter{b: b, p: p, admit: admit}
+}
+
+// Enqueue is Acquire without a goroutine: it takes a slot at once
+// (release), refuses the call at once (err: the queue is full and holds
+// nothing of a lower priority to shed), or queues it (both nil) until a
+// slot frees, a higher call sheds it, the queue timeout or deadline (if
+// not zero) passes, or Withdraw; w.admit is called then, not before
+// Enqueue returns.
+func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *envelope.Error) {
+	if b.cfg.MaxConcurrent <= 0 {
+		return noRelease, nil
+	}
+	b.mu.Lock()
+	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
+		b.active++
+		b.mu.Unlock()
+		return b.rel, nil
+	}
+	var shed *Waiter
+	if b.queued >= b.cfg.QueueSize {
+		if shed = b.evictLocked(w.p); shed == nil {
+			b.mu.Unlock()
+			return nil, b.overloaded(whyFull)
+		}
+	}
+	// One timer, armed only for a queued call: the queue timeout, or the
+	// call's deadline when that comes first.
+	wait, timedOut := b.cfg.QueueTimeout, func() *envelope.Error { return b.overloaded(whyTimeout) }
+	if !deadline.IsZero() {
+		if d := time.Until(deadline); wait <= 0 || d < wait {
+			wait, timedOut = max(d, 0), func() *envelope.Error { return envelope.AsError(context.DeadlineExceeded) }
+		}
+	}
+	if wait > 0 || !deadline.IsZero() {
+		w.timer = time.AfterFunc(wait, func() {
+			if b.dequeue(w) {
+				w.admit(nil, timedOut())
+			}
+		})
+	}
+	b.queues[w.p] = append(b.queues[w.p], w)
+	b.queued++
+	b.mu.Unlock()
+	b.shed(shed)
+	return nil, nil
+}
+
+// Withdraw takes back a call Enqueue queued; false: it is no longer
+// queued (its admit has been or is being called).
+func (w *Waiter) Withdraw() bool { return w.b.dequeue(w) }
+
 func noRelease() {}
 
-// evictLocked sheds the newest queued call of the lowest priority below p.
-func (b *Bulkhead) evictLocked(p Priority) bool {
+// evictLocked takes out the newest queued call of the lowest priority
+// below p, for shed.
+func (b *Bulkhead) evictLocked(p Priority) *Waiter {
 	for lp := Priority(0); lp < p; lp++ {
 		q := b.queues[lp]
 		if n := len(q); n > 0 {
 			w := q[n-1]
+			q[n-1] = nil
 			b.queues[lp] = q[:n-1]
 			b.queued--
-			w.ch <- false
-			return true
+			w.stopLocked()
+			return w
 		}
 	}
-	return false
+	return nil
+}
+
+// shed gives w (if any), evicted by a call of higher priority, its
+// OVERLOADED; out of b.mu.
+func (b *Bulkhead) shed(w *Waiter) {
+	switch {
+	case w == nil:
+	case w.ch != nil:
+		w.ch <- false
+	default:
+		w.admit(nil, b.overloaded(whyShed))
+	}
+}
+
+// stopLocked stops w's queue timer, w having left the queue.
+func (w *Waiter) stopLocked() {
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
 }
 
 // dequeue removes w if it is still queued.
-func (b *Bulkhead) dequeue(w *waiter, p Priority) bool {
+func (b *Bulkhead) dequeue(w *Waiter) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	q := b.queues[p]
+	q := b.queues[w.p]
 	for i, x := range q {
 		if x == w {
-			b.queues[p] = append(q[:i], q[i+1:]...)
+			b.queues[w.p] = append(q[:i], q[i+1:]...)
+			q[len(q)-1] = nil
 			b.queued--
+			w.stopLocked()
 			return true
 		}
 	}
@@ -192,18 +303,44 @@ func (b *Bulkhead) dequeue(w *waiter, p Priority) bool {
 
 func (b *Bulkhead) release() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	var w *Waiter
 	for p := numPriorities - 1; ; p-- {
 		if q := b.queues[p]; len(q) > 0 {
-			w := q[0]
+			w = q[0]
+			q[0] = nil
 			b.queues[p] = q[1:]
 			b.queued--
-			w.ch <- true // the slot passes on; active stays
-			return
+			break
 		}
 		if p == 0 {
 			break
 		}
 	}
-	b.active--
+	switch {
+	case w == nil:
+		b.active--
+		b.mu.Unlock()
+		return
+	case w.ch != nil:
+		w.ch <- true // the slot passes on; active stays
+		b.mu.Unlock()
+		return
+	}
+	w.stopLocked()
+	b.handoff = append(b.handoff, w)
+	if b.handing {
+		b.mu.Unlock()
+		return // the loop below, on the goroutine running it, admits w
+	}
+	b.handing = true
+	for i := 0; i < len(b.handoff); i++ {
+		w := b.handoff[i]
+		b.handoff[i] = nil
+		b.mu.Unlock()
+		w.admit(b.rel, nil)
+		b.mu.Lock()
+	}
+	b.handoff = b.handoff[:0]
+	b.handing = false
+	b.mu.Unlock()
 }

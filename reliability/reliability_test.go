@@ -3,6 +3,8 @@ package reliability_test
 import (
 	"context"
 	"errors"
+	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -545,4 +547,145 @@ func TestRetryReasons(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestBulkheadWaiters: a call queued with no goroutine (NewWaiter,
+// Enqueue) gets the verdicts Acquire gives, through its admit func:
+// admitted highest priority first and FIFO within one, shed by a higher
+// call on a full queue, OVERLOADED after the queue timeout, TIMEOUT at its
+// deadline when that comes first; Withdraw takes it back. Waiters and
+// Acquire's blocked callers share one queue.
+func TestBulkheadWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := reliability.NewBulkhead(reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 3, QueueTimeout: time.Second})
+		held, ok := b.TryAcquire()
+		if !ok {
+			t.Fatal("TryAcquire on an empty pool failed")
+		}
+		var mu sync.Mutex // the queue timer's goroutine writes too
+		var order []string
+		verdicts := map[string]envelope.Code{}
+		seen := func() ([]string, map[string]envelope.Code) {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(order), maps.Clone(verdicts)
+		}
+		waiter := func(name string, p reliability.Priority, deadline time.Time) *reliability.Waiter {
+			var w *reliability.Waiter
+			w = b.NewWaiter(p, func(release func(), err *envelope.Error) {
+				mu.Lock()
+				order = append(order, name)
+				verdicts[name] = codeOf(err)
+				mu.Unlock()
+				if release != nil {
+					release() // done at once: the next admission runs in the releaser's loop
+				}
+			})
+			if release, err := b.Enqueue(w, deadline); release != nil || err != nil {
+				t.Fatalf("%s: Enqueue on a full pool = %v, %v; want it queued", name, release != nil, err)
+			}
+			return w
+		}
+		waiter("low", reliability.PriorityLow, time.Time{})
+		waiter("normal-1", reliability.PriorityNormal, time.Time{})
+		gone := waiter("normal-2", reliability.PriorityNormal, time.Time{})
+		if !gone.Withdraw() || gone.Withdraw() {
+			t.Fatal("Withdraw of a queued waiter: want true once, then false")
+		}
+		waiter("normal-3", reliability.PriorityNormal, time.Time{})
+		// Full: a high call sheds the low one, whose admit hears it at once.
+		waiter("high", reliability.PriorityHigh, time.Time{})
+		if order, verdicts := seen(); len(order) != 1 || order[0] != "low" || verdicts["low"] != envelope.CodeOverloaded {
+			t.Fatalf("after the high call: %v %v; want the low call shed with OVERLOADED", order, verdicts)
+		}
+		// A full queue of normal and high refuses another normal at once.
+		w := b.NewWaiter(reliability.PriorityNormal, func(func(), *envelope.Error) { t.Error("refused waiter admitted") })
+		if release, err := b.Enqueue(w, time.Time{}); release != nil || codeOf(err) != envelope.CodeOverloaded {
+			t.Fatalf("Enqueue on a full queue = %v, %v; want OVERLOADED", release != nil, err)
+		}
+		// A blocked critical Acquire sheds the newest normal waiter.
+		acquired := make(chan error, 1)
+		go func() {
+			r, err := b.Acquire(context.Background(), reliability.PriorityCritical)
+			if err == nil {
+				r()
+			}
+			acquired <- err
+		}()
+		synctest.Wait()
+		if order, verdicts := seen(); len(order) != 2 || order[1] != "normal-3" || verdicts["normal-3"] != envelope.CodeOverloaded {
+			t.Fatalf("after the critical Acquire: %v %v; want normal-3 shed with OVERLOADED", order, verdicts)
+		}
+		held()
+		if err := <-acquired; err != nil {
+			t.Errorf("the critical Acquire: %v", err)
+		}
+		synctest.Wait()
+		if order, verdicts := seen(); !slices.Equal(order, []string{"low", "normal-3", "high", "normal-1"}) ||
+			verdicts["high"] != envelope.CodeOK || verdicts["normal-1"] != envelope.CodeOK {
+			t.Errorf("verdicts %v %v; want low and normal-3 shed, then high and normal-1 admitted", order, verdicts)
+		}
+
+		// Timeouts: the queue's, and a deadline that comes first.
+		held, _ = b.TryAcquire()
+		mu.Lock()
+		order, verdicts = nil, map[string]envelope.Code{}
+		mu.Unlock()
+		waiter("queue-timeout", reliability.PriorityNormal, time.Time{})
+		waiter("deadline", reliability.PriorityNormal, time.Now().Add(100*time.Millisecond))
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		if order, verdicts := seen(); !slices.Equal(order, []string{"deadline"}) || verdicts["deadline"] != envelope.CodeTimeout {
+			t.Errorf("at 150 ms: %v %v; want the deadline's TIMEOUT alone", order, verdicts)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, verdicts := seen(); verdicts["queue-timeout"] != envelope.CodeOverloaded {
+			t.Errorf("after the queue timeout: %v; want OVERLOADED", verdicts)
+		}
+		held()
+		if run, q := b.Active(); run != 0 || q != 0 {
+			t.Errorf("Active = %d running, %d queued; want 0, 0", run, q)
+		}
+	})
+}
+
+// TestBulkheadHandoffIsALoop: a thousand queued waiters, each done as soon
+// as it is admitted, are admitted one after the other by the release that
+// freed the first slot, each on a stack no deeper than the first's.
+func TestBulkheadHandoffIsALoop(t *testing.T) {
+	b := reliability.NewBulkhead(reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 1000})
+	held, _ := b.TryAcquire()
+	var depths []int
+	for range 1000 {
+		w := b.NewWaiter(reliability.PriorityNormal, func(release func(), err *envelope.Error) {
+			if err != nil {
+				t.Errorf("admit: %v", err)
+				return
+			}
+			depths = append(depths, runtime.Callers(0, make([]uintptr, 256)))
+			release()
+		})
+		if release, err := b.Enqueue(w, time.Time{}); release != nil || err != nil {
+			t.Fatalf("Enqueue = %v, %v; want it queued", release != nil, err)
+		}
+	}
+	held()
+	if len(depths) != 1000 {
+		t.Fatalf("%d admitted; want 1000", len(depths))
+	}
+	if slices.Max(depths) != depths[0] {
+		t.Errorf("stack depths from %d to %d: admissions nest", depths[0], slices.Max(depths))
+	}
+	if run, q := b.Active(); run != 0 || q != 0 {
+		t.Errorf("Active = %d running, %d queued; want 0, 0", run, q)
+	}
+}
+
+// codeOf is err's code, OK for none (a nil *envelope.Error is not a nil error).
+func codeOf(err *envelope.Error) envelope.Code {
+	if err == nil {
+		return envelope.CodeOK
+	}
+	return err.Code
 }

@@ -124,6 +124,21 @@ func New(s *Security) (*Guard, error) {
 // on reports whether the hub authenticates.
 func (g *Guard) On() bool { return g != nil && g.Verifier != nil }
 
+// RolesOf returns the roles a call to m needs, as the mesh's schema
+// says: the hub's when it authenticates, else those the agent declared.
+func (g *Guard) RolesOf(m string, declared []string) []string {
+	if !g.On() {
+		return declared
+	}
+	if AdminMethods[m] {
+		return []string{auth.RoleAdmin}
+	}
+	if r, ok := g.Roles.Lookup(m); ok {
+		return r
+	}
+	return nil
+}
+
 // authenticate checks an HTTP request's credential (Authorization: Bearer,
 // or a "bearer.<token>" WebSocket subprotocol). Cookies never count. A
 // token of role "hub" is refused: it opens a peer link only (serveWS,

@@ -2,8 +2,13 @@ package listing
 
 import (
 	"encoding/json"
+	"iter"
+	"slices"
+	"strings"
 
 	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/registry"
 )
 
 // The hub's own contract: its built-ins' schemas, the chat agents' stream
@@ -59,3 +64,57 @@ var ChatStreamEvents = []control.SchemaEvent{
 // AgentErrors are the codes any routed call may end with, whatever the
 // agent declared.
 var AgentErrors = []string{"METHOD_NOT_FOUND", "UNAVAILABLE", "TIMEOUT", "CIRCUIT_OPEN", "OVERLOADED", "CANCELLED", "RPC_ERROR"}
+
+// Schema builds the mesh's contract: the built-ins, then every method
+// the instances serve; the first instance, in the order given (the
+// snapshot's, by id), that declared a schema for a method wins. roles
+// gives the roles a call to a method needs (declared: what the agent
+// said), idempotent whether the hub's policy marks it idempotent.
+func Schema(builtins iter.Seq[string], instances []*registry.Instance, roles func(m string, declared []string) []string, idempotent func(m string) bool) control.SchemaPayload {
+	out := control.SchemaPayload{ProtocolVersion: envelope.Version, Methods: map[string]control.SchemaMethod{}, Events: slices.Clone(ChatStreamEvents), Errors: envelope.CodeTable()}
+	for m := range builtins {
+		s := BuiltinSchemas[m]
+		out.Methods[m] = control.SchemaMethod{Description: s.Description, Builtin: true, Params: s.Params, Response: s.Result,
+			Errors: s.Errors, Roles: roles(m, nil), Idempotent: s.Idempotent}
+	}
+	for _, in := range instances {
+		var decl map[string]control.MethodSchema
+		if len(in.Schemas) > 0 {
+			_ = json.Unmarshal(in.Schemas, &decl)
+		}
+		add := func(m string, s control.MethodSchema, declared bool) {
+			cur, seen := out.Methods[m]
+			if seen && (cur.Builtin || cur.Params != nil || cur.Response != nil || !declared) {
+				if !slices.Contains(cur.Agents, in.Name) {
+					cur.Agents = append(cur.Agents, in.Name)
+					out.Methods[m] = cur
+				}
+				return
+			}
+			errs := slices.Clone(s.Errors)
+			for _, e := range AgentErrors {
+				if !slices.Contains(errs, e) {
+					errs = append(errs, e)
+				}
+			}
+			ms := control.SchemaMethod{Description: s.Description, Params: s.Params, Response: s.Result, Errors: errs,
+				Roles: roles(m, s.Roles), Idempotent: s.Idempotent || idempotent(m), Streaming: s.Streaming,
+				Pattern: strings.HasSuffix(m, "*"), Agents: []string{in.Name}}
+			if seen {
+				ms.Agents = append(cur.Agents, in.Name)
+				slices.Sort(ms.Agents)
+				ms.Agents = slices.Compact(ms.Agents)
+			}
+			out.Methods[m] = ms
+		}
+		for m, s := range decl {
+			add(m, s, true)
+		}
+		for _, c := range in.Capabilities {
+			if _, ok := decl[c]; !ok {
+				add(c, control.MethodSchema{}, false)
+			}
+		}
+	}
+	return out
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/cow"
 )
 
 // Buckets resolve the durations a mesh's calls take: a routed call on
@@ -72,6 +73,7 @@ type Metrics struct {
 	expirations          prometheus.Counter
 	reconnects           *prometheus.CounterVec
 	bytes                *prometheus.CounterVec
+	bytesIn, bytesOut    prometheus.Counter // resolved once
 	refused              *prometheus.CounterVec
 	lateResponses        prometheus.Counter
 	pingAbuse            prometheus.Counter
@@ -84,6 +86,25 @@ type Metrics struct {
 
 	// When each duration family last took an exemplar (observe).
 	exServer, exClient, exCall atomic.Int64
+
+	// The duration series calls observed, resolved once each (durOf):
+	// WithLabelValues hashes three labels and takes a lock per call.
+	durs cow.Map[durKey, prometheus.Observer]
+}
+
+type durKey struct {
+	vec           *prometheus.HistogramVec
+	system, label string
+	code          envelope.Code
+}
+
+// durOf is vec's series for system, label and code.
+func (m *Metrics) durOf(vec *prometheus.HistogramVec, system, label string, code envelope.Code) prometheus.Observer {
+	k := durKey{vec, system, label, code}
+	if o, ok := m.durs.Load(k); ok {
+		return o
+	}
+	return m.durs.LoadOrCreate(k, func() prometheus.Observer { return vec.WithLabelValues(system, label, statusCode(code)) })
 }
 
 // NewMetrics makes the collectors and registers them, with the Go and
@@ -165,6 +186,7 @@ func NewMetrics(labels *Labeler) *Metrics {
 	m.Registry.MustRegister(m.streams.collectors()...)
 	m.inflightClient = m.inflight.WithLabelValues("client")
 	m.inflightServer = m.inflight.WithLabelValues("server")
+	m.bytesIn, m.bytesOut = m.bytes.WithLabelValues("in"), m.bytes.WithLabelValues("out")
 	m.Registry.MustRegister(m.serverDur, m.clientDur, m.callDur, m.controlDur, m.inflight, m.breakerOpen, m.breakerTransitions,
 		m.bulkheadRejected, m.retries, m.retriesSkipped, m.heartbeats, m.expirations, m.reconnects, m.bytes, m.refused, m.lateResponses, m.pingAbuse, m.slowConsumers, m.invalidFrames, m.invalidRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -358,10 +380,10 @@ func (m *Metrics) Bytes(in, out int) {
 		return
 	}
 	if in > 0 {
-		m.bytes.WithLabelValues("in").Add(float64(in))
+		m.bytesIn.Add(float64(in))
 	}
 	if out > 0 {
-		m.bytes.WithLabelValues("out").Add(float64(out))
+		m.bytesOut.Add(float64(out))
 	}
 }
 

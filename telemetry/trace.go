@@ -122,7 +122,7 @@ func (t *Telemetry) Client(next envelope.Invoker) envelope.Invoker {
 		res, err := next(ctx, req)
 		if t.M != nil {
 			t.M.inflightClient.Dec()
-			observe(t.M.callDur.WithLabelValues(t.system, label, statusCode(envelope.CodeOf(err))), time.Since(start), span, &t.M.exCall)
+			observe(t.M.durOf(t.M.callDur, t.system, label, envelope.CodeOf(err)), time.Since(start), span, &t.M.exCall)
 		}
 		if span != nil {
 			end(span, err)
@@ -191,7 +191,7 @@ func (a *AttemptCall) End(err error) {
 		return
 	}
 	if m := a.t.M; m != nil {
-		observe(m.clientDur.WithLabelValues(a.t.system, a.label, statusCode(envelope.CodeOf(err))), time.Since(a.start), a.Span, &m.exClient)
+		observe(m.durOf(m.clientDur, a.t.system, a.label, envelope.CodeOf(err)), time.Since(a.start), a.Span, &m.exClient)
 	}
 	if a.Span != nil {
 		end(a.Span, err)
@@ -252,7 +252,7 @@ func (sc *ServerCall) End(err error) {
 			m.controlDur.WithLabelValues(sc.label, statusCode(envelope.CodeOf(err))).Observe(time.Since(sc.start).Seconds())
 		} else {
 			m.inflightServer.Dec()
-			observe(m.serverDur.WithLabelValues(sc.t.system, sc.label, statusCode(envelope.CodeOf(err))), time.Since(sc.start), sc.span, &m.exServer)
+			observe(m.durOf(m.serverDur, sc.t.system, sc.label, envelope.CodeOf(err)), time.Since(sc.start), sc.span, &m.exServer)
 		}
 	}
 	if sc.span != nil {

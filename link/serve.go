@@ -41,32 +41,31 @@ func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Cre
 			return
 		}
 	}
-	ctx, cancel := req.WithTTL(l.base, 0)
+	cc := newCallCtx(l.base, time.Duration(req.Headers.TTL)*time.Millisecond)
+	var ctx context.Context = cc
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		cancel()
 		l.nserving.Add(-1)
 		return
 	}
 	if !l.c.TryAdmit(1, requestBytes(req)) {
 		l.mu.Unlock()
-		cancel()
 		l.nserving.Add(-1)
 		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
 		return
 	}
 	var ss *servedStream
 	if req.Stream {
-		ss = newServedStream(l, seq, credit, cancel)
+		ss = newServedStream(l, seq, credit, cc.CancelServed)
 		ctx = stream.With(ctx, ss)
 		l.serving[seq] = ss
 	} else {
-		l.serving[seq] = cancelFunc(cancel)
+		l.serving[seq] = cc
 	}
 	r := new(envelope.Request)
 	*r = *req
-	t := task{ctx, cancel, seq, r, ss}
+	t := task{ctx, cc, seq, r, ss}
 	select {
 	case l.work <- t: // an idle worker takes it
 		l.mu.Unlock()
@@ -79,11 +78,11 @@ func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Cre
 
 // task is one incoming request for a worker.
 type task struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	seq    uint64
-	r      *envelope.Request
-	ss     *servedStream // a streaming call's; nil otherwise
+	ctx context.Context
+	cc  *callCtx // ctx, or what ctx derives from
+	seq uint64
+	r   *envelope.Request
+	ss  *servedStream // a streaming call's; nil otherwise
 }
 
 // WorkerIdle is how long a kept worker (a link's, or Workers') waits for
@@ -129,7 +128,7 @@ func (l *Link) serveOne(t task) {
 		l.answer(t.seq, t.r.ID, start, res, err)
 	}
 	l.endServing(t.seq, held)
-	t.cancel()
+	t.cc.end(context.Canceled)
 }
 
 // answer queues the answer to the served request seq (request id id,
@@ -186,11 +185,6 @@ func requestBytes(r *envelope.Request) int { return len(r.Params) + 256 }
 // Canceler is a request this side serves, as the link cancels it: when
 // the peer sends a cancel frame for it, or the link closes.
 type Canceler interface{ CancelServed() }
-
-// cancelFunc is a served request's context.CancelFunc as a Canceler.
-type cancelFunc context.CancelFunc
-
-func (f cancelFunc) CancelServed() { f() }
 
 // FastHandler serves a request from the link's reader goroutine, without
 // a worker: it reports whether it took the request. One that takes it

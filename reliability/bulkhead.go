@@ -121,17 +121,13 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 		return noRelease, nil
 	}
 	b.mu.Lock()
-	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
-		b.active++
+	release, shed, refused := b.arriveLocked(p)
+	if release != nil || refused != nil {
 		b.mu.Unlock()
-		return b.rel, nil
-	}
-	var shed *Waiter
-	if b.queued >= b.cfg.QueueSize {
-		if shed = b.evictLocked(p); shed == nil {
-			b.mu.Unlock()
-			return nil, b.overloaded(whyFull)
+		if refused != nil {
+			return nil, refused
 		}
+		return release, nil
 	}
 	w := &Waiter{b: b, p: p, ch: make(chan bool, 1)}
 	b.queues[p] = append(b.queues[p], w)
@@ -207,17 +203,10 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 		return noRelease, nil
 	}
 	b.mu.Lock()
-	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
-		b.active++
+	release, shed, err := b.arriveLocked(w.p)
+	if release != nil || err != nil {
 		b.mu.Unlock()
-		return b.rel, nil
-	}
-	var shed *Waiter
-	if b.queued >= b.cfg.QueueSize {
-		if shed = b.evictLocked(w.p); shed == nil {
-			b.mu.Unlock()
-			return nil, b.overloaded(whyFull)
-		}
+		return release, err
 	}
 	// One timer, armed only for a queued call: the queue timeout, or the
 	// call's deadline when that comes first.
@@ -246,6 +235,22 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 func (w *Waiter) Withdraw() bool { return w.b.dequeue(w) }
 
 func noRelease() {}
+
+// arriveLocked is what a call of priority p gets on arrival: a slot
+// (release), a refusal (err), or a place in the queue (both nil), for
+// which shed, if not nil, was evicted (tell it, with shed, after b.mu).
+func (b *Bulkhead) arriveLocked(p Priority) (release func(), shed *Waiter, err *envelope.Error) {
+	if b.active < b.cfg.MaxConcurrent && b.queued == 0 {
+		b.active++
+		return b.rel, nil, nil
+	}
+	if b.queued >= b.cfg.QueueSize {
+		if shed = b.evictLocked(p); shed == nil {
+			return nil, nil, b.overloaded(whyFull)
+		}
+	}
+	return nil, shed, nil
+}
 
 // evictLocked takes out the newest queued call of the lowest priority
 // below p, for shed.

@@ -1,8 +1,6 @@
 package hub
 
 import (
-	"time"
-
 	"github.com/agentmesh/agentmesh/registry"
 )
 
@@ -15,30 +13,10 @@ import (
 // new link, and one whose registration completes meanwhile is never taken
 // for gone (the race of comparing the bindings with a snapshot taken
 // before they were made).
-//
-// Between snapshots it renews the registrations of the agents attached
-// here, once per heartbeat interval (renew).
 func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 	defer close(h.done)
 	var seen uint64
-	var renewals <-chan time.Time
-	if h.linkLiveness() {
-		t := time.NewTicker(h.cfg.HeartbeatInterval)
-		defer t.Stop()
-		renewals = t.C
-	}
-	for {
-		var snap *registry.Snapshot
-		select {
-		case s, ok := <-watch:
-			if !ok {
-				return
-			}
-			snap = s
-		case <-renewals:
-			h.renew()
-			continue
-		}
+	for snap := range watch {
 		gone, upTo, complete := snap.Removed(seen)
 		seen = upTo
 		if !complete { // too far behind the log: compare with the whole snapshot
@@ -72,25 +50,4 @@ func (h *Hub) follow(watch <-chan *registry.Snapshot) {
 func (h *Hub) linkLiveness() bool {
 	c := h.cfg.Conn.WithDefaults()
 	return c.PingInterval <= h.cfg.HeartbeatInterval && c.IdleTimeout <= 3*h.cfg.HeartbeatInterval
-}
-
-// renew beats, in the registry, every agent attached here over a link
-// that is open and not stalled: what the agents' agent.heartbeat calls
-// did, one call per agent per interval over the network, done here in
-// one pass. A link that dies is closed by its idle timeout, which
-// deregisters its agent; a stalled one is not renewed, so its agent
-// expires no later than it did when it heartbeat itself.
-//
-// The beat goes straight to the instance the registry returned at
-// registration (the one it expires): an atomic store, no lookup. One that
-// left the registry since is beaten in vain; follow closes its link.
-func (h *Hub) renew() {
-	now := time.Now()
-	h.bindings.Range(func(_, v any) bool {
-		b := v.(*binding)
-		if in := b.inst.Load(); in != nil && b.ready.Load() && b.link.Err() == nil && !b.link.Stalled() {
-			in.Beat(registry.Beat{Load: -1}, now)
-		}
-		return true
-	})
 }

@@ -47,3 +47,40 @@ func TestExpiry(t *testing.T) {
 		t.Errorf("%d entries left; want 0", e.Len())
 	}
 }
+
+// TestExpiryKeepAlive: an instance kept alive (KeepAliveWhile) is not
+// beaten until it is due; then its liveness is asked once, a true counts
+// as a beat (filed again three intervals on, listed as heard from now),
+// and a false expires it.
+func TestExpiryKeepAlive(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	in := NewInstance(Registration{InstanceID: "k", Name: "x", Capabilities: []string{"x.y"}, HeartbeatInterval: time.Second}, t0)
+	var e Expiry
+	e.Add(in)
+	alive, asked := true, 0
+	in.KeepAliveWhile(func() bool { asked++; return alive })
+	current := func(*Instance) bool { return true }
+	if gone := e.Due(t0.Add(2*time.Second), current); len(gone) != 0 || asked != 0 {
+		t.Fatalf("before the deadline: gone %v, liveness asked %d times; want none, 0", gone, asked)
+	}
+	if gone := e.Due(t0.Add(3*time.Second+1), current); len(gone) != 0 || asked != 1 {
+		t.Fatalf("due, alive: gone %v, asked %d times; want none, once", gone, asked)
+	}
+	if got := in.st.lastBeat.Load(); got != t0.Add(3*time.Second+1).UnixNano() {
+		t.Errorf("the kept instance's beat = %v; want the time it was found alive", time.Unix(0, got))
+	}
+	if d := time.Since(in.LastHeartbeat()); d < 0 || d > time.Minute {
+		t.Errorf("LastHeartbeat of a live kept instance = %v ago; want now", d)
+	}
+	asked = 0
+	if gone := e.Due(t0.Add(5*time.Second), current); len(gone) != 0 || asked != 0 {
+		t.Fatalf("before its new deadline: gone %v, asked %d; want none, 0", gone, asked)
+	}
+	alive = false
+	if gone := e.Due(t0.Add(6*time.Second+2), current); len(gone) != 1 || gone[0] != in || asked != 1 {
+		t.Fatalf("due, not alive: gone %v, asked %d; want [k], once", gone, asked)
+	}
+	if !in.LastHeartbeat().Equal(t0.Add(3*time.Second + 1)) {
+		t.Errorf("LastHeartbeat of a dead kept instance = %v; want its last beat", in.LastHeartbeat())
+	}
+}

@@ -132,7 +132,8 @@ type Instance struct {
 type instState struct {
 	load     atomic.Uint64 // float64 bits
 	inflight atomic.Int64
-	lastBeat atomic.Int64 // unix nanoseconds
+	lastBeat atomic.Int64                // unix nanoseconds
+	alive    atomic.Pointer[func() bool] // KeepAliveWhile's
 	state    atomic.Pointer[string]
 	streams  sync.Once
 	streamed []string // StreamingMethods, decoded once
@@ -193,8 +194,32 @@ func (in *Instance) Release() { in.st.inflight.Add(-1) }
 // State returns the last reported state.
 func (in *Instance) State() string { return *in.st.state.Load() }
 
-// LastHeartbeat returns when the instance last heartbeated.
-func (in *Instance) LastHeartbeat() time.Time { return time.Unix(0, in.st.lastBeat.Load()) }
+// LastHeartbeat returns when the instance last heartbeated: now, for one
+// kept alive (KeepAliveWhile) whose liveness holds.
+func (in *Instance) LastHeartbeat() time.Time {
+	if in.kept() {
+		return time.Now()
+	}
+	return time.Unix(0, in.st.lastBeat.Load())
+}
+
+// KeepAliveWhile keeps the instance registered without beats for as long
+// as alive reports true: once three heartbeat intervals have passed since
+// its last beat, the registry asks alive before it expires the instance,
+// and a true counts as a beat then. A hub whose links are its agents'
+// heartbeat (control.LivenessLink) sets it: the link's pings prove the
+// agent is there, so nothing need beat every agent every interval.
+// alive must be cheap and must not block.
+func (in *Instance) KeepAliveWhile(alive func() bool) { in.st.alive.Store(&alive) }
+
+// kept reports whether KeepAliveWhile's func holds now.
+func (in *Instance) kept() bool {
+	if in.st == nil {
+		return false
+	}
+	f := in.st.alive.Load()
+	return f != nil && (*f)()
+}
 
 // Beat records a heartbeat; it reports whether the state changed.
 func (in *Instance) Beat(b Beat, now time.Time) (stateChanged bool) {
@@ -212,7 +237,7 @@ func (in *Instance) Beat(b Beat, now time.Time) (stateChanged bool) {
 
 // Expired reports whether three heartbeat intervals passed without a beat.
 func (in *Instance) Expired(now time.Time) bool {
-	return now.Sub(in.LastHeartbeat()) > 3*in.HeartbeatInterval
+	return now.Sub(time.Unix(0, in.st.lastBeat.Load())) > 3*in.HeartbeatInterval
 }
 
 // Serves reports whether the instance serves method.

@@ -525,7 +525,7 @@ func (a *Agent) serve(ctx context.Context, req *envelope.Request) (res *envelope
 	}
 	d := time.Since(start)
 	return &envelope.Response{
-		ID: req.ID, Origin: a.ID(), Destination: req.Origin, Timestamp: time.Now().UnixMilli(), Result: raw,
+		ID: req.ID, Origin: a.ID(), Destination: req.Origin, Timestamp: start.Add(d).UnixMilli(), Result: raw,
 		Metrics: envelope.Metrics{LatencyMs: float64(d.Microseconds()) / 1000, ProcessingTime: float64(d.Microseconds()) / 1000, Backend: "WebSocket"},
 		Headers: envelope.Headers{TraceID: req.Headers.TraceID, CorrelationID: req.Headers.CorrelationID},
 	}, nil

@@ -53,7 +53,7 @@ var asyncPool = sync.Pool{New: func() any { return new(asyncCall) }}
 // sent: its deadline passed, the link is closed or its send queue full
 // (all not sent). seq names the call for CancelGo.
 func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) (seq uint64, _ *envelope.Error) {
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
+	if !deadline.IsZero() && time.Until(deadline) <= 0 {
 		return 0, envelope.NewError(envelope.CodeTimeout, "the deadline passed before the call was sent").MarkNotSent()
 	}
 	seq = l.seq.Add(1)

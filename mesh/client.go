@@ -272,9 +272,10 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 	if err != nil {
 		return err
 	}
+	start := time.Now() // the timestamp, and the latency's start: one clock read
 	req := &envelope.Request{
 		ID: envelope.NewID(), Origin: c.cfg.origin, Destination: o.destination,
-		Timestamp: time.Now().UnixMilli(), Method: method, Params: raw, Version: envelope.Version,
+		Timestamp: start.UnixMilli(), Method: method, Params: raw, Version: envelope.Version,
 	}
 	if o.headers != nil {
 		o.headers(&req.Headers)
@@ -293,7 +294,7 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 	}
 	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
+		ctx, cancel = context.WithDeadline(ctx, start.Add(timeout))
 		defer cancel()
 	}
 	if err := ctx.Err(); err != nil {
@@ -301,7 +302,6 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 		// doing, which no breaker should count.
 		return envelope.AsError(err).MarkNotSent()
 	}
-	start := time.Now()
 	res, err := c.invoke(ctx, req)
 	if err != nil {
 		return envelope.AsError(err)

@@ -185,11 +185,11 @@ type Conn struct {
 	// wmu is held by whoever writes data messages: the writer goroutine,
 	// or a sender writing its frame itself (enqueueLimit: writeInline).
 	wmu        sync.Mutex
-	lastQueued int64        // unix nanos: when the last frame was queued (under qmu; lone)
+	lastQueued int64        // mono: when the last frame was queued (under qmu; lone)
 	prevQuiet  bool         // it came after a quiet inlineGap (under qmu)
 	inlined    atomic.Int64 // frames their senders wrote (tests)
 	lingering  atomic.Bool  // closed as a slow consumer: the reader lingers, then closes
-	heard      atomic.Int64 // unix nanos: when the reader last moved its deadline (it read something); 0 while paused
+	heard      atomic.Int64 // mono: when the reader last moved its deadline (it read something); 0 while paused
 	pingsSent  atomic.Int64 // pings this side wrote (tests)
 	peerPinged atomic.Int64 // unix nanos: when the peer's last ping arrived
 	quit       atomic.Bool  // Close was called: a linger ends at once
@@ -386,7 +386,11 @@ func (c *Conn) setReadDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.heard.Store(0) // paused: not reading, so silence says nothing
 	} else {
-		c.heard.Store(t.Add(-c.cfg.IdleTimeout).UnixNano())
+		h := int64(t.Sub(epoch) - c.cfg.IdleTimeout)
+		if h == 0 {
+			h = -1 // 0 says paused
+		}
+		c.heard.Store(h)
 	}
 	if c.lingering.Load() {
 		err = c.ws.SetReadDeadline(time.Now())
@@ -480,7 +484,7 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 			c.readerExit()
 			return
 		}
-		c.heardFrom(time.Now())
+		c.heardFrom()
 		if c.cfg.Bytes != nil {
 			c.cfg.Bytes(len(data), 0)
 		}

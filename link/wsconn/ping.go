@@ -109,18 +109,28 @@ func (c *Conn) mayskip() bool { return c.cfg.PingInterval*12 < c.cfg.IdleTimeout
 // timer update, which at tens of thousands of messages a second showed
 // in profiles). A link is thus closed after between 7/8 × IdleTimeout
 // and IdleTimeout of silence.
-func (c *Conn) heardFrom(now time.Time) {
-	if now.UnixNano()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
-		_ = c.setReadDeadline(now.Add(c.cfg.IdleTimeout))
+func (c *Conn) heardFrom() {
+	if mono()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
+		_ = c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
 	}
 }
+
+// epoch is what mono counts from.
+var epoch = time.Now()
+
+// mono is the monotonic clock in nanoseconds since epoch: one clock read
+// (time.Since of a time with a monotonic reading), where time.Now makes
+// two (the wall clock too). The hot paths that only compare times with
+// each other (heard, lone, the writer's burst check) read it once per
+// message.
+func mono() int64 { return int64(time.Since(epoch)) }
 
 // onPing runs on the reader goroutine for every ping: it enforces the
 // peer ping policy, then answers with a pong as gorilla's default handler
 // does. An error ends the read loop, which closes the connection.
 func (c *Conn) onPing(data string) error {
 	now := time.Now()
-	c.heardFrom(now)
+	c.heardFrom()
 	c.peerPinged.Store(now.UnixNano())
 	if c.mayskip() {
 		c.rearm() // the peer watches the link: this side need not ping (pingWait)
@@ -153,5 +163,5 @@ func (c *Conn) onPing(data string) error {
 // is paused by backpressure (it reads nothing then, by choice).
 func (c *Conn) Stalled() bool {
 	heard := c.heard.Load()
-	return heard != 0 && time.Since(time.Unix(0, heard)) > c.cfg.PingInterval+c.cfg.IdleTimeout/4
+	return heard != 0 && mono()-heard > int64(c.cfg.PingInterval+c.cfg.IdleTimeout/4)
 }

@@ -17,8 +17,8 @@ import (
 func (c *Conn) writeLoop() {
 	defer c.wg.Done()
 	var linger *time.Timer
-	var lastWrite time.Time
-	batched := false // the last write carried more than one frame
+	lastWrite := int64(math.MinInt64 / 2) // mono; long ago
+	batched := false                      // the last write carried more than one frame
 	defer func() {
 		if linger != nil {
 			linger.Stop()
@@ -57,8 +57,8 @@ func (c *Conn) writeLoop() {
 				return
 			}
 		}
-		now := time.Now()
-		if c.batch && len(c.q) == 1 && !c.closed && (batched || now.Sub(lastWrite) < batchYieldGap) {
+		now := mono()
+		if c.batch && len(c.q) == 1 && !c.closed && (batched || now-lastWrite < int64(batchYieldGap)) {
 			// Frames are coming in bursts (the last write carried
 			// several, or this one follows it closely): let the
 			// goroutines that are about to queue a frame do so, so that
@@ -503,7 +503,7 @@ const inlineGap = 50 * time.Microsecond
 // puts a burst in one write; an inline write of its first frame would be
 // one more).
 func (c *Conn) lone() bool {
-	now := time.Now().UnixNano()
+	now := mono()
 	quiet := now-c.lastQueued >= int64(inlineGap)
 	lone := quiet && c.prevQuiet
 	c.lastQueued, c.prevQuiet = now, quiet

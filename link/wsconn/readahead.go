@@ -13,18 +13,31 @@ import (
 // when its reader wants less and the socket holds more.
 const readAheadSize = 64 << 10
 
-var readAheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadSize); return &b }}
+var readAheadPool = sync.Pool{New: func() any {
+	rb := &raBuf{b: make([]byte, readAheadSize)}
+	rb.take = rb.readFD // bound once: a closure per read cost three allocations
+	return rb
+}}
+
+// raBuf is a pooled read-ahead buffer with the read that fills it
+// (readNow), and that read's outcome.
+type raBuf struct {
+	b    []byte
+	n    int
+	err  error
+	take func(fd uintptr) bool // rb.readFD
+}
 
 // readAheadHeld counts the pooled buffers out of the pool (for tests:
 // one held while a reader waits would be 64 KiB per idle connection).
 var readAheadHeld atomic.Int64
 
-func getReadAhead() *[]byte {
+func getReadAhead() *raBuf {
 	readAheadHeld.Add(1)
-	return readAheadPool.Get().(*[]byte)
+	return readAheadPool.Get().(*raBuf)
 }
 
-func putReadAhead(b *[]byte) {
+func putReadAhead(b *raBuf) {
 	readAheadHeld.Add(-1)
 	readAheadPool.Put(b)
 }
@@ -53,7 +66,7 @@ func putReadAhead(b *[]byte) {
 type readAhead struct {
 	raw  syscall.RawConn // nil: no read-ahead, plain reads
 	conn net.Conn        // the connection read
-	buf  *[]byte         // nil when empty
+	buf  *raBuf          // nil when empty
 	r, w int
 	more bool // the last read filled the reader's buffer
 	// waits counts the reads since the last pace that found nothing
@@ -97,7 +110,7 @@ func newReadAhead(c net.Conn) readAhead {
 
 func (ra *readAhead) read(p []byte) (int, error) {
 	if ra.buf != nil {
-		n := copy(p, (*ra.buf)[ra.r:ra.w])
+		n := copy(p, ra.buf.b[ra.r:ra.w])
 		ra.r += n
 		if ra.r == ra.w {
 			putReadAhead(ra.buf)

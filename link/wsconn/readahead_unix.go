@@ -18,14 +18,13 @@ const readAheadOS = true
 func (ra *readAhead) readNow(p []byte) (int, bool, error) {
 	ra.more = false
 	bp := getReadAhead()
-	n, errno := 0, error(nil)
-	if err := ra.raw.Read(func(fd uintptr) bool {
-		n, errno = syscall.Read(int(fd), *bp)
-		return true // never wait: an empty socket is the caller's read
-	}); err != nil {
+	bp.n, bp.err = 0, nil
+	if err := ra.raw.Read(bp.take); err != nil {
 		putReadAhead(bp)
 		return 0, false, nil // closed, or past a deadline: the caller's read says so
 	}
+	n, errno := bp.n, bp.err
+	bp.err = nil
 	if errno != nil {
 		putReadAhead(bp)
 		if errors.Is(errno, syscall.EAGAIN) || errors.Is(errno, syscall.EINTR) {
@@ -40,12 +39,19 @@ func (ra *readAhead) readNow(p []byte) (int, bool, error) {
 		putReadAhead(bp)
 		return 0, true, io.EOF
 	}
-	ra.more = n == len(*bp)
-	k := copy(p, (*bp)[:n])
+	ra.more = n == len(bp.b)
+	k := copy(p, bp.b[:n])
 	if k == n {
 		putReadAhead(bp)
 	} else {
 		ra.buf, ra.r, ra.w = bp, k, n
 	}
 	return k, true, nil
+}
+
+// readFD reads what the socket fd holds into rb, never waiting: an
+// empty socket is the caller's read.
+func (rb *raBuf) readFD(fd uintptr) bool {
+	rb.n, rb.err = syscall.Read(int(fd), rb.b)
+	return true
 }

@@ -34,7 +34,7 @@ import (
 //     here (a peer hub's) runs the routed chain from the bulkhead on.
 //     One whose bulkhead is full waits in its queue with no goroutine
 //     (Bulkhead.Enqueue): the call that frees a slot admits it, and its
-//     first attempt goes out from there (admitted);
+//     first attempt goes out from there (Admitted);
 //   - after its first attempt: a failure the policy may retry resumes the
 //     retry loop (RetryOptions.Resume) as if the loop had made it.
 
@@ -84,7 +84,8 @@ type fastCall struct {
 	agent     *link.Link // the first attempt's link, and its seq there
 	aseq      uint64
 	cancel    context.CancelFunc  // the blocking chain's, once it runs the call
-	queued    *reliability.Waiter // while it waits in its bulkhead's queue
+	queued    *reliability.Waiter // &waiter, while it waits in its bulkhead's queue
+	waiter    reliability.Waiter
 	cancelled bool
 }
 
@@ -190,28 +191,29 @@ func (fc *fastCall) pick(inv envelope.Invoker) (in *registry.Instance, b *bindin
 }
 
 // enqueue queues fc in its method's full bulkhead, to be admitted
-// (admitted) when a call frees a slot.
+// (Admitted) when a call frees a slot.
 func (fc *fastCall) enqueue(pool *reliability.Bulkhead) {
-	w := pool.NewWaiter(reliability.ParsePriority(fc.req.Headers.Priority), fc.admitted)
+	w := &fc.waiter
+	w.Init(pool, reliability.ParsePriority(fc.req.Headers.Priority), fc)
 	fc.mu.Lock()
 	fc.queued = w
 	fc.mu.Unlock()
 	release, err := pool.Enqueue(w, fc.end)
 	if release != nil || err != nil { // a slot freed meanwhile, or refused at once
-		fc.admitted(release, err)
+		fc.Admitted(release, err)
 		return
 	}
 	fc.mu.Lock()
 	cancelled := fc.cancelled
 	fc.mu.Unlock()
 	if cancelled && w.Withdraw() { // cancelled before it was queued
-		fc.admitted(nil, envelope.AsError(context.Canceled))
+		fc.Admitted(nil, envelope.AsError(context.Canceled))
 	}
 }
 
-// admitted is fc's bulkhead verdict (Waiter): a slot, taken on the
-// goroutine of the call that freed it, or the refusal.
-func (fc *fastCall) admitted(release func(), err *envelope.Error) {
+// Admitted is fc's bulkhead verdict (reliability.Admitter): a slot,
+// taken on the goroutine of the call that freed it, or the refusal.
+func (fc *fastCall) Admitted(release func(), err *envelope.Error) {
 	fc.mu.Lock()
 	fc.queued = nil
 	fc.mu.Unlock()
@@ -382,7 +384,7 @@ func (fc *fastCall) CancelServed() {
 	agent, aseq, cancel, queued := fc.agent, fc.aseq, fc.cancel, fc.queued
 	fc.mu.Unlock()
 	if queued != nil && queued.Withdraw() {
-		fc.admitted(nil, envelope.AsError(context.Canceled))
+		fc.Admitted(nil, envelope.AsError(context.Canceled))
 	} else if cancel != nil {
 		cancel()
 	} else if aseq != 0 {

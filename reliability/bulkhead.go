@@ -78,14 +78,27 @@ type Bulkhead struct {
 	handing bool
 }
 
-// A Waiter is a call queued without a goroutine (NewWaiter, Enqueue).
+// A Waiter is a call queued without a goroutine (Init or NewWaiter,
+// then Enqueue). It may be a field of the caller's own struct.
 type Waiter struct {
-	b     *Bulkhead
-	p     Priority
-	ch    chan bool                                 // Acquire's: true admitted, false shed
-	admit func(release func(), err *envelope.Error) // a Waiter's
-	timer *time.Timer                               // its queue timeout, while queued
+	b       *Bulkhead
+	p       Priority
+	ch      chan bool   // Acquire's: true admitted, false shed
+	admit   Admitter    // a Waiter's
+	timer   *time.Timer // its queue timeout, while queued
+	byDeath bool        // the timer is the call's deadline, not the queue timeout
 }
+
+// An Admitter hears a queued call's verdict (Waiter).
+type Admitter interface {
+	Admitted(release func(), err *envelope.Error)
+}
+
+// AdmitFunc is a func as an Admitter.
+type AdmitFunc func(release func(), err *envelope.Error)
+
+// Admitted calls f.
+func (f AdmitFunc) Admitted(release func(), err *envelope.Error) { f(release, err) }
 
 // NewBulkhead returns a pool; MaxConcurrent <= 0 means unbounded.
 func NewBulkhead(cfg BulkheadConfig) *Bulkhead {
@@ -189,8 +202,12 @@ func (b *Bulkhead) TryAcquire() (release func(), ok bool) {
 // deadline came first. admit runs on another call's goroutine (the one
 // that released or shed) or on the queue timer's: it must not block.
 func (b *Bulkhead) NewWaiter(p Priority, admit func(release func(), err *envelope.Error)) *Waiter {
-	return &Waiter{b: b, p: p, admit: admit}
+	return &Waiter{b: b, p: p, admit: AdmitFunc(admit)}
 }
+
+// Init is NewWaiter for a Waiter the caller holds (no allocation): a
+// tells the verdict.
+func (w *Waiter) Init(b *Bulkhead, p Priority, a Admitter) { *w = Waiter{b: b, p: p, admit: a} }
 
 // Enqueue is Acquire without a goroutine: it takes a slot at once
 // (release), refuses the call at once (err: the queue is full and holds
@@ -210,18 +227,14 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 	}
 	// One timer, armed only for a queued call: the queue timeout, or the
 	// call's deadline when that comes first.
-	wait, timedOut := b.cfg.QueueTimeout, func() *envelope.Error { return b.overloaded(whyTimeout) }
+	wait := b.cfg.QueueTimeout
 	if !deadline.IsZero() {
 		if d := time.Until(deadline); wait <= 0 || d < wait {
-			wait, timedOut = max(d, 0), func() *envelope.Error { return envelope.AsError(context.DeadlineExceeded) }
+			wait, w.byDeath = max(d, 0), true
 		}
 	}
 	if wait > 0 || !deadline.IsZero() {
-		w.timer = time.AfterFunc(wait, func() {
-			if b.dequeue(w) {
-				w.admit(nil, timedOut())
-			}
-		})
+		w.timer = time.AfterFunc(wait, w.expire)
 	}
 	b.queues[w.p] = append(b.queues[w.p], w)
 	b.queued++
@@ -233,6 +246,18 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 // Withdraw takes back a call Enqueue queued; false: it is no longer
 // queued (its admit has been or is being called).
 func (w *Waiter) Withdraw() bool { return w.b.dequeue(w) }
+
+// expire is w's queue timer: the queue timeout, or its deadline.
+func (w *Waiter) expire() {
+	if !w.b.dequeue(w) {
+		return
+	}
+	if w.byDeath {
+		w.admit.Admitted(nil, envelope.AsError(context.DeadlineExceeded))
+	} else {
+		w.admit.Admitted(nil, w.b.overloaded(whyTimeout))
+	}
+}
 
 func noRelease() {}
 
@@ -277,7 +302,7 @@ func (b *Bulkhead) shed(w *Waiter) {
 	case w.ch != nil:
 		w.ch <- false
 	default:
-		w.admit(nil, b.overloaded(whyShed))
+		w.admit.Admitted(nil, b.overloaded(whyShed))
 	}
 }
 
@@ -342,7 +367,7 @@ func (b *Bulkhead) release() {
 		w := b.handoff[i]
 		b.handoff[i] = nil
 		b.mu.Unlock()
-		w.admit(b.rel, nil)
+		w.admit.Admitted(b.rel, nil)
 		b.mu.Lock()
 	}
 	b.handoff = b.handoff[:0]

@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"container/heap"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -76,17 +77,56 @@ type Bulkhead struct {
 	// frame deeper.
 	handoff []*Waiter
 	handing bool
+
+	// The queue timeouts and deadlines of the Waiters queued (Enqueue):
+	// a heap, earliest first, and one timer for the pool, armed at
+	// armedAt (mono) or earlier. A Waiter that leaves the queue leaves
+	// the heap and the timer as it is: a timer that finds nothing due
+	// re-arms for what is (an idle pool's timer fires at most once more).
+	expiries waiterHeap
+	expTimer *time.Timer
+	armedAt  int64
 }
+
+// waiterHeap orders queued Waiters by expiry (container/heap).
+type waiterHeap []*Waiter
+
+func (h waiterHeap) Len() int           { return len(h) }
+func (h waiterHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
+func (h waiterHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hi, h[j].hi = i+1, j+1
+}
+func (h *waiterHeap) Push(x any) {
+	w := x.(*Waiter)
+	w.hi = len(*h) + 1
+	*h = append(*h, w)
+}
+func (h *waiterHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	w.hi = 0
+	return w
+}
+
+// epoch is what mono counts from.
+var epoch = time.Now()
+
+// mono is the monotonic clock in nanoseconds since epoch (one clock read).
+func mono() int64 { return int64(time.Since(epoch)) }
 
 // A Waiter is a call queued without a goroutine (Init or NewWaiter,
 // then Enqueue). It may be a field of the caller's own struct.
 type Waiter struct {
 	b       *Bulkhead
 	p       Priority
-	ch      chan bool   // Acquire's: true admitted, false shed
-	admit   Admitter    // a Waiter's
-	timer   *time.Timer // its queue timeout, while queued
-	byDeath bool        // the timer is the call's deadline, not the queue timeout
+	ch      chan bool // Acquire's: true admitted, false shed
+	admit   Admitter  // a Waiter's
+	expires int64     // mono: its queue timeout or deadline, while in b.expiries
+	hi      int       // its index in b.expiries, plus one; 0: not in it
+	byDeath bool      // expires is the call's deadline, not the queue timeout
 }
 
 // An Admitter hears a queued call's verdict (Waiter).
@@ -225,8 +265,8 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 		b.mu.Unlock()
 		return release, err
 	}
-	// One timer, armed only for a queued call: the queue timeout, or the
-	// call's deadline when that comes first.
+	// Its expiry: the queue timeout, or the call's deadline when that
+	// comes first, on the pool's one timer.
 	wait := b.cfg.QueueTimeout
 	if !deadline.IsZero() {
 		if d := time.Until(deadline); wait <= 0 || d < wait {
@@ -234,7 +274,11 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 		}
 	}
 	if wait > 0 || !deadline.IsZero() {
-		w.timer = time.AfterFunc(wait, w.expire)
+		w.expires = mono() + int64(wait)
+		heap.Push(&b.expiries, w)
+		if b.armedAt == 0 || w.expires < b.armedAt {
+			b.armLocked(w.expires, wait)
+		}
 	}
 	b.queues[w.p] = append(b.queues[w.p], w)
 	b.queued++
@@ -247,15 +291,53 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 // queued (its admit has been or is being called).
 func (w *Waiter) Withdraw() bool { return w.b.dequeue(w) }
 
-// expire is w's queue timer: the queue timeout, or its deadline.
-func (w *Waiter) expire() {
-	if !w.b.dequeue(w) {
-		return
-	}
-	if w.byDeath {
-		w.admit.Admitted(nil, envelope.AsError(context.DeadlineExceeded))
+// armLocked sets the pool's timer to fire at (mono), wait from now.
+func (b *Bulkhead) armLocked(at int64, wait time.Duration) {
+	b.armedAt = at
+	if b.expTimer == nil {
+		b.expTimer = time.AfterFunc(wait, b.expire)
 	} else {
-		w.admit.Admitted(nil, w.b.overloaded(whyTimeout))
+		b.expTimer.Reset(wait)
+	}
+}
+
+// expire is the pool's timer: the Waiters whose queue timeout or
+// deadline passed leave the queue and hear it; the timer is armed for
+// the next.
+func (b *Bulkhead) expire() {
+	b.mu.Lock()
+	b.armedAt = 0
+	now := mono()
+	var due []*Waiter
+	for len(b.expiries) > 0 && b.expiries[0].expires <= now {
+		w := heap.Pop(&b.expiries).(*Waiter)
+		b.removeLocked(w)
+		due = append(due, w)
+	}
+	if len(b.expiries) > 0 {
+		at := b.expiries[0].expires
+		b.armLocked(at, time.Duration(at-now))
+	}
+	b.mu.Unlock()
+	for _, w := range due {
+		if w.byDeath {
+			w.admit.Admitted(nil, envelope.AsError(context.DeadlineExceeded))
+		} else {
+			w.admit.Admitted(nil, b.overloaded(whyTimeout))
+		}
+	}
+}
+
+// removeLocked takes w, known to be queued, out of its queue.
+func (b *Bulkhead) removeLocked(w *Waiter) {
+	q := b.queues[w.p]
+	for i, x := range q {
+		if x == w {
+			b.queues[w.p] = append(q[:i], q[i+1:]...)
+			q[len(q)-1] = nil
+			b.queued--
+			return
+		}
 	}
 }
 
@@ -287,7 +369,7 @@ func (b *Bulkhead) evictLocked(p Priority) *Waiter {
 			q[n-1] = nil
 			b.queues[lp] = q[:n-1]
 			b.queued--
-			w.stopLocked()
+			b.unexpireLocked(w)
 			return w
 		}
 	}
@@ -306,11 +388,10 @@ func (b *Bulkhead) shed(w *Waiter) {
 	}
 }
 
-// stopLocked stops w's queue timer, w having left the queue.
-func (w *Waiter) stopLocked() {
-	if w.timer != nil {
-		w.timer.Stop()
-		w.timer = nil
+// unexpireLocked takes w, which left the queue, out of the expiries.
+func (b *Bulkhead) unexpireLocked(w *Waiter) {
+	if w.hi > 0 {
+		heap.Remove(&b.expiries, w.hi-1)
 	}
 }
 
@@ -324,7 +405,7 @@ func (b *Bulkhead) dequeue(w *Waiter) bool {
 			b.queues[w.p] = append(q[:i], q[i+1:]...)
 			q[len(q)-1] = nil
 			b.queued--
-			w.stopLocked()
+			b.unexpireLocked(w)
 			return true
 		}
 	}
@@ -356,7 +437,7 @@ func (b *Bulkhead) release() {
 		b.mu.Unlock()
 		return
 	}
-	w.stopLocked()
+	b.unexpireLocked(w)
 	b.handoff = append(b.handoff, w)
 	if b.handing {
 		b.mu.Unlock()

@@ -644,6 +644,29 @@ func TestBulkheadWaiters(t *testing.T) {
 			t.Errorf("after the queue timeout: %v; want OVERLOADED", verdicts)
 		}
 		held()
+
+		// The pool's one timer, armed for a call admitted before its
+		// queue timeout, finds nothing due and re-arms for the next.
+		held, _ = b.TryAcquire()
+		mu.Lock()
+		order, verdicts = nil, map[string]envelope.Code{}
+		mu.Unlock()
+		waiter("early", reliability.PriorityNormal, time.Time{})
+		time.Sleep(500 * time.Millisecond)
+		held() // early is admitted (and releases at once)
+		held, _ = b.TryAcquire()
+		waiter("late", reliability.PriorityNormal, time.Time{}) // its timeout: 1.5 s
+		time.Sleep(700 * time.Millisecond)                      // 1.2 s: the stale timer has fired
+		synctest.Wait()
+		if order, verdicts := seen(); !slices.Equal(order, []string{"early"}) || verdicts["early"] != envelope.CodeOK {
+			t.Errorf("at 1.2 s: %v %v; want early admitted, late still queued", order, verdicts)
+		}
+		time.Sleep(301 * time.Millisecond)
+		synctest.Wait()
+		if _, verdicts := seen(); verdicts["late"] != envelope.CodeOverloaded {
+			t.Errorf("at 1.5 s: %v; want late's queue timeout", verdicts)
+		}
+		held()
 		if run, q := b.Active(); run != 0 || q != 0 {
 			t.Errorf("Active = %d running, %d queued; want 0, 0", run, q)
 		}

@@ -328,17 +328,18 @@ func (b *Bulkhead) expire() {
 	}
 }
 
-// removeLocked takes w, known to be queued, out of its queue.
-func (b *Bulkhead) removeLocked(w *Waiter) {
+// removeLocked takes w out of its queue; false: it was not queued.
+func (b *Bulkhead) removeLocked(w *Waiter) bool {
 	q := b.queues[w.p]
 	for i, x := range q {
 		if x == w {
 			b.queues[w.p] = append(q[:i], q[i+1:]...)
 			q[len(q)-1] = nil
 			b.queued--
-			return
+			return true
 		}
 	}
+	return false
 }
 
 func noRelease() {}
@@ -399,17 +400,11 @@ func (b *Bulkhead) unexpireLocked(w *Waiter) {
 func (b *Bulkhead) dequeue(w *Waiter) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	q := b.queues[w.p]
-	for i, x := range q {
-		if x == w {
-			b.queues[w.p] = append(q[:i], q[i+1:]...)
-			q[len(q)-1] = nil
-			b.queued--
-			b.unexpireLocked(w)
-			return true
-		}
+	if !b.removeLocked(w) {
+		return false
 	}
-	return false
+	b.unexpireLocked(w)
+	return true
 }
 
 func (b *Bulkhead) release() {

@@ -155,8 +155,13 @@ func (h *Hub) agentRegister(ctx context.Context, l *link.Link, raw json.RawMessa
 	}
 	b.inst.Store(in)
 	b.ready.Store(true)
-	if h.linkLiveness() { // its link is its heartbeat: alive while the link is open and not stalled
-		in.KeepAliveWhile(func() bool { return b.link.Err() == nil && !b.link.Stalled() })
+	if h.linkLiveness() { // its link is its heartbeat: heard from when the link last read something
+		in.KeepAliveWhile(func() time.Time {
+			if b.link.Err() != nil {
+				return time.Time{}
+			}
+			return b.link.LastHeard()
+		})
 	}
 	h.log.Info("agent registered", "agent", id, "name", name, "capabilities", p.Capabilities, "remote", l.Remote)
 	if m := h.metrics(); m != nil {

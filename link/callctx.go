@@ -9,27 +9,30 @@ import (
 // callCtx is a served request's context: the link's base context (its
 // values; it is never done), the request's deadline (its ttl), and the
 // cancel the link gives it (the caller's cancel frame, the link's close,
-// the answer sent). context.WithTimeout made a timer, a heap entry under
-// the runtime's timer lock and four allocations for every request; most
-// handlers answer without ever waiting on their context, so here the
-// Done channel and the deadline's timer are made by the first Done (or a
-// context derived from this one), and a request whose handler never asks
-// costs this struct alone. Err reads the clock against the deadline, so
-// a handler that polls Err sees DEADLINE_EXCEEDED on time without a timer.
+// the answer sent). context.WithTimeout made a context, a timer and its
+// heap entry under the runtime's timer lock for every request; most
+// handlers answer without ever waiting on their context, so here that
+// context is made by the first Done (context.WithDeadline, exactly what
+// every request had before), and a request whose handler never asks
+// costs this struct alone. Until then Err reads the clock against the
+// deadline, so a handler that polls Err sees DEADLINE_EXCEEDED on time.
+//
+// Once made, the inner context answers Done, Err and Value: a context
+// derived from this one, directly or through value contexts (a span, the
+// agent's request), finds the inner one as its parent and registers with
+// it, as it did with WithTimeout's, with no goroutine to watch it.
 type callCtx struct {
-	context.Context // the link's base: values only
-
-	deadline time.Time // zero: none
+	base     context.Context // the link's base: values only
+	deadline time.Time       // zero: none
 
 	mu     sync.Mutex
-	err    error
-	done   chan struct{}        // made by the first Done
-	timer  *time.Timer          // the deadline's, armed by the first Done
-	afters map[*func()]struct{} // AfterFunc's, run once when it ends
+	err    error              // the end before inner was made
+	inner  context.Context    // made by the first Done
+	cancel context.CancelFunc // inner's
 }
 
 func newCallCtx(base context.Context, ttl time.Duration) *callCtx {
-	c := &callCtx{Context: base}
+	c := &callCtx{base: base}
 	if ttl > 0 {
 		c.deadline = time.Now().Add(ttl)
 	}
@@ -38,98 +41,59 @@ func newCallCtx(base context.Context, ttl time.Duration) *callCtx {
 
 func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, !c.deadline.IsZero() }
 
-func (c *callCtx) Err() error {
-	c.mu.Lock()
-	if c.err == nil && !c.deadline.IsZero() && !time.Now().Before(c.deadline) {
-		afters := c.endLocked(context.DeadlineExceeded)
-		c.mu.Unlock()
-		runAfters(afters)
-		return context.DeadlineExceeded
-	}
-	err := c.err
-	c.mu.Unlock()
-	return err
-}
-
 func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.armLocked()
-	return c.done
+	if c.inner == nil {
+		if c.deadline.IsZero() {
+			c.inner, c.cancel = context.WithCancel(c.base)
+		} else {
+			c.inner, c.cancel = context.WithDeadline(c.base, c.deadline)
+		}
+		if c.err != nil {
+			c.cancel() // ended before: Canceled (a past deadline made it DeadlineExceeded already)
+		}
+	}
+	return c.inner.Done()
 }
 
-// armLocked makes the Done channel and arms the deadline's timer, once.
-func (c *callCtx) armLocked() {
-	if c.done != nil {
-		return
-	}
-	c.done = make(chan struct{})
-	if c.err != nil {
-		close(c.done)
-		return
-	}
-	if !c.deadline.IsZero() {
-		c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
-	}
-}
-
-// AfterFunc runs f on its own goroutine once c ends (context.AfterFunc
-// and propagateCancel use it, so that a context derived from c needs no
-// goroutine to watch it); stop takes f back if it has not run.
-func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
+func (c *callCtx) Err() error {
 	c.mu.Lock()
-	c.armLocked()
-	if c.err != nil {
-		c.mu.Unlock()
-		go f()
-		return func() bool { return false }
+	defer c.mu.Unlock()
+	if c.inner != nil {
+		return c.inner.Err()
 	}
-	key := &f
-	if c.afters == nil {
-		c.afters = map[*func()]struct{}{}
+	if c.err == nil && !c.deadline.IsZero() && !time.Now().Before(c.deadline) {
+		c.err = context.DeadlineExceeded
 	}
-	c.afters[key] = struct{}{}
+	return c.err
+}
+
+func (c *callCtx) Value(key any) any {
+	c.mu.Lock()
+	inner := c.inner
 	c.mu.Unlock()
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		_, ok := c.afters[key]
-		delete(c.afters, key)
-		return ok
+	if inner != nil {
+		return inner.Value(key)
 	}
+	return c.base.Value(key)
 }
 
 // CancelServed implements Canceler: the caller cancelled, or the link
 // closed.
-func (c *callCtx) CancelServed() { c.end(context.Canceled) }
+func (c *callCtx) CancelServed() { c.end() }
 
-// end ends c with err, once: the first end (cancel, deadline, answer)
-// wins.
-func (c *callCtx) end(err error) {
+// end cancels c (the first end, or the deadline, wins).
+func (c *callCtx) end() {
 	c.mu.Lock()
-	afters := c.endLocked(err)
-	c.mu.Unlock()
-	runAfters(afters)
-}
-
-func (c *callCtx) endLocked(err error) map[*func()]struct{} {
-	if c.err != nil {
-		return nil
-	}
-	c.err = err
-	if c.done != nil {
-		close(c.done)
-	}
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	afters := c.afters
-	c.afters = nil
-	return afters
-}
-
-func runAfters(afters map[*func()]struct{}) {
-	for f := range afters {
-		go (*f)()
+	defer c.mu.Unlock()
+	switch {
+	case c.inner != nil:
+		c.cancel()
+	case c.err != nil:
+	case !c.deadline.IsZero() && time.Until(c.deadline) <= 0:
+		c.err = context.DeadlineExceeded
+	default:
+		c.err = context.Canceled
 	}
 }

@@ -264,6 +264,9 @@ func (l *Link) Done() <-chan struct{} { return l.c.Done() }
 // unless something arrives.
 func (l *Link) Stalled() bool { return l.c.Stalled() }
 
+// LastHeard is when the link last read something (wsconn.Conn.LastHeard).
+func (l *Link) LastHeard() time.Time { return l.c.LastHeard() }
+
 // Err reports why the link closed (nil while open).
 func (l *Link) Err() error {
 	select {

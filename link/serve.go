@@ -128,7 +128,7 @@ func (l *Link) serveOne(t task) {
 		l.answer(t.seq, t.r.ID, start, res, err)
 	}
 	l.endServing(t.seq, held)
-	t.cc.end(context.Canceled)
+	t.cc.end()
 }
 
 // answer queues the answer to the served request seq (request id id,

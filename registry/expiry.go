@@ -48,7 +48,7 @@ func (e *Expiry) Len() int { return e.h.Len() }
 // Due returns the filed instances expired at now that current still
 // reports as the registration in force (an instance replaced or removed
 // since it was filed is dropped), and files again those that beat in
-// the meantime, or are kept alive (KeepAliveWhile: beaten now).
+// the meantime, or were heard from (KeepAliveWhile).
 func (e *Expiry) Due(now time.Time, current func(*Instance) bool) []*Instance {
 	var gone []*Instance
 	t := now.UnixNano()
@@ -57,13 +57,10 @@ func (e *Expiry) Due(now time.Time, current func(*Instance) bool) []*Instance {
 		switch {
 		case !current(in):
 			heap.Pop(&e.h)
-		case in.Expired(now) && !in.kept():
+		case in.Expired(now) && !in.kept(now):
 			heap.Pop(&e.h)
 			gone = append(gone, in)
-		default: // beat since, or kept: filed again at its new deadline (after now, whatever the clock did)
-			if in.Expired(now) {
-				in.Beat(Beat{Load: -1}, now)
-			}
+		default: // beat or heard from since: filed again at its new deadline (after now, whatever the clock did)
 			e.h[0].at = max(deadline(in), t+1)
 			heap.Fix(&e.h, 0)
 		}

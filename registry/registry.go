@@ -132,8 +132,8 @@ type Instance struct {
 type instState struct {
 	load     atomic.Uint64 // float64 bits
 	inflight atomic.Int64
-	lastBeat atomic.Int64                // unix nanoseconds
-	alive    atomic.Pointer[func() bool] // KeepAliveWhile's
+	lastBeat atomic.Int64                     // unix nanoseconds
+	heard    atomic.Pointer[func() time.Time] // KeepAliveWhile's
 	state    atomic.Pointer[string]
 	streams  sync.Once
 	streamed []string // StreamingMethods, decoded once
@@ -194,31 +194,47 @@ func (in *Instance) Release() { in.st.inflight.Add(-1) }
 // State returns the last reported state.
 func (in *Instance) State() string { return *in.st.state.Load() }
 
-// LastHeartbeat returns when the instance last heartbeated: now, for one
-// kept alive (KeepAliveWhile) whose liveness holds.
+// LastHeartbeat returns when the instance last heartbeated, or, for one
+// kept alive (KeepAliveWhile), was last heard from, if that is later.
 func (in *Instance) LastHeartbeat() time.Time {
-	if in.kept() {
-		return time.Now()
+	last := time.Unix(0, in.st.lastBeat.Load())
+	if h := in.lastHeard(); h.After(last) {
+		return h
 	}
-	return time.Unix(0, in.st.lastBeat.Load())
+	return last
 }
 
 // KeepAliveWhile keeps the instance registered without beats for as long
-// as alive reports true: once three heartbeat intervals have passed since
-// its last beat, the registry asks alive before it expires the instance,
-// and a true counts as a beat then. A hub whose links are its agents'
-// heartbeat (control.LivenessLink) sets it: the link's pings prove the
-// agent is there, so nothing need beat every agent every interval.
-// alive must be cheap and must not block.
-func (in *Instance) KeepAliveWhile(alive func() bool) { in.st.alive.Store(&alive) }
+// as it is heard from: once three heartbeat intervals have passed since
+// its last beat, the registry asks heard when the agent was last heard
+// from (zero: it is gone) and counts that as its last beat, expiring it
+// only if that too is three intervals old. A hub whose links are its
+// agents' heartbeat (control.LivenessLink) sets it to when the agent's
+// link last read something: the link's pings prove the agent is there,
+// so nothing need beat every agent every interval. heard must be cheap
+// and must not block.
+func (in *Instance) KeepAliveWhile(heard func() time.Time) { in.st.heard.Store(&heard) }
 
-// kept reports whether KeepAliveWhile's func holds now.
-func (in *Instance) kept() bool {
+// lastHeard is KeepAliveWhile's answer (zero: none).
+func (in *Instance) lastHeard() time.Time {
 	if in.st == nil {
+		return time.Time{}
+	}
+	if f := in.st.heard.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Time{}
+}
+
+// kept reports whether the instance, expired by its beats at now, was
+// heard from since (KeepAliveWhile), which then counts as its last beat.
+func (in *Instance) kept(now time.Time) bool {
+	h := in.lastHeard()
+	if h.IsZero() || h.UnixNano() <= in.st.lastBeat.Load() {
 		return false
 	}
-	f := in.st.alive.Load()
-	return f != nil && (*f)()
+	in.st.lastBeat.Store(h.UnixNano())
+	return !in.Expired(now)
 }
 
 // Beat records a heartbeat; it reports whether the state changed.

@@ -71,12 +71,11 @@ type Bulkhead struct {
 	rel      func() // b.release, bound once so that Acquire does not allocate it
 
 	// Waiters admitted by a release, whose admit funcs run one after
-	// the other on the goroutine of the first release that found none
-	// running (handing): an admitted call that ends at once releases
-	// again, and the next admission runs in this loop, not one stack
-	// frame deeper.
-	handoff []*Waiter
-	handing bool
+	// the other in handOff, on the goroutine of the release that found
+	// none running (handing).
+	handoff  []*Waiter
+	handNext int // the next in handoff to admit
+	handing  bool
 
 	// The queue timeouts and deadlines of the Waiters queued (Enqueue):
 	// a heap, earliest first, and one timer for the pool, armed at
@@ -436,17 +435,39 @@ func (b *Bulkhead) release() {
 	b.handoff = append(b.handoff, w)
 	if b.handing {
 		b.mu.Unlock()
-		return // the loop below, on the goroutine running it, admits w
+		return // the goroutine running handOff admits w
 	}
 	b.handing = true
-	for i := 0; i < len(b.handoff); i++ {
-		w := b.handoff[i]
-		b.handoff[i] = nil
+	b.mu.Unlock()
+	b.handOff()
+}
+
+// maxHandoff bounds the admissions one goroutine makes in handOff.
+const maxHandoff = 64
+
+// handOff admits the Waiters released to it (handoff), in order, until
+// none are left. The release that found none running runs it: an
+// admitted call that ends at once releases again, and that admission
+// runs in this loop, not one stack frame deeper. A goroutine that has
+// made maxHandoff admissions hands the loop to a new goroutine, so that
+// under a sustained queue no caller's release (an agent link's reader,
+// completing a call) runs everybody else's admissions for long.
+func (b *Bulkhead) handOff() {
+	b.mu.Lock()
+	for n := 0; b.handNext < len(b.handoff); n++ {
+		if n == maxHandoff {
+			b.mu.Unlock()
+			go b.handOff() // handing stays set: the new goroutine runs the loop
+			return
+		}
+		w := b.handoff[b.handNext]
+		b.handoff[b.handNext] = nil
+		b.handNext++
 		b.mu.Unlock()
 		w.admit.Admitted(b.rel, nil)
 		b.mu.Lock()
 	}
-	b.handoff = b.handoff[:0]
+	b.handoff, b.handNext = b.handoff[:0], 0
 	b.handing = false
 	b.mu.Unlock()
 }

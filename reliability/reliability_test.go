@@ -674,19 +674,27 @@ func TestBulkheadWaiters(t *testing.T) {
 }
 
 // TestBulkheadHandoffIsALoop: a thousand queued waiters, each done as soon
-// as it is admitted, are admitted one after the other by the release that
-// freed the first slot, each on a stack no deeper than the first's.
+// as it is admitted, are admitted one after the other in a loop, never
+// one stack frame deeper than the last; the release that freed the first
+// slot makes at most maxHandoff (64) of those admissions itself, and
+// hands the rest to goroutines of the pool's, 64 each.
 func TestBulkheadHandoffIsALoop(t *testing.T) {
 	b := reliability.NewBulkhead(reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 1000})
 	held, _ := b.TryAcquire()
+	var mu sync.Mutex
 	var depths []int
+	var wg sync.WaitGroup
 	for range 1000 {
+		wg.Add(1)
 		w := b.NewWaiter(reliability.PriorityNormal, func(release func(), err *envelope.Error) {
+			defer wg.Done()
 			if err != nil {
 				t.Errorf("admit: %v", err)
 				return
 			}
+			mu.Lock()
 			depths = append(depths, runtime.Callers(0, make([]uintptr, 256)))
+			mu.Unlock()
 			release()
 		})
 		if release, err := b.Enqueue(w, time.Time{}); release != nil || err != nil {
@@ -694,11 +702,25 @@ func TestBulkheadHandoffIsALoop(t *testing.T) {
 		}
 	}
 	held()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
 	if len(depths) != 1000 {
 		t.Fatalf("%d admitted; want 1000", len(depths))
 	}
 	if slices.Max(depths) != depths[0] {
 		t.Errorf("stack depths from %d to %d: admissions nest", depths[0], slices.Max(depths))
+	}
+	// The releaser's stack (the test, release, handOff) is deeper than a
+	// handed-off goroutine's (handOff): count the admissions made on it.
+	onReleaser := 0
+	for _, d := range depths {
+		if d == depths[0] {
+			onReleaser++
+		}
+	}
+	if onReleaser != 64 {
+		t.Errorf("the releasing goroutine made %d admissions; want 64 (maxHandoff)", onReleaser)
 	}
 	if run, q := b.Active(); run != 0 || q != 0 {
 		t.Errorf("Active = %d running, %d queued; want 0, 0", run, q)

@@ -165,3 +165,15 @@ func (c *Conn) Stalled() bool {
 	heard := c.heard.Load()
 	return heard != 0 && mono()-heard > int64(c.cfg.PingInterval+c.cfg.IdleTimeout/4)
 }
+
+// LastHeard is when the connection last read something, to within an
+// eighth of IdleTimeout (heardFrom moves the mark no oftener); now while
+// the reader is paused by backpressure (it reads nothing then, by
+// choice).
+func (c *Conn) LastHeard() time.Time {
+	heard := c.heard.Load()
+	if heard == 0 {
+		return time.Now()
+	}
+	return epoch.Add(time.Duration(heard))
+}

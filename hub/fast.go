@@ -83,8 +83,8 @@ type fastCall struct {
 	mu        sync.Mutex
 	agent     *link.Link // the first attempt's link, and its seq there
 	aseq      uint64
-	cancel    context.CancelFunc  // the blocking chain's, once it runs the call
-	queued    *reliability.Waiter // &waiter, while it waits in its bulkhead's queue
+	cancel    context.CancelFunc // the blocking chain's, once it runs the call
+	queued    bool               // waiter is in its bulkhead's queue
 	waiter    reliability.Waiter
 	cancelled bool
 }
@@ -196,7 +196,7 @@ func (fc *fastCall) enqueue(pool *reliability.Bulkhead) {
 	w := &fc.waiter
 	w.Init(pool, reliability.ParsePriority(fc.req.Headers.Priority), fc)
 	fc.mu.Lock()
-	fc.queued = w
+	fc.queued = true
 	fc.mu.Unlock()
 	release, err := pool.Enqueue(w, fc.end)
 	if release != nil || err != nil { // a slot freed meanwhile, or refused at once
@@ -215,7 +215,7 @@ func (fc *fastCall) enqueue(pool *reliability.Bulkhead) {
 // taken on the goroutine of the call that freed it, or the refusal.
 func (fc *fastCall) Admitted(release func(), err *envelope.Error) {
 	fc.mu.Lock()
-	fc.queued = nil
+	fc.queued = false
 	fc.mu.Unlock()
 	if err != nil {
 		if on := fc.h.bulkheads.OnReject; on != nil && err.Code == envelope.CodeOverloaded {
@@ -383,7 +383,7 @@ func (fc *fastCall) CancelServed() {
 	fc.cancelled = true
 	agent, aseq, cancel, queued := fc.agent, fc.aseq, fc.cancel, fc.queued
 	fc.mu.Unlock()
-	if queued != nil && queued.Withdraw() {
+	if queued && fc.waiter.Withdraw() {
 		fc.Admitted(nil, envelope.AsError(context.Canceled))
 	} else if cancel != nil {
 		cancel()

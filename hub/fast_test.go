@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/agentmesh/agentmesh/agents"
@@ -265,111 +266,119 @@ func TestFastAnswerToSlowConsumerBlocksNoOne(t *testing.T) {
 // goroutine (before, each waited on one of its own in the blocking
 // chain), and get what the chain gave them: admitted when a slot frees,
 // OVERLOADED at once on a full queue and after the queue timeout, and a
-// queued call its caller cancels leaves the queue.
+// queued call its caller cancels leaves the queue. In a synctest bubble
+// over the in-memory network: the queue timeout passes on the fake clock.
 func TestFastCallsWaitInTheBulkheadWithoutAGoroutine(t *testing.T) {
-	rc := reliability.DefaultConfig()
-	rc.Bulkhead = reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 2, QueueTimeout: 300 * time.Millisecond}
-	m := meshtest.Start(t, hub.Config{Reliability: &rc})
-	h := m.Hub
-	var gateMu sync.Mutex
-	gate := make(chan struct{})
-	a := agents.New("gate")
-	a.Handle("gate.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
-		gateMu.Lock()
-		g := gate
-		gateMu.Unlock()
-		select {
-		case <-g:
-			return "open", nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	})
-	m.RunAgent(t, a)
-	c := testkit.MustClient(t, m.WS, mesh.WithoutReliability())
-
-	type outcome struct {
-		name string
-		err  error
-	}
-	results := make(chan outcome, 8)
-	call := func(ctx context.Context, name string) {
-		go func() {
-			var res string
-			err := c.Call(ctx, "gate.wait", nil, &res)
-			results <- outcome{name, err}
-		}()
-	}
-	waitFor := func(running, queued int) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			r, q := hub.BulkheadActive(h, "gate.wait")
-			if r == running && q == queued {
-				return
+	synctest.Test(t, func(t *testing.T) {
+		rc := reliability.DefaultConfig()
+		rc.Bulkhead = reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 2, QueueTimeout: 300 * time.Millisecond}
+		m := meshtest.StartInMemory(t, hub.Config{Reliability: &rc})
+		h := m.Hub
+		var gateMu sync.Mutex
+		gate := make(chan struct{})
+		a := agents.New("gate", m.AgentConn())
+		a.Handle("gate.wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
+			gateMu.Lock()
+			g := gate
+			gateMu.Unlock()
+			select {
+			case <-g:
+				return "open", nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
 			}
-			if time.Now().After(deadline) {
+		})
+		m.RunAgent(t, a)
+		c := m.Client(t, mesh.WithoutReliability())
+		open := func() { // the calls running and to come return
+			gateMu.Lock()
+			close(gate)
+			gateMu.Unlock()
+		}
+		shut := func() { // the calls to come wait
+			gateMu.Lock()
+			gate = make(chan struct{})
+			gateMu.Unlock()
+		}
+
+		type outcome struct {
+			name string
+			err  error
+		}
+		results := make(chan outcome, 8)
+		call := func(ctx context.Context, name string) {
+			go func() {
+				var res string
+				err := c.Call(ctx, "gate.wait", nil, &res)
+				results <- outcome{name, err}
+			}()
+			synctest.Wait() // the call has reached the hub and is running or queued
+		}
+		active := func(running, queued int) {
+			t.Helper()
+			if r, q := hub.BulkheadActive(h, "gate.wait"); r != running || q != queued {
 				t.Fatalf("bulkhead: %d running, %d queued; want %d, %d", r, q, running, queued)
 			}
-			time.Sleep(time.Millisecond)
 		}
-	}
-	blockingWaiters := func() int {
-		buf := make([]byte, 1<<20)
-		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "hub.(*fastCall).blocking.func1")
-	}
-	takenBefore := hub.FastTaken(h)
-	ctx := t.Context()
-	call(ctx, "first")
-	waitFor(1, 0)
-	call(ctx, "second")
-	waitFor(1, 1)
-	cancelCtx, cancel := context.WithCancel(ctx)
-	call(cancelCtx, "cancelled")
-	waitFor(1, 2)
-	if n := blockingWaiters(); n != 0 {
-		t.Errorf("%d goroutines wait on the blocking chain for queued calls; want none", n)
-	}
-	if got := hub.FastTaken(h) - takenBefore; got != 3 {
-		t.Errorf("the forward path took %d calls; want 3", got)
-	}
-	// Full: refused at once.
-	var res string
-	err := c.Call(ctx, "gate.wait", nil, &res)
-	if envelope.CodeOf(err) != envelope.CodeOverloaded || !strings.Contains(err.Error(), "queue full") {
-		t.Errorf("a call on a full queue: %v; want OVERLOADED, queue full", err)
-	}
-	// A queued call cancelled by its caller leaves the queue.
-	cancel()
-	if o := <-results; o.name != "cancelled" || envelope.CodeOf(o.err) != envelope.CodeCancelled {
-		t.Errorf("first outcome %s: %v; want the cancelled call, CANCELLED", o.name, o.err)
-	}
-	waitFor(1, 1)
-	// Slots free: the queued call is admitted and answered.
-	gateMu.Lock()
-	close(gate)
-	gateMu.Unlock()
-	for range 2 {
+		blockingWaiters := func() int {
+			buf := make([]byte, 1<<20)
+			return strings.Count(string(buf[:runtime.Stack(buf, true)]), "hub.(*fastCall).blocking.func1")
+		}
+		takenBefore := hub.FastTaken(h)
+		ctx := t.Context()
+		call(ctx, "first")
+		active(1, 0)
+		call(ctx, "second")
+		active(1, 1)
+		cancelCtx, cancel := context.WithCancel(ctx)
+		call(cancelCtx, "cancelled")
+		active(1, 2)
+		if n := blockingWaiters(); n != 0 {
+			t.Errorf("%d goroutines wait on the blocking chain for queued calls; want none", n)
+		}
+		if got := hub.FastTaken(h) - takenBefore; got != 3 {
+			t.Errorf("the forward path took %d calls; want 3", got)
+		}
+		// Full: refused at once.
+		var res string
+		err := c.Call(ctx, "gate.wait", nil, &res)
+		if envelope.CodeOf(err) != envelope.CodeOverloaded || !strings.Contains(err.Error(), "queue full") {
+			t.Errorf("a call on a full queue: %v; want OVERLOADED, queue full", err)
+		}
+		// A queued call cancelled by its caller leaves the queue.
+		cancel()
+		if o := <-results; o.name != "cancelled" || envelope.CodeOf(o.err) != envelope.CodeCancelled {
+			t.Errorf("first outcome %s: %v; want the cancelled call, CANCELLED", o.name, o.err)
+		}
+		synctest.Wait()
+		active(1, 1)
+		// Slots free: the queued call is admitted and answered.
+		open()
+		for range 2 {
+			if o := <-results; o.err != nil {
+				t.Errorf("%s: %v", o.name, o.err)
+			}
+		}
+		synctest.Wait()
+		active(0, 0)
+		// The queue timeout, to the instant.
+		shut()
+		call(ctx, "holder")
+		active(1, 0)
+		start := time.Now()
+		call(ctx, "timed-out")
+		o := <-results
+		if o.name != "timed-out" || envelope.CodeOf(o.err) != envelope.CodeOverloaded || !strings.Contains(o.err.Error(), "queue timeout") {
+			t.Errorf("%s: %v; want timed-out, OVERLOADED after the queue timeout", o.name, o.err)
+		}
+		if d := time.Since(start); d != 300*time.Millisecond {
+			t.Errorf("refused after %v in the queue; want the queue timeout, 300ms", d)
+		}
+		open()
 		if o := <-results; o.err != nil {
 			t.Errorf("%s: %v", o.name, o.err)
 		}
-	}
-	waitFor(0, 0)
-	// The queue timeout.
-	gateMu.Lock()
-	gate = make(chan struct{})
-	gateMu.Unlock()
-	call(ctx, "holder")
-	waitFor(1, 0)
-	call(ctx, "timed-out")
-	if o := <-results; o.name != "timed-out" || envelope.CodeOf(o.err) != envelope.CodeOverloaded || !strings.Contains(o.err.Error(), "queue timeout") {
-		t.Errorf("%s: %v; want timed-out, OVERLOADED after the queue timeout", o.name, o.err)
-	}
-	gateMu.Lock()
-	close(gate)
-	gateMu.Unlock()
-	if o := <-results; o.err != nil {
-		t.Errorf("%s: %v", o.name, o.err)
-	}
-	waitFor(0, 0)
+		synctest.Wait()
+		active(0, 0)
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/mono"
 )
 
 // BulkheadConfig bounds one pool: at most MaxConcurrent calls run, at most
@@ -57,9 +58,9 @@ func ParsePriority(s string) Priority {
 // critical call is never shed while a lower one is queued.
 //
 // A call waits in the queue one of two ways: Acquire blocks its
-// goroutine; a Waiter (NewWaiter, Enqueue) waits with no goroutine, and
-// its admit func is called with the verdict: by the call whose release
-// frees the slot, by the call that sheds it, or by its queue timer.
+// goroutine; a Waiter (Init, Enqueue) waits with no goroutine, and its
+// Admitter hears the verdict: from the call whose release frees the
+// slot, the call that sheds it, or the pool's timer.
 // Safe for concurrent use.
 type Bulkhead struct {
 	cfg      BulkheadConfig
@@ -110,14 +111,7 @@ func (h *waiterHeap) Pop() any {
 	return w
 }
 
-// epoch is what mono counts from.
-var epoch = time.Now()
-
-// mono is the monotonic clock in nanoseconds since epoch (one clock read).
-func mono() int64 { return int64(time.Since(epoch)) }
-
-// A Waiter is a call queued without a goroutine (Init or NewWaiter,
-// then Enqueue). It may be a field of the caller's own struct.
+// A Waiter is a call queued without a goroutine (Init, then Enqueue).
 type Waiter struct {
 	b       *Bulkhead
 	p       Priority
@@ -132,12 +126,6 @@ type Waiter struct {
 type Admitter interface {
 	Admitted(release func(), err *envelope.Error)
 }
-
-// AdmitFunc is a func as an Admitter.
-type AdmitFunc func(release func(), err *envelope.Error)
-
-// Admitted calls f.
-func (f AdmitFunc) Admitted(release func(), err *envelope.Error) { f(release, err) }
 
 // NewBulkhead returns a pool; MaxConcurrent <= 0 means unbounded.
 func NewBulkhead(cfg BulkheadConfig) *Bulkhead {
@@ -234,18 +222,13 @@ func (b *Bulkhead) TryAcquire() (release func(), ok bool) {
 	return nil, false
 }
 
-// NewWaiter makes a call of priority p ready to Enqueue: admit will get
-// its verdict, once, unless Withdraw takes it back first. admit gets a
-// release (call it exactly once) or a coded error: OVERLOADED when the
+// Init makes w, which the caller holds (a field of its own struct: no
+// allocation), a call of priority p in b ready to Enqueue: a will hear
+// its verdict, once, unless Withdraw takes it back first. Admitted gets
+// a release (call it exactly once) or a coded error: OVERLOADED when the
 // call was shed or waited the queue timeout, DEADLINE_EXCEEDED when its
-// deadline came first. admit runs on another call's goroutine (the one
-// that released or shed) or on the queue timer's: it must not block.
-func (b *Bulkhead) NewWaiter(p Priority, admit func(release func(), err *envelope.Error)) *Waiter {
-	return &Waiter{b: b, p: p, admit: AdmitFunc(admit)}
-}
-
-// Init is NewWaiter for a Waiter the caller holds (no allocation): a
-// tells the verdict.
+// deadline came first. It runs on another call's goroutine (the one that
+// released or shed) or on the pool's timer: it must not block.
 func (w *Waiter) Init(b *Bulkhead, p Priority, a Admitter) { *w = Waiter{b: b, p: p, admit: a} }
 
 // Enqueue is Acquire without a goroutine: it takes a slot at once
@@ -273,7 +256,7 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 		}
 	}
 	if wait > 0 || !deadline.IsZero() {
-		w.expires = mono() + int64(wait)
+		w.expires = mono.Now() + int64(wait)
 		heap.Push(&b.expiries, w)
 		if b.armedAt == 0 || w.expires < b.armedAt {
 			b.armLocked(w.expires, wait)
@@ -306,7 +289,7 @@ func (b *Bulkhead) armLocked(at int64, wait time.Duration) {
 func (b *Bulkhead) expire() {
 	b.mu.Lock()
 	b.armedAt = 0
-	now := mono()
+	now := mono.Now()
 	var due []*Waiter
 	for len(b.expiries) > 0 && b.expiries[0].expires <= now {
 		w := heap.Pop(&b.expiries).(*Waiter)

@@ -549,7 +549,7 @@ func TestRetryReasons(t *testing.T) {
 	})
 }
 
-// TestBulkheadWaiters: a call queued with no goroutine (NewWaiter,
+// TestBulkheadWaiters: a call queued with no goroutine (Waiter.Init,
 // Enqueue) gets the verdicts Acquire gives, through its admit func:
 // admitted highest priority first and FIFO within one, shed by a higher
 // call on a full queue, OVERLOADED after the queue timeout, TIMEOUT at its
@@ -572,7 +572,7 @@ func TestBulkheadWaiters(t *testing.T) {
 		}
 		waiter := func(name string, p reliability.Priority, deadline time.Time) *reliability.Waiter {
 			var w *reliability.Waiter
-			w = b.NewWaiter(p, func(release func(), err *envelope.Error) {
+			w = newWaiter(b, p, func(release func(), err *envelope.Error) {
 				mu.Lock()
 				order = append(order, name)
 				verdicts[name] = codeOf(err)
@@ -599,7 +599,7 @@ func TestBulkheadWaiters(t *testing.T) {
 			t.Fatalf("after the high call: %v %v; want the low call shed with OVERLOADED", order, verdicts)
 		}
 		// A full queue of normal and high refuses another normal at once.
-		w := b.NewWaiter(reliability.PriorityNormal, func(func(), *envelope.Error) { t.Error("refused waiter admitted") })
+		w := newWaiter(b, reliability.PriorityNormal, func(func(), *envelope.Error) { t.Error("refused waiter admitted") })
 		if release, err := b.Enqueue(w, time.Time{}); release != nil || codeOf(err) != envelope.CodeOverloaded {
 			t.Fatalf("Enqueue on a full queue = %v, %v; want OVERLOADED", release != nil, err)
 		}
@@ -686,7 +686,7 @@ func TestBulkheadHandoffIsALoop(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 1000 {
 		wg.Add(1)
-		w := b.NewWaiter(reliability.PriorityNormal, func(release func(), err *envelope.Error) {
+		w := newWaiter(b, reliability.PriorityNormal, func(release func(), err *envelope.Error) {
 			defer wg.Done()
 			if err != nil {
 				t.Errorf("admit: %v", err)
@@ -733,4 +733,16 @@ func codeOf(err *envelope.Error) envelope.Code {
 		return envelope.CodeOK
 	}
 	return err.Code
+}
+
+// admitFunc is a func as a reliability.Admitter.
+type admitFunc func(release func(), err *envelope.Error)
+
+func (f admitFunc) Admitted(release func(), err *envelope.Error) { f(release, err) }
+
+// newWaiter is a Waiter of priority p in b whose verdict goes to f.
+func newWaiter(b *reliability.Bulkhead, p reliability.Priority, f func(release func(), err *envelope.Error)) *reliability.Waiter {
+	w := new(reliability.Waiter)
+	w.Init(b, p, admitFunc(f))
+	return w
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/mono"
 )
 
 // Config tunes one WebSocket connection. The zero value takes the defaults.
@@ -386,7 +387,7 @@ func (c *Conn) setReadDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.heard.Store(0) // paused: not reading, so silence says nothing
 	} else {
-		h := int64(t.Sub(epoch) - c.cfg.IdleTimeout)
+		h := mono.Of(t) - int64(c.cfg.IdleTimeout)
 		if h == 0 {
 			h = -1 // 0 says paused
 		}

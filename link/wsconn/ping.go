@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/internal/mono"
 )
 
 // pingBurst is how many pings a peer may send at once; past that it must
@@ -110,20 +112,10 @@ func (c *Conn) mayskip() bool { return c.cfg.PingInterval*12 < c.cfg.IdleTimeout
 // in profiles). A link is thus closed after between 7/8 × IdleTimeout
 // and IdleTimeout of silence.
 func (c *Conn) heardFrom() {
-	if mono()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
+	if mono.Now()-c.heard.Load() >= int64(c.cfg.IdleTimeout/8) {
 		_ = c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
 	}
 }
-
-// epoch is what mono counts from.
-var epoch = time.Now()
-
-// mono is the monotonic clock in nanoseconds since epoch: one clock read
-// (time.Since of a time with a monotonic reading), where time.Now makes
-// two (the wall clock too). The hot paths that only compare times with
-// each other (heard, lone, the writer's burst check) read it once per
-// message.
-func mono() int64 { return int64(time.Since(epoch)) }
 
 // onPing runs on the reader goroutine for every ping: it enforces the
 // peer ping policy, then answers with a pong as gorilla's default handler
@@ -163,7 +155,7 @@ func (c *Conn) onPing(data string) error {
 // is paused by backpressure (it reads nothing then, by choice).
 func (c *Conn) Stalled() bool {
 	heard := c.heard.Load()
-	return heard != 0 && mono()-heard > int64(c.cfg.PingInterval+c.cfg.IdleTimeout/4)
+	return heard != 0 && mono.Now()-heard > int64(c.cfg.PingInterval+c.cfg.IdleTimeout/4)
 }
 
 // LastHeard is when the connection last read something, to within an
@@ -175,5 +167,5 @@ func (c *Conn) LastHeard() time.Time {
 	if heard == 0 {
 		return time.Now()
 	}
-	return epoch.Add(time.Duration(heard))
+	return mono.Time(heard)
 }

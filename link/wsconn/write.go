@@ -10,6 +10,8 @@ import (
 	"math"
 	"runtime"
 	"time"
+
+	"github.com/agentmesh/agentmesh/internal/mono"
 )
 
 // writeLoop writes what is queued, batch by batch, until the queue stays
@@ -57,7 +59,7 @@ func (c *Conn) writeLoop() {
 				return
 			}
 		}
-		now := mono()
+		now := mono.Now()
 		if c.batch && len(c.q) == 1 && !c.closed && (batched || now-lastWrite < int64(batchYieldGap)) {
 			// Frames are coming in bursts (the last write carried
 			// several, or this one follows it closely): let the
@@ -503,7 +505,7 @@ const inlineGap = 50 * time.Microsecond
 // puts a burst in one write; an inline write of its first frame would be
 // one more).
 func (c *Conn) lone() bool {
-	now := mono()
+	now := mono.Now()
 	quiet := now-c.lastQueued >= int64(inlineGap)
 	lone := quiet && c.prevQuiet
 	c.lastQueued, c.prevQuiet = now, quiet

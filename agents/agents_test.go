@@ -75,6 +75,53 @@ func TestHandlerErrorsAreCoded(t *testing.T) {
 	}
 }
 
+// TestInlineHandlersAnswerAsHandlersDo: a handler on the link's reader
+// (HandleInline) gets the request, its deadline, and its errors and
+// panics coded as a worker's handler's are; the agent serves on after.
+func TestInlineHandlersAnswerAsHandlersDo(t *testing.T) {
+	m := meshtest.Start(t, hub.Config{})
+	a := agents.New("inl")
+	a.HandleInline("inl.plain", func(context.Context, json.RawMessage) (any, error) { return nil, errors.New("disk on fire") })
+	a.HandleInline("inl.coded", func(context.Context, json.RawMessage) (any, error) {
+		return nil, envelope.NewError(envelope.CodePermissionDenied, "not you")
+	})
+	a.HandleInline("inl.panic", func(context.Context, json.RawMessage) (any, error) { panic("boom") })
+	a.HandleInline("inl.who", func(ctx context.Context, p json.RawMessage) (any, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			return nil, errors.New("no deadline")
+		}
+		return agents.RequestFrom(ctx).Method + " " + string(p), nil
+	})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("HandleInline took a pattern")
+			}
+		}()
+		a.HandleInline("inl.any.*", func(context.Context, json.RawMessage) (any, error) { return nil, nil })
+	}()
+	m.RunAgent(t, a)
+	c := m.Client(t)
+	for _, tc := range []struct {
+		method string
+		code   envelope.Code
+		msg    string
+	}{
+		{"inl.plain", envelope.CodeRPCError, "disk on fire"},
+		{"inl.coded", envelope.CodePermissionDenied, "not you"},
+		{"inl.panic", envelope.CodeInternal, "handler for inl.panic panicked: boom"},
+	} {
+		err := c.Call(t.Context(), tc.method, nil, nil)
+		if e := (*envelope.Error)(nil); !errors.As(err, &e) || e.Code != tc.code || e.Message != tc.msg {
+			t.Errorf("Call(%s) error = %v; want %s %q", tc.method, err, tc.code, tc.msg)
+		}
+	}
+	var got string
+	if err := c.Call(t.Context(), "inl.who", 7, &got, mesh.CallTimeout(time.Second)); err != nil || got != "inl.who 7" {
+		t.Errorf("inl.who = %q, %v", got, err)
+	}
+}
+
 func TestKV(t *testing.T) {
 	m := meshtest.Start(t, hub.Config{})
 	m.RunAgent(t, agents.NewKV())

@@ -46,7 +46,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // {"slept": ms}.
 func NewEcho(opts ...Option) *Agent {
 	a := New("echo", opts...)
-	a.Handle("echo.echo", func(ctx context.Context, p json.RawMessage) (any, error) {
+	a.HandleInline("echo.echo", func(ctx context.Context, p json.RawMessage) (any, error) {
 		if len(p) == 0 {
 			return json.RawMessage("null"), nil
 		}

@@ -68,6 +68,8 @@ type Link struct {
 
 	maxServing int
 	fast       FastHandler
+	inline     func(method string) bool // WithInline
+	inlineN    atomic.Int32             // inline requests being served (not in the serving map)
 	nserving   atomic.Int64
 	late       atomic.Int64 // responses for calls no longer waiting
 	onClose    func(*Link, error)
@@ -220,7 +222,7 @@ func (l *Link) Pending() int {
 func (l *Link) Serving() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.serving)
+	return len(l.serving) + int(l.inlineN.Load())
 }
 
 // quiet reports that the link serves nothing and has nothing left to write.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/envelope/binframe"
+	"github.com/agentmesh/agentmesh/internal/deadline"
 	"github.com/agentmesh/agentmesh/link/wsconn"
 	"github.com/agentmesh/agentmesh/stream"
 )
@@ -302,6 +303,9 @@ func newResultChan() any { return make(chan linkResult, 1) }
 func (l *Link) Call(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
 	if req.Stream {
 		return l.callStream(ctx, req)
+	}
+	if at, parentDone, ok := deadline.Lazy(ctx); ok {
+		return l.callInHeap(ctx, req, at, parentDone)
 	}
 	seq := l.seq.Add(1)
 	ch := l.results.Get().(chan linkResult)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/deadline"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/reliability"
 	"github.com/agentmesh/agentmesh/telemetry"
@@ -292,15 +293,17 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 			}
 		}
 	}
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, start.Add(timeout))
-		defer cancel()
-	}
 	if err := ctx.Err(); err != nil {
 		// Expired or cancelled before anything was sent: the caller's own
 		// doing, which no breaker should count.
 		return envelope.AsError(err).MarkNotSent()
+	}
+	if timeout > 0 {
+		// Its timer is the link's (deadline.Ctx), unless something on
+		// the way waits on its Done. It ends after ctx: not yet.
+		dl := deadline.New(ctx, start.Add(timeout))
+		defer dl.End()
+		ctx = dl
 	}
 	res, err := c.invoke(ctx, req)
 	if err != nil {

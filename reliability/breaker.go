@@ -68,6 +68,13 @@ type Breakers struct {
 type breaker struct {
 	cb     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	opened atomic.Int64 // unix ns of the last transition to open; written under cb's lock
+	// open is whether its last transition was to open, so that the
+	// question asked of every candidate of every call, "is it open?",
+	// costs a load, not State's lock and clock read: a breaker leaves
+	// closed and half-open only on a call's outcome, which runs
+	// OnStateChange; only the turn from open to half-open happens on
+	// the clock, so State is asked only while this is true.
+	open atomic.Bool
 }
 
 // NewBreakers returns an empty set. onChange, if not nil, is called on
@@ -116,6 +123,7 @@ func (b *Breakers) get(k BreakerKey) *breaker {
 					// at or after the one its expiry counts from.
 					br.opened.Store(time.Now().UnixNano())
 				}
+				br.open.Store(to == gobreaker.StateOpen)
 				if b.onChange != nil {
 					b.onChange(k, from.String(), to.String())
 				}
@@ -148,7 +156,7 @@ func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
 // half-open with its probes all in flight is not counted: it may admit).
 func (b *Breakers) IsOpen(k BreakerKey) bool {
 	br, ok := b.m.Load(k)
-	return ok && br.cb.State() == gobreaker.StateOpen
+	return ok && br.open.Load() && br.cb.State() == gobreaker.StateOpen
 }
 
 // ProbeAt reports when k's breaker, open now, turns half-open: the first
@@ -157,7 +165,7 @@ func (b *Breakers) IsOpen(k BreakerKey) bool {
 // false when the breaker is not open.
 func (b *Breakers) ProbeAt(k BreakerKey) (at time.Time, ok bool) {
 	br, found := b.m.Load(k)
-	if !found || br.cb.State() != gobreaker.StateOpen {
+	if !found || !br.open.Load() || br.cb.State() != gobreaker.StateOpen {
 		return time.Time{}, false
 	}
 	// State took the breaker's lock after the transition to open, whose

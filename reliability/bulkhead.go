@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/deadline"
 	"github.com/agentmesh/agentmesh/internal/mono"
 )
 
@@ -115,11 +116,11 @@ func (h *waiterHeap) Pop() any {
 type Waiter struct {
 	b       *Bulkhead
 	p       Priority
-	ch      chan bool // Acquire's: true admitted, false shed
-	admit   Admitter  // a Waiter's
-	expires int64     // mono: its queue timeout or deadline, while in b.expiries
-	hi      int       // its index in b.expiries, plus one; 0: not in it
-	byDeath bool      // expires is the call's deadline, not the queue timeout
+	ch      chan verdict // Acquire's
+	admit   Admitter     // a Waiter's
+	expires int64        // mono: its queue timeout or deadline, while in b.expiries
+	hi      int          // its index in b.expiries, plus one; 0: not in it
+	byDeath bool         // expires is the call's deadline, not the queue timeout
 }
 
 // An Admitter hears a queued call's verdict (Waiter).
@@ -169,41 +170,53 @@ func (b *Bulkhead) Acquire(ctx context.Context, p Priority) (release func(), err
 		}
 		return release, nil
 	}
-	w := &Waiter{b: b, p: p, ch: make(chan bool, 1)}
-	b.queues[p] = append(b.queues[p], w)
-	b.queued++
+	// The wait ends at ctx's deadline by the pool's timer, which also
+	// keeps the queue timeout: no timer of the call's own. A ctx whose
+	// Done nothing asked for yet (deadline.Lazy) is waited for by its
+	// parent's Done alone, so that the wait makes no timer either.
+	at, _ := ctx.Deadline()
+	_, done, lazy := deadline.Lazy(ctx)
+	w := &Waiter{b: b, p: p, ch: make(chan verdict, 1)}
+	b.queueLocked(w, at)
 	b.mu.Unlock()
 	b.shed(shed)
-
-	var timeout <-chan time.Time
-	// No timer of its own when the caller's deadline comes first: ctx
-	// ends the wait then, and a timer per queued call costs an allocation
-	// and two heap operations under the runtime's timer lock.
-	if d, ok := ctx.Deadline(); b.cfg.QueueTimeout > 0 && (!ok || time.Until(d) > b.cfg.QueueTimeout) {
-		t := time.NewTimer(b.cfg.QueueTimeout)
-		defer t.Stop()
-		timeout = t.C
+	if !lazy {
+		done = ctx.Done()
 	}
 	select {
-	case ok := <-w.ch:
-		if ok {
-			return b.rel, nil
-		}
-		return nil, b.overloaded(whyShed)
-	case <-timeout:
-		if b.dequeue(w) {
-			return nil, b.overloaded(whyTimeout)
-		}
-	case <-ctx.Done():
+	case v := <-w.ch:
+		return b.verdict(v)
+	case <-done:
 		if b.dequeue(w) {
 			return nil, envelope.AsError(ctx.Err())
 		}
 	}
-	// Admitted or shed just as we gave up: the verdict stands.
-	if <-w.ch {
+	// Admitted, shed or expired just as we gave up: the verdict stands.
+	return b.verdict(<-w.ch)
+}
+
+// verdict is what a blocked Acquire's Waiter heard.
+type verdict uint8
+
+const (
+	admitted verdict = iota
+	wasShed
+	queueTimedOut
+	deadlinePassed
+)
+
+// verdict is Acquire's answer for v.
+func (b *Bulkhead) verdict(v verdict) (func(), error) {
+	switch v {
+	case admitted:
 		return b.rel, nil
+	case wasShed:
+		return nil, b.overloaded(whyShed)
+	case queueTimedOut:
+		return nil, b.overloaded(whyTimeout)
+	default:
+		return nil, envelope.AsError(context.DeadlineExceeded)
 	}
-	return nil, b.overloaded(whyShed)
 }
 
 // TryAcquire takes a slot if one is free with no call queued, without
@@ -247,8 +260,16 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 		b.mu.Unlock()
 		return release, err
 	}
-	// Its expiry: the queue timeout, or the call's deadline when that
-	// comes first, on the pool's one timer.
+	b.queueLocked(w, deadline)
+	b.mu.Unlock()
+	b.shed(shed)
+	return nil, nil
+}
+
+// queueLocked queues w, which arrived to a full pool, with its expiry:
+// the queue timeout, or the call's deadline (if not zero) when that
+// comes first, on the pool's one timer.
+func (b *Bulkhead) queueLocked(w *Waiter, deadline time.Time) {
 	wait := b.cfg.QueueTimeout
 	if !deadline.IsZero() {
 		if d := time.Until(deadline); wait <= 0 || d < wait {
@@ -264,9 +285,6 @@ func (b *Bulkhead) Enqueue(w *Waiter, deadline time.Time) (release func(), err *
 	}
 	b.queues[w.p] = append(b.queues[w.p], w)
 	b.queued++
-	b.mu.Unlock()
-	b.shed(shed)
-	return nil, nil
 }
 
 // Withdraw takes back a call Enqueue queued; false: it is no longer
@@ -302,6 +320,14 @@ func (b *Bulkhead) expire() {
 	}
 	b.mu.Unlock()
 	for _, w := range due {
+		if w.ch != nil { // Acquire's
+			if w.byDeath {
+				w.ch <- deadlinePassed
+			} else {
+				w.ch <- queueTimedOut
+			}
+			continue
+		}
 		if w.byDeath {
 			w.admit.Admitted(nil, envelope.AsError(context.DeadlineExceeded))
 		} else {
@@ -365,7 +391,7 @@ func (b *Bulkhead) shed(w *Waiter) {
 	switch {
 	case w == nil:
 	case w.ch != nil:
-		w.ch <- false
+		w.ch <- wasShed
 	default:
 		w.admit.Admitted(nil, b.overloaded(whyShed))
 	}
@@ -409,12 +435,13 @@ func (b *Bulkhead) release() {
 		b.active--
 		b.mu.Unlock()
 		return
-	case w.ch != nil:
-		w.ch <- true // the slot passes on; active stays
+	}
+	b.unexpireLocked(w)
+	if w.ch != nil {
+		w.ch <- admitted // the slot passes on; active stays
 		b.mu.Unlock()
 		return
 	}
-	b.unexpireLocked(w)
 	b.handoff = append(b.handoff, w)
 	if b.handing {
 		b.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/deadline"
 	"github.com/agentmesh/agentmesh/reliability"
 )
 
@@ -745,4 +746,78 @@ func newWaiter(b *reliability.Bulkhead, p reliability.Priority, f func(release f
 	w := new(reliability.Waiter)
 	w.Init(b, p, admitFunc(f))
 	return w
+}
+
+// TestAcquireWaitsOnThePoolTimer: a blocked Acquire waits for its queue
+// timeout and its deadline on the pool's one timer, and for a
+// deadline.Ctx nothing asked Done of, on its parent alone: its Done is
+// never asked for (it stays Lazy). Each wait ends with its own code, at
+// its own time, and leaves the queue.
+func TestAcquireWaitsOnThePoolTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := reliability.NewBulkhead(reliability.BulkheadConfig{MaxConcurrent: 1, QueueSize: 4, QueueTimeout: time.Second})
+		held, ok := b.TryAcquire()
+		if !ok {
+			t.Fatal("TryAcquire on an empty pool failed")
+		}
+		acquire := func(ctx context.Context) (envelope.Code, time.Duration, func()) {
+			start := time.Now()
+			release, err := b.Acquire(ctx, reliability.PriorityNormal)
+			return codeOf(envelope.AsError(err)), time.Since(start), release
+		}
+		type out struct {
+			code    envelope.Code
+			took    time.Duration
+			release func()
+		}
+		run := func(ctx context.Context) chan out {
+			ch := make(chan out, 1)
+			go func() { c, d, r := acquire(ctx); ch <- out{c, d, r} }()
+			synctest.Wait()
+			return ch
+		}
+
+		dl := deadline.New(context.Background(), time.Now().Add(300*time.Millisecond))
+		byDeadline := run(dl)
+		first := run(context.Background())
+		pctx, cancel := context.WithCancel(context.Background())
+		cdl := deadline.New(pctx, time.Now().Add(time.Hour))
+		byCancel := run(cdl)
+		admitted := run(deadline.New(context.Background(), time.Now().Add(time.Hour)))
+		if _, q := b.Active(); q != 4 {
+			t.Fatalf("%d queued, want 4", q)
+		}
+
+		cancel()
+		if o := <-byCancel; o.code != envelope.CodeCancelled || o.took != 0 {
+			t.Fatalf("cancelled wait: %s after %v", o.code, o.took)
+		}
+		if o := <-byDeadline; o.code != envelope.CodeTimeout || o.took != 300*time.Millisecond {
+			t.Fatalf("deadline: %s after %v, want TIMEOUT after 300ms", o.code, o.took)
+		}
+		if _, _, ok := deadline.Lazy(dl); !ok {
+			t.Fatal("the wait asked the deadline.Ctx for Done")
+		}
+		// A release admits the first in the queue, and its release the next.
+		held()
+		o := <-first
+		if o.code != envelope.CodeOK || o.release == nil || o.took != 300*time.Millisecond {
+			t.Fatalf("after the release: %s after %v", o.code, o.took)
+		}
+		o.release()
+		o = <-admitted
+		if o.code != envelope.CodeOK || o.release == nil {
+			t.Fatalf("after the second release: %s", o.code)
+		}
+		// The queue timeout, on the pool's timer (the slot stays held).
+		if o := <-run(context.Background()); o.code != envelope.CodeOverloaded || o.took != time.Second {
+			t.Fatalf("queue timeout: %s after %v, want OVERLOADED after 1s", o.code, o.took)
+		}
+		o.release()
+		dl.End()
+		cdl.End()
+		if _, q := b.Active(); q != 0 {
+			t.Fatalf("%d left in the queue", q)
+		}
+	})
 }

@@ -1,0 +1,121 @@
+// Package deadline is context.WithDeadline for calls, without its cost
+// when nothing waits on it (Ctx), and the test that tells a waiter it
+// may wait for such a deadline on a timer of its own (Lazy).
+package deadline
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Ctx is context.WithDeadline for calls, without its cost when nothing
+// waits on it: context.WithDeadline makes a
+// context, a runtime timer and, at the first Done, a channel, a tenth of
+// a caller's CPU per call. A Deadline makes them only when Done is
+// first asked for (then exactly what context.WithDeadline makes); until
+// then Err reads the clock against the deadline, and a waiter that
+// holds deadlines of its own (a link's deadline heap, a bulkhead's
+// queue) asks Lazy and, when it may, waits for the deadline on its one
+// timer for all and for the parent's Done, not for Done.
+//
+// Any context derived from it that can be cancelled (WithCancel,
+// WithTimeout) asks for Done when it is made, so a waiter sees a Ctx
+// still without its timer only when nothing between them can be
+// cancelled. End it when the call is done, as a CancelFunc.
+type Ctx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	err    error              // the end before inner was made (sticky)
+	inner  context.Context    // made by the first Done
+	cancel context.CancelFunc // inner's
+}
+
+// ctxKey finds a Ctx through the contexts derived from it.
+type ctxKey struct{}
+
+// New returns a context that ends at d (or with parent), as
+// context.WithDeadline's does; End releases it.
+func New(parent context.Context, d time.Time) *Ctx {
+	if pd, ok := parent.Deadline(); ok && pd.Before(d) {
+		d = pd // the parent's comes first
+	}
+	return &Ctx{parent: parent, deadline: d}
+}
+
+func (c *Ctx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *Ctx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inner == nil {
+		c.inner, c.cancel = context.WithDeadline(c.parent, c.deadline)
+		if c.err == context.Canceled {
+			c.cancel() // ended before (a passed deadline made it DeadlineExceeded already)
+		}
+	}
+	return c.inner.Done()
+}
+
+func (c *Ctx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inner != nil {
+		return c.inner.Err()
+	}
+	if c.err == nil {
+		if err := c.parent.Err(); err != nil {
+			c.err = err
+		} else if !time.Now().Before(c.deadline) {
+			c.err = context.DeadlineExceeded
+		}
+	}
+	return c.err
+}
+
+func (c *Ctx) Value(key any) any {
+	if key == (ctxKey{}) {
+		return c
+	}
+	return c.parent.Value(key)
+}
+
+// End cancels c, as context.WithDeadline's CancelFunc does.
+func (c *Ctx) End() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.inner != nil:
+		c.cancel()
+	case c.err != nil:
+	case !time.Now().Before(c.deadline):
+		c.err = context.DeadlineExceeded
+	default:
+		c.err = context.Canceled
+	}
+}
+
+// Lazy reports whether a waiter may wait for ctx's deadline on a timer
+// of its own instead of on ctx.Done: ctx's deadline is that of a Ctx
+// whose Done was never asked for, so that
+// nothing derived from it can be cancelled on its own. Then ctx ends
+// only at the deadline or with the Ctx's parent, whose Done is
+// returned to wait on (nil when it never ends).
+func Lazy(ctx context.Context) (deadline time.Time, parentDone <-chan struct{}, ok bool) {
+	dc, _ := ctx.Value(ctxKey{}).(*Ctx)
+	if dc == nil {
+		return time.Time{}, nil, false
+	}
+	if d, has := ctx.Deadline(); !has || !d.Equal(dc.deadline) {
+		return time.Time{}, nil, false
+	}
+	dc.mu.Lock()
+	made := dc.inner != nil || dc.err != nil
+	dc.mu.Unlock()
+	if made {
+		return time.Time{}, nil, false
+	}
+	return dc.deadline, dc.parent.Done(), true
+}

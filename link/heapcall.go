@@ -1,0 +1,93 @@
+package link
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// resultChan is a blocking Call's answer channel as the Completion of
+// the entry its deadline keeps in the async table (callInHeap). The
+// response is the reader's: it is copied.
+type resultChan chan linkResult
+
+func (ch resultChan) Complete(res *envelope.Response, err *envelope.Error) {
+	if err != nil {
+		ch <- linkResult{err: err}
+		return
+	}
+	r := *res
+	ch <- linkResult{res: &r}
+}
+
+// callInHeap is Call for a ctx that deadline.Lazy let wait in the deadline
+// heap: the call is an async entry whose completion is the answer
+// channel, so that its deadline shares the link's one timer, and the
+// caller waits on the channel and the parent's Done only.
+func (l *Link) callInHeap(ctx context.Context, req *envelope.Request, at time.Time, parentDone <-chan struct{}) (*envelope.Response, error) {
+	left := time.Until(at)
+	if left <= 0 {
+		return nil, envelope.AsError(context.DeadlineExceeded).MarkNotSent()
+	}
+	seq := l.seq.Add(1)
+	r := *req
+	r.Headers.TTL = max(left.Milliseconds(), 1)
+	b := GetBuf()
+	*b = l.appendRequest(*b, seq, &r)
+	ch := l.results.Get().(chan linkResult)
+	a := asyncPool.Get().(*asyncCall)
+	*a = asyncCall{seq: seq, deadline: at, idx: -1, done: resultChan(ch)}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		putAsync(a)
+		PutBuf(b)
+		l.results.Put(ch)
+		return nil, UnavailableNotSent("link closed")
+	}
+	if l.async == nil {
+		l.async = map[uint64]*asyncCall{}
+	}
+	l.async[seq] = a
+	l.mu.Unlock()
+	if !l.c.SendCtx(ctx, b) { // a full queue is waited on, within the call's deadline
+		if l.takeAsync(seq) == nil {
+			<-ch // the link closed and completed it (as lost): it was not sent
+		}
+		l.results.Put(ch)
+		if ctx.Err() == nil || l.Err() != nil {
+			return nil, UnavailableNotSent("link closed")
+		}
+		return nil, envelope.AsError(ctx.Err()).MarkNotSent()
+	}
+	l.mu.Lock()
+	if l.async[seq] == a { // still waiting: its deadline is armed after the request is queued
+		l.asyncDeadlines.push(l, a)
+	}
+	l.mu.Unlock()
+	select {
+	case res := <-ch:
+		l.results.Put(ch)
+		if res.err != nil {
+			return nil, res.err
+		}
+		if e := l.CheckBody("result", res.res.Result); e != nil {
+			return nil, l.undecodable(e)
+		}
+		return res.res, nil
+	case <-parentDone:
+		if l.takeAsync(seq) == nil {
+			// The answer came as the call gave up: drop it.
+			if res := <-ch; res.res != nil {
+				l.lateResponse()
+			}
+		} else {
+			cb := GetBuf()
+			*cb = l.appendCancel(*cb, seq)
+			l.c.TrySend(cb)
+		}
+		l.results.Put(ch)
+		return nil, envelope.AsError(ctx.Err())
+	}
+}

@@ -441,7 +441,14 @@ func TestS02FrozenAgent(t *testing.T) {
 	// kv-0's removal, as any call waiting on it then; pinned, it cannot be
 	// retried elsewhere, so it ends UNAVAILABLE (or AGENT_NOT_FOUND, when
 	// the hub's retry finds the instance it names gone).
-	if rm := removed["kv-0"]; !rm.IsZero() {
+	if rm := removed["kv-0"]; !rm.IsZero() && memProbe.Start.Add(p.memTimeout).Before(rm) {
+		// Its deadline came before the removal (the long variant: TTL
+		// 4.5 s, timeout 2.5 s): a request sent to a frozen instance
+		// ends with TIMEOUT at its deadline.
+		if off := memProbe.End.Sub(memProbe.Start.Add(p.memTimeout)); memProbe.Code != envelope.CodeTimeout || off < -50*time.Millisecond || off > 50*time.Millisecond {
+			t.Errorf("the memory.get pinned to kv-0 while it was stopped, its deadline before the removal, ended %s %v off its deadline; want TIMEOUT at it ±50 ms", memProbe.Code, off)
+		}
+	} else if !rm.IsZero() {
 		atRemoval++
 		gap := memProbe.End.Sub(rm)
 		worstRemovalGap = max(worstRemovalGap, gap, -gap)

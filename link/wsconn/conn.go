@@ -181,8 +181,16 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
-	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
-	credit      int         // bytes the kernel can take without a new look (under wmu)
+	// rawW is the plain socket's RawConn (nil under TLS, or no socket):
+	// writeWire's first try, under wire.sem, with wb/wn/werr for
+	// writeFD (bound once: no closure per write).
+	rawW     syscall.RawConn
+	writeFn  func(fd uintptr) bool
+	wb       []byte
+	wn       int
+	werr     error
+	roomKept atomic.Bool // raw is set: the writer keeps room for a close frame
+	credit   int         // bytes the kernel can take without a new look (under wmu)
 	// wmu is held by whoever writes data messages: the writer goroutine,
 	// or a sender writing its frame itself (enqueueLimit: writeInline).
 	wmu        sync.Mutex
@@ -255,6 +263,9 @@ func (c *Conn) WithBackpressure() {
 // socket writes as before.
 func (c *Conn) TrackRoom() {
 	c.raw = rawConn(c.ws.NetConn())
+	if rawWrites && c.raw != nil && !underTLS(c.ws.NetConn()) {
+		c.rawW, c.writeFn = c.raw, c.writeFD
+	}
 	c.roomKept.Store(c.raw != nil)
 }
 
@@ -613,6 +624,23 @@ func PutBuf(b *[]byte) {
 	}
 	*b = (*b)[:0]
 	bufPool.Put(b)
+}
+
+// underTLS reports whether nc's writes go through TLS (rawConn sees
+// through it; a write to the socket must not).
+func underTLS(nc net.Conn) bool {
+	for {
+		switch c := nc.(type) {
+		case *cappedConn:
+			nc = c.Conn
+		case *readAheadConn:
+			nc = c.Conn
+		case *tls.Conn:
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // rawConn finds the socket beneath a connection the hub accepted or

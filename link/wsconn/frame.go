@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -129,13 +130,46 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 	if c.wire.closeSent {
 		return websocket.ErrCloseSent
 	}
-	nc := c.ws.NetConn()
-	_ = nc.SetWriteDeadline(deadline)
-	_, err := nc.Write(b)
+	// First without a deadline, never waiting: the socket nearly always
+	// has room, and a write deadline is a runtime timer set per write
+	// that then fires (a second later for a pong: at 10,000 idle links,
+	// 2,000 firings a second for nothing). Only what did not fit waits,
+	// under the deadline, which is then cleared.
+	n, err := c.tryWrite(b)
+	if err == nil && n < len(b) {
+		nc := c.ws.NetConn()
+		_ = nc.SetWriteDeadline(deadline)
+		_, err = nc.Write(b[n:])
+		if err == nil && c.rawW != nil {
+			_ = nc.SetWriteDeadline(time.Time{})
+		}
+	}
 	if close || err != nil {
 		c.wire.closeSent = true // after a failed write the stream is cut mid-frame: nothing may follow
 	}
 	return err
+}
+
+// tryWrite writes what of b the socket takes now, without waiting (under
+// wire.sem); with no plain socket beneath, it writes nothing.
+func (c *Conn) tryWrite(b []byte) (int, error) {
+	if c.rawW == nil {
+		return 0, nil
+	}
+	c.wb = b
+	if err := c.rawW.Write(c.writeFn); err != nil {
+		c.wb = nil
+		return 0, err
+	}
+	n, err := c.wn, c.werr
+	c.wb, c.wn, c.werr = nil, 0, nil
+	switch {
+	case err == syscall.EAGAIN || err == syscall.EINTR:
+		return n, nil
+	case err != nil:
+		return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", err)}
+	}
+	return n, nil
 }
 
 // writeControl writes a control frame (a ping, a pong, a close) of at

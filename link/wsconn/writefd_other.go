@@ -1,0 +1,8 @@
+//go:build !unix
+
+package wsconn
+
+// rawWrites: every write goes through the net.Conn, under its deadline.
+const rawWrites = false
+
+func (c *Conn) writeFD(uintptr) bool { return true }

@@ -181,16 +181,9 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
-	// rawW is the plain socket's RawConn (nil under TLS, or no socket):
-	// writeWire's first try, under wire.sem, with wb/wn/werr for
-	// writeFD (bound once: no closure per write).
-	rawW     syscall.RawConn
-	writeFn  func(fd uintptr) bool
-	wb       []byte
-	wn       int
-	werr     error
-	roomKept atomic.Bool // raw is set: the writer keeps room for a close frame
-	credit   int         // bytes the kernel can take without a new look (under wmu)
+	rawW        bool        // raw is the plain socket's (not under TLS): writeWire tries it first (tryWrite)
+	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
+	credit      int         // bytes the kernel can take without a new look (under wmu)
 	// wmu is held by whoever writes data messages: the writer goroutine,
 	// or a sender writing its frame itself (enqueueLimit: writeInline).
 	wmu        sync.Mutex
@@ -263,9 +256,7 @@ func (c *Conn) WithBackpressure() {
 // socket writes as before.
 func (c *Conn) TrackRoom() {
 	c.raw = rawConn(c.ws.NetConn())
-	if rawWrites && c.raw != nil && !underTLS(c.ws.NetConn()) {
-		c.rawW, c.writeFn = c.raw, c.writeFD
-	}
+	c.rawW = rawWrites && c.raw != nil && !underTLS(c.ws.NetConn())
 	c.roomKept.Store(c.raw != nil)
 }
 
@@ -517,12 +508,12 @@ func (c *Conn) readMessage() (int, []byte, *envelope.Error, error) {
 	if err != nil {
 		return typ, nil, nil, err
 	}
-	var check func([]byte) *envelope.Error
-	if c.check != nil && (typ == websocket.TextMessage || typ == websocket.BinaryMessage) {
-		check = func(b []byte) *envelope.Error { return c.check(b, c.cfg.Limits) }
+	var check func([]byte, envelope.Limits) *envelope.Error
+	if typ == websocket.TextMessage || typ == websocket.BinaryMessage {
+		check = c.check
 	}
 	pc, _ := c.ws.NetConn().(pacer) // not a TLS connection's: its reads are the TLS layer's
-	buf, refused, err := ReadChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, envelope.RecoverHeadLen)
+	buf, refused, err := readChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, c.cfg.Limits, envelope.RecoverHeadLen)
 	return typ, buf, refused, err
 }
 

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"sync"
 	"syscall"
 	"time"
 
@@ -140,7 +141,7 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 		nc := c.ws.NetConn()
 		_ = nc.SetWriteDeadline(deadline)
 		_, err = nc.Write(b[n:])
-		if err == nil && c.rawW != nil {
+		if err == nil && c.rawW {
 			_ = nc.SetWriteDeadline(time.Time{})
 		}
 	}
@@ -153,24 +154,41 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 // tryWrite writes what of b the socket takes now, without waiting (under
 // wire.sem); with no plain socket beneath, it writes nothing.
 func (c *Conn) tryWrite(b []byte) (int, error) {
-	if c.rawW == nil {
+	if !c.rawW {
 		return 0, nil
 	}
-	c.wb = b
-	if err := c.rawW.Write(c.writeFn); err != nil {
-		c.wb = nil
-		return 0, err
-	}
-	n, err := c.wn, c.werr
-	c.wb, c.wn, c.werr = nil, 0, nil
+	w := fdWrites.Get().(*fdWrite)
+	w.b = b
+	err := c.raw.Write(w.fn)
+	n, werr := w.n, w.err
+	*w = fdWrite{fn: w.fn}
+	fdWrites.Put(w)
 	switch {
-	case err == syscall.EAGAIN || err == syscall.EINTR:
-		return n, nil
 	case err != nil:
-		return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", err)}
+		return 0, err
+	case werr == syscall.EAGAIN || werr == syscall.EINTR:
+		return n, nil
+	case werr != nil:
+		return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", werr)}
 	}
 	return n, nil
 }
+
+// fdWrite is one tryWrite: its buffer and outcome, and its write func
+// bound once (a closure per write would be an allocation; fields of
+// the Conn, 70 bytes more per idle link).
+type fdWrite struct {
+	b   []byte
+	n   int
+	err error
+	fn  func(fd uintptr) bool // w.write
+}
+
+var fdWrites = sync.Pool{New: func() any {
+	w := new(fdWrite)
+	w.fn = w.write
+	return w
+}}
 
 // writeControl writes a control frame (a ping, a pong, a close) of at
 // most 125 bytes, waiting for a data write in progress until deadline.

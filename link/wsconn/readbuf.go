@@ -42,6 +42,17 @@ type pacer interface{ pace() bool }
 // refused says why. pc, if not nil, is the connection r reads from: it
 // paces the reads of a message past 64 KiB that trickles in.
 func ReadChecked(r io.Reader, pc pacer, limit int, check func([]byte) *envelope.Error, keep int) (data []byte, refused *envelope.Error, err error) {
+	var lc func([]byte, envelope.Limits) *envelope.Error
+	if check != nil {
+		lc = func(b []byte, _ envelope.Limits) *envelope.Error { return check(b) }
+	}
+	return readChecked(r, pc, limit, lc, envelope.Limits{}, keep)
+}
+
+// readChecked is ReadChecked with a check that takes lim: a
+// connection's reader passes its own check and limits, not a closure
+// made per message.
+func readChecked(r io.Reader, pc pacer, limit int, check func([]byte, envelope.Limits) *envelope.Error, lim envelope.Limits, keep int) (data []byte, refused *envelope.Error, err error) {
 	bp := scratch.Get().(*[]byte)
 	buf := (*bp)[:0]
 	defer func() {
@@ -74,7 +85,7 @@ func ReadChecked(r io.Reader, pc pacer, limit int, check func([]byte) *envelope.
 		}
 		if err == io.EOF {
 			if check != nil {
-				if refused = check(buf); refused != nil {
+				if refused = check(buf, lim); refused != nil {
 					return append([]byte(nil), buf[:min(len(buf), keep)]...), refused, nil
 				}
 			}

@@ -5,4 +5,4 @@ package wsconn
 // rawWrites: every write goes through the net.Conn, under its deadline.
 const rawWrites = false
 
-func (c *Conn) writeFD(uintptr) bool { return true }
+func (w *fdWrite) write(uintptr) bool { return true }

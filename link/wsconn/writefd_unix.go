@@ -4,12 +4,12 @@ package wsconn
 
 import "syscall"
 
-// rawWrites: tryWrite writes to the socket itself (writeFD).
+// rawWrites: tryWrite writes to the socket itself (fdWrite.write).
 const rawWrites = true
 
-// writeFD is tryWrite's one write(2) on the socket fd, never waiting.
-func (c *Conn) writeFD(fd uintptr) bool {
-	c.wn, c.werr = syscall.Write(int(fd), c.wb)
-	c.wn = max(c.wn, 0)
+// write is tryWrite's one write(2) on the socket fd, never waiting.
+func (w *fdWrite) write(fd uintptr) bool {
+	w.n, w.err = syscall.Write(int(fd), w.b)
+	w.n = max(w.n, 0)
 	return true
 }

@@ -437,10 +437,12 @@ func TestS02FrozenAgent(t *testing.T) {
 		}
 	}
 
-	// The memory.get pinned to kv-0 once it was stopped: answered at
-	// kv-0's removal, as any call waiting on it then; pinned, it cannot be
-	// retried elsewhere, so it ends UNAVAILABLE (or AGENT_NOT_FOUND, when
-	// the hub's retry finds the instance it names gone).
+	// The memory.get pinned to kv-0 once it was stopped: when kv-0's
+	// removal comes before its deadline (the short variant), answered
+	// then, as any call waiting on it; pinned, it cannot be retried
+	// elsewhere, so it ends UNAVAILABLE (or AGENT_NOT_FOUND, when the
+	// hub's retry finds the instance it names gone). Otherwise TIMEOUT
+	// at its deadline.
 	if rm := removed["kv-0"]; !rm.IsZero() && memProbe.Start.Add(p.memTimeout).Before(rm) {
 		// Its deadline came before the removal (the long variant: TTL
 		// 4.5 s, timeout 2.5 s): a request sent to a frozen instance

@@ -78,8 +78,10 @@ func (l *Link) callInHeap(ctx context.Context, req *envelope.Request, at time.Ti
 		return res.res, nil
 	case <-parentDone:
 		if l.takeAsync(seq) == nil {
-			// The answer came as the call gave up: drop it.
-			if res := <-ch; res.res != nil {
+			// Completed as the call gave up: drop it. An answer (a result,
+			// or an error before the deadline on a live link: the peer's)
+			// is counted late, as Call counts one.
+			if res := <-ch; res.res != nil || (time.Now().Before(at) && l.Err() == nil) {
 				l.lateResponse()
 			}
 		} else {

@@ -117,9 +117,9 @@ func (l *Link) worker(t task) {
 
 // serveInline serves req on the reader (WithInline): the handler runs
 // before the reader reads on, so req, the reader's, is not copied, and
-// no cancel frame can reach it while it runs: it is not in the serving
-// map, but counted in inlineN (Serving). Its context still carries the
-// request's deadline.
+// no cancel frame (nor the link's close) can reach it while it runs: it
+// is not in the serving map, but counted in inlineN (Serving). Its
+// context still carries the request's deadline.
 func (l *Link) serveInline(seq uint64, req *envelope.Request, cc *callCtx) {
 	if !l.c.TryAdmit(1, requestBytes(req)) {
 		l.nserving.Add(-1)
@@ -128,11 +128,10 @@ func (l *Link) serveInline(seq uint64, req *envelope.Request, cc *callCtx) {
 	}
 	l.inlineN.Add(1)
 	start := time.Now()
-	held := requestBytes(req)
 	res, err := l.serve(cc, l, req)
-	l.nserving.Add(-1)
-	l.answer(seq, req.ID, start, res, err)
-	l.c.Release(1, held)
+	// As a FastHandler's answer: never waiting on the reader for room
+	// in a full send queue (that waits on a goroutine of its own).
+	l.Answer(seq, req.ID, start, res, err, requestBytes(req))
 	l.inlineN.Add(-1)
 	cc.end()
 }

@@ -6,6 +6,7 @@ package deadline
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,10 @@ type Ctx struct {
 	err    error              // the end before inner was made (sticky)
 	inner  context.Context    // made by the first Done
 	cancel context.CancelFunc // inner's
+	// made is inner, for Value without the lock: once inner exists, a
+	// context derived from c must find inner's cancellation through
+	// Value, or context.WithCancel starts a goroutine to watch it.
+	made atomic.Pointer[context.Context]
 }
 
 // ctxKey finds a Ctx through the contexts derived from it.
@@ -52,6 +57,7 @@ func (c *Ctx) Done() <-chan struct{} {
 	defer c.mu.Unlock()
 	if c.inner == nil {
 		c.inner, c.cancel = context.WithDeadline(c.parent, c.deadline)
+		c.made.Store(&c.inner)
 		if c.err == context.Canceled {
 			c.cancel() // ended before (a passed deadline made it DeadlineExceeded already)
 		}
@@ -79,10 +85,16 @@ func (c *Ctx) Value(key any) any {
 	if key == (ctxKey{}) {
 		return c
 	}
+	if inner := c.made.Load(); inner != nil {
+		return (*inner).Value(key)
+	}
 	return c.parent.Value(key)
 }
 
-// End cancels c, as context.WithDeadline's CancelFunc does.
+// End cancels c, as context.WithDeadline's CancelFunc does. A waiter
+// that Lazy let wait without Done is not woken by it: End is for the
+// owner, once the call made with c returned (as mesh.Client.Call does).
+// To cancel a call in flight, cancel c's parent.
 func (c *Ctx) End() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -3,6 +3,7 @@ package deadline
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -128,4 +129,25 @@ func TestLazy(t *testing.T) {
 			t.Fatal("Lazy for a context without a Ctx")
 		}
 	})
+}
+
+// TestDerivedContextsNeedNoWatcher: contexts derived from a Ctx whose
+// Done was made find its cancellation through Value, as they would
+// context.WithDeadline's: no goroutine is started to watch it.
+func TestDerivedContextsNeedNoWatcher(t *testing.T) {
+	c := New(context.Background(), time.Now().Add(time.Hour))
+	defer c.End()
+	c.Done()
+	before := runtime.NumGoroutine()
+	var cancels []context.CancelFunc
+	for range 100 {
+		_, cancel := context.WithTimeout(context.WithValue(c, valueKey{}, 1), time.Hour)
+		cancels = append(cancels, cancel)
+	}
+	if n := runtime.NumGoroutine() - before; n > 5 {
+		t.Errorf("%d goroutines started for 100 derived contexts", n)
+	}
+	for _, cancel := range cancels {
+		cancel()
+	}
 }

@@ -181,9 +181,12 @@ type Conn struct {
 	paused      atomic.Bool   // the reader waits for the counts to fall
 	resume      chan struct{} // closed when the paused reader may go on; under qmu
 	raw         syscall.RawConn
-	rawW        bool        // raw is the plain socket's (not under TLS): writeWire tries it first (tryWrite)
-	roomKept    atomic.Bool // raw is set: the writer keeps room for a close frame
-	credit      int         // bytes the kernel can take without a new look (under wmu)
+	// wraw is the plain TCP or unix socket's RawConn, set by TrackRoom
+	// and never changed (raw may be dropped by waitSendRoom): writeWire
+	// tries it first (tryWrite). nil under TLS or any other conn.
+	wraw     syscall.RawConn
+	roomKept atomic.Bool // raw is set: the writer keeps room for a close frame
+	credit   int         // bytes the kernel can take without a new look (under wmu)
 	// wmu is held by whoever writes data messages: the writer goroutine,
 	// or a sender writing its frame itself (enqueueLimit: writeInline).
 	wmu        sync.Mutex
@@ -256,7 +259,9 @@ func (c *Conn) WithBackpressure() {
 // socket writes as before.
 func (c *Conn) TrackRoom() {
 	c.raw = rawConn(c.ws.NetConn())
-	c.rawW = rawWrites && c.raw != nil && !underTLS(c.ws.NetConn())
+	if rawWrites && c.raw != nil && plainSocket(c.ws.NetConn()) {
+		c.wraw = c.raw
+	}
 	c.roomKept.Store(c.raw != nil)
 }
 
@@ -617,19 +622,20 @@ func PutBuf(b *[]byte) {
 	bufPool.Put(b)
 }
 
-// underTLS reports whether nc's writes go through TLS (rawConn sees
-// through it; a write to the socket must not).
-func underTLS(nc net.Conn) bool {
+// plainSocket reports whether nc's writes go to a TCP or unix socket as
+// they are, through the read-side wrappers only (rawConn sees through
+// TLS too; a write to the socket must not).
+func plainSocket(nc net.Conn) bool {
 	for {
 		switch c := nc.(type) {
 		case *cappedConn:
 			nc = c.Conn
 		case *readAheadConn:
 			nc = c.Conn
-		case *tls.Conn:
+		case *net.TCPConn, *net.UnixConn:
 			return true
 		default:
-			return false
+			return false // TLS, or a conn of some other kind: its Write is its own
 		}
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"os"
 	"reflect"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -141,7 +140,7 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 		nc := c.ws.NetConn()
 		_ = nc.SetWriteDeadline(deadline)
 		_, err = nc.Write(b[n:])
-		if err == nil && c.rawW {
+		if err == nil && c.wraw != nil {
 			_ = nc.SetWriteDeadline(time.Time{})
 		}
 	}
@@ -154,22 +153,21 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 // tryWrite writes what of b the socket takes now, without waiting (under
 // wire.sem); with no plain socket beneath, it writes nothing.
 func (c *Conn) tryWrite(b []byte) (int, error) {
-	if !c.rawW {
+	if c.wraw == nil {
 		return 0, nil
 	}
 	w := fdWrites.Get().(*fdWrite)
 	w.b = b
-	err := c.raw.Write(w.fn)
+	err := c.wraw.Write(w.fn)
 	n, werr := w.n, w.err
 	*w = fdWrite{fn: w.fn}
 	fdWrites.Put(w)
 	switch {
 	case err != nil:
 		return 0, err
-	case werr == syscall.EAGAIN || werr == syscall.EINTR:
-		return n, nil
 	case werr != nil:
-		return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", werr)}
+		return 0, &net.OpError{Op: "write", Net: c.ws.NetConn().LocalAddr().Network(), Source: c.ws.NetConn().LocalAddr(),
+			Addr: c.ws.NetConn().RemoteAddr(), Err: os.NewSyscallError("write", werr)}
 	}
 	return n, nil
 }
@@ -180,7 +178,7 @@ func (c *Conn) tryWrite(b []byte) (int, error) {
 type fdWrite struct {
 	b   []byte
 	n   int
-	err error
+	err error                 // nil when the socket had no room (EAGAIN) or the call was interrupted
 	fn  func(fd uintptr) bool // w.write
 }
 

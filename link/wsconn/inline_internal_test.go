@@ -140,3 +140,36 @@ func TestInlineWritesKeepOrder(t *testing.T) {
 	}
 	t.Logf("%d of %d frames written by their senders", c.inlined.Load(), senders*each)
 }
+
+// TestRawWritesOutliveRoomTracking: the writer drops the socket it reads
+// the kernel's room from when that fails (waitSendRoom: not a socket that
+// says, or closed); the non-waiting first write keeps its own, and the
+// messages still arrive, in order (a nil socket there was a panic on
+// every link where sendQueue cannot answer: darwin, the BSDs).
+func TestRawWritesOutliveRoomTracking(t *testing.T) {
+	ws, client := acceptedPair(t, nil)
+	c := NewConn(ws, Config{PingInterval: time.Hour})
+	c.WithBackpressure()
+	if c.wraw == nil {
+		t.Fatal("no raw writes on a plain TCP connection")
+	}
+	c.raw = nil // as waitSendRoom leaves it once sendQueue failed
+	c.Start(func([]byte, *envelope.Error) {}, func(error) {})
+	t.Cleanup(c.Close)
+	const n = 200
+	for i := range n {
+		for !sendText(c, strconv.Itoa(i)) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range n {
+		_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, msg, err := client.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(msg) != strconv.Itoa(i) {
+			t.Fatalf("message %q, want %d", msg, i)
+		}
+	}
+}

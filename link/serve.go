@@ -133,7 +133,7 @@ func (l *Link) serveInline(seq uint64, req *envelope.Request, cc *callCtx) {
 	// in a full send queue (that waits on a goroutine of its own).
 	l.Answer(seq, req.ID, start, res, err, requestBytes(req))
 	l.inlineN.Add(-1)
-	cc.end()
+	cc.End()
 }
 
 // serveOne runs the handler for one incoming request and answers it.
@@ -153,7 +153,7 @@ func (l *Link) serveOne(t task) {
 		l.answer(t.seq, t.r.ID, start, res, err)
 	}
 	l.endServing(t.seq, held)
-	t.cc.end()
+	t.cc.End()
 }
 
 // answer queues the answer to the served request seq (request id id,

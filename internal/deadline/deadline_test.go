@@ -128,6 +128,18 @@ func TestLazy(t *testing.T) {
 		if _, _, ok := Lazy(pctx); ok {
 			t.Fatal("Lazy for a context without a Ctx")
 		}
+		var shared Ctx // anyone may End it: its waiters watch Done
+		shared.Init(pctx, at, true)
+		if _, _, ok := Lazy(&shared); ok {
+			t.Fatal("Lazy for a shared Ctx")
+		}
+		none := New(pctx, time.Time{}) // no deadline: nothing to wait for on a timer
+		if _, has := none.Deadline(); has {
+			t.Fatal("a Ctx without a deadline has one")
+		}
+		if _, _, ok := Lazy(none); ok {
+			t.Fatal("Lazy for a Ctx without a deadline")
+		}
 	})
 }
 

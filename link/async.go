@@ -65,20 +65,11 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) (s
 	}
 	b := GetBuf()
 	*b = l.appendRequest(*b, seq, &r)
-	a := asyncPool.Get().(*asyncCall)
-	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		putAsync(a)
+	a := l.addAsync(seq, deadline, done)
+	if a == nil {
 		PutBuf(b)
 		return 0, UnavailableNotSent("link closed")
 	}
-	if l.async == nil {
-		l.async = map[uint64]*asyncCall{}
-	}
-	l.async[seq] = a
-	l.mu.Unlock()
 
 	if !l.c.TrySend(b) {
 		if l.takeAsync(seq) == nil {
@@ -92,16 +83,39 @@ func (l *Link) Go(req *envelope.Request, deadline time.Time, done Completion) (s
 		return 0, envelope.NewError(envelope.CodeOverloaded, "link send queue is full").MarkNotSent()
 	}
 	if !deadline.IsZero() {
-		// Its deadline is armed once the request is queued, so that the
-		// cancel frame a timeout sends follows it. Still waiting (a is
-		// not back in the pool: its seq is still in the table)?
-		l.mu.Lock()
-		if l.async[seq] == a {
-			l.asyncDeadlines.push(l, a)
-		}
-		l.mu.Unlock()
+		l.armAsync(seq, a)
 	}
 	return seq, nil
+}
+
+// addAsync enters the call seq in the async table, to complete with
+// done (nil: the link is closed).
+func (l *Link) addAsync(seq uint64, deadline time.Time, done Completion) *asyncCall {
+	a := asyncPool.Get().(*asyncCall)
+	*a = asyncCall{seq: seq, deadline: deadline, idx: -1, done: done}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		putAsync(a)
+		return nil
+	}
+	if l.async == nil {
+		l.async = map[uint64]*asyncCall{}
+	}
+	l.async[seq] = a
+	return a
+}
+
+// armAsync puts a, the async call seq, in the deadline heap. It is
+// armed once the request is queued, so that the cancel frame a timeout
+// sends follows it; unless it completed meanwhile (a is back in the
+// pool, maybe another call's: its seq is no longer in the table).
+func (l *Link) armAsync(seq uint64, a *asyncCall) {
+	l.mu.Lock()
+	if l.async[seq] == a {
+		l.asyncDeadlines.push(l, a)
+	}
+	l.mu.Unlock()
 }
 
 // CancelGo ends the call seq made with Go, if it still waits: its

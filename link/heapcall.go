@@ -36,21 +36,12 @@ func (l *Link) callInHeap(ctx context.Context, req *envelope.Request, at time.Ti
 	b := GetBuf()
 	*b = l.appendRequest(*b, seq, &r)
 	ch := l.results.Get().(chan linkResult)
-	a := asyncPool.Get().(*asyncCall)
-	*a = asyncCall{seq: seq, deadline: at, idx: -1, done: resultChan(ch)}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		putAsync(a)
+	a := l.addAsync(seq, at, resultChan(ch))
+	if a == nil {
 		PutBuf(b)
 		l.results.Put(ch)
 		return nil, UnavailableNotSent("link closed")
 	}
-	if l.async == nil {
-		l.async = map[uint64]*asyncCall{}
-	}
-	l.async[seq] = a
-	l.mu.Unlock()
 	if !l.c.SendCtx(ctx, b) { // a full queue is waited on, within the call's deadline
 		if l.takeAsync(seq) == nil {
 			<-ch // the link closed and completed it (as lost): it was not sent
@@ -61,11 +52,7 @@ func (l *Link) callInHeap(ctx context.Context, req *envelope.Request, at time.Ti
 		}
 		return nil, envelope.AsError(ctx.Err()).MarkNotSent()
 	}
-	l.mu.Lock()
-	if l.async[seq] == a { // still waiting: its deadline is armed after the request is queued
-		l.asyncDeadlines.push(l, a)
-	}
-	l.mu.Unlock()
+	l.armAsync(seq, a)
 	select {
 	case res := <-ch:
 		l.results.Put(ch)

@@ -24,9 +24,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Cre
 		return
 	}
 	if l.fast != nil && !req.Stream {
-		if !l.c.TryAdmit(1, requestBytes(req)) {
-			l.nserving.Add(-1)
-			l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+		if !l.admit(seq, req) {
 			return
 		}
 		if l.fast(l, seq, req) {
@@ -55,8 +53,7 @@ func (l *Link) startServing(seq uint64, req *envelope.Request, credit stream.Cre
 	}
 	if !l.c.TryAdmit(1, requestBytes(req)) {
 		l.mu.Unlock()
-		l.nserving.Add(-1)
-		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+		l.refuse(seq)
 		return
 	}
 	var ss *servedStream
@@ -115,15 +112,30 @@ func (l *Link) worker(t task) {
 	}
 }
 
+// admit counts req (the request seq) against the connection's bounds,
+// or refuses it (refuse): false.
+func (l *Link) admit(seq uint64, req *envelope.Request) bool {
+	if l.c.TryAdmit(1, requestBytes(req)) {
+		return true
+	}
+	l.refuse(seq)
+	return false
+}
+
+// refuse answers the request seq, over the connection's bounds,
+// OVERLOADED (not sent), and frees its WithMaxServing slot.
+func (l *Link) refuse(seq uint64) {
+	l.nserving.Add(-1)
+	l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+}
+
 // serveInline serves req on the reader (WithInline): the handler runs
 // before the reader reads on, so req, the reader's, is not copied, and
 // no cancel frame (nor the link's close) can reach it while it runs: it
 // is not in the serving map, but counted in inlineN (Serving). Its
 // context still carries the request's deadline.
 func (l *Link) serveInline(seq uint64, req *envelope.Request, cc *callCtx) {
-	if !l.c.TryAdmit(1, requestBytes(req)) {
-		l.nserving.Add(-1)
-		l.reply(seq, nil, envelope.NewError(envelope.CodeOverloaded, "too many bytes or calls in flight on this link").MarkNotSent())
+	if !l.admit(seq, req) {
 		return
 	}
 	l.inlineN.Add(1)

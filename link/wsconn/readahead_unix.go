@@ -52,6 +52,6 @@ func (ra *readAhead) readNow(p []byte) (int, bool, error) {
 // readFD reads what the socket fd holds into rb, never waiting: an
 // empty socket is the caller's read.
 func (rb *raBuf) readFD(fd uintptr) bool {
-	rb.n, rb.err = syscall.Read(int(fd), rb.b)
+	rb.n, rb.err = sysRead(int(fd), rb.b)
 	return true
 }

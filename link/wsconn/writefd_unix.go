@@ -11,7 +11,7 @@ const rawWrites = true
 // socket without room (EAGAIN) or an interrupted call wrote nothing,
 // which is no error (the caller writes the rest under its deadline).
 func (w *fdWrite) write(fd uintptr) bool {
-	w.n, w.err = syscall.Write(int(fd), w.b)
+	w.n, w.err = sysWrite(int(fd), w.b)
 	w.n = max(w.n, 0)
 	if w.err == syscall.EAGAIN || w.err == syscall.EINTR {
 		w.err = nil

@@ -75,10 +75,10 @@ type fastCall struct {
 	binary    bool       // the origin takes a binary agent's result unchecked
 
 	// The first attempt, until it completes.
-	attempt     telemetry.AttemptCall
-	instance    *registry.Instance // held (Hold) once sent
-	breakerDone func(error)
-	bulkhead    func()
+	attempt  telemetry.AttemptCall
+	instance *registry.Instance // held (Hold) once sent
+	breaker  reliability.Ticket
+	bulkhead func()
 
 	mu        sync.Mutex
 	agent     *link.Link // the first attempt's link, and its seq there
@@ -248,14 +248,14 @@ func (fc *fastCall) first(in *registry.Instance, b *binding, perr error) {
 		fc.attempt.SetServer(b.link.Remote)
 	}
 	fc.instance = in // tried, as the chain's attempt adds it before the breaker's verdict
-	done, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})
+	ticket, err := h.breakers.Allow(reliability.BreakerKey{Method: r.Method, Instance: in.InstanceID})
 	if err != nil {
 		e := envelope.AsError(err)
 		fc.attempt.End(e)
 		fc.failed(e)
 		return
 	}
-	fc.breakerDone = done
+	fc.breaker = ticket
 	in.Hold()
 	deadline := fc.end
 	if t := fc.pol.PerTryTimeout; t > 0 && (deadline.IsZero() || deadline.Sub(fc.start) > t) {
@@ -308,12 +308,12 @@ func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
 		}
 	}
 	if e != nil { // (a nil *envelope.Error is not a nil error)
-		fc.breakerDone(e)
+		fc.breaker.Done(e)
 		fc.attempt.End(e)
 		fc.failed(e)
 		return
 	}
-	fc.breakerDone(nil)
+	fc.breaker.Done(nil)
 	fc.attempt.End(nil)
 	fc.h.retry.Observe(fc.req.Method, time.Since(fc.start))
 	res.Metrics.Retries = 0

@@ -108,7 +108,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 		}
 		telemetry.AnnotateServer(ctx, addr)
 	}
-	done, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
+	ticket, err := h.breakers.Allow(reliability.BreakerKey{Method: req.Method, Instance: in.InstanceID})
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func (h *Hub) attempt(ctx context.Context, req *envelope.Request) (*envelope.Res
 			outcome = nil
 		}
 	}
-	done(outcome)
+	ticket.Done(outcome)
 	return res, err
 }
 

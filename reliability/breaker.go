@@ -3,6 +3,7 @@ package reliability
 import (
 	"errors"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,6 +76,15 @@ type breaker struct {
 	// OnStateChange; only the turn from open to half-open happens on
 	// the clock, so State is asked only while this is true.
 	open atomic.Bool
+
+	// The fast path (breakerfast.go): gen counts generations (one per
+	// transition, from 1), clean is gen while the breaker is closed and
+	// counts no failure (0 otherwise), fastOK the successes of this
+	// generation that gobreaker did not see (List adds them).
+	mu     sync.Mutex
+	gen    atomic.Uint64
+	clean  atomic.Uint64
+	fastOK atomic.Uint32
 }
 
 // NewBreakers returns an empty set. onChange, if not nil, is called on
@@ -110,6 +120,8 @@ func counted(err error) bool {
 func (b *Breakers) get(k BreakerKey) *breaker {
 	return b.m.LoadOrCreate(k, func() *breaker {
 		br := &breaker{}
+		br.gen.Store(1)
+		br.clean.Store(1) // closed, no failure counted
 		threshold := b.cfg.FailureThreshold
 		st := gobreaker.Settings{
 			Name:        k.Method + "@" + k.Instance,
@@ -124,6 +136,7 @@ func (b *Breakers) get(k BreakerKey) *breaker {
 					br.opened.Store(time.Now().UnixNano())
 				}
 				br.open.Store(to == gobreaker.StateOpen)
+				br.transition(to)
 				if b.onChange != nil {
 					b.onChange(k, from.String(), to.String())
 				}
@@ -135,10 +148,14 @@ func (b *Breakers) get(k BreakerKey) *breaker {
 }
 
 // Allow asks the breaker of k for permission. On success the caller must
-// call done with the outcome; otherwise the error is CIRCUIT_OPEN (marked
-// not sent).
-func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
-	done, err = b.get(k).cb.Allow()
+// call the ticket's Done with the outcome; otherwise the error is
+// CIRCUIT_OPEN (marked not sent).
+func (b *Breakers) Allow(k BreakerKey) (Ticket, error) {
+	br := b.get(k)
+	if g := br.clean.Load(); g != 0 {
+		return Ticket{br: br, gen: g}, nil
+	}
+	done, err := br.cb.Allow()
 	if err != nil {
 		msg := "circuit open for " + k.Method
 		if k.Instance != "" {
@@ -147,9 +164,9 @@ func (b *Breakers) Allow(k BreakerKey) (done func(error), err error) {
 		if errors.Is(err, gobreaker.ErrTooManyRequests) {
 			msg += " (half-open: probes in flight)"
 		}
-		return nil, envelope.WrapError(envelope.CodeCircuitOpen, msg, err).MarkNotSent()
+		return Ticket{}, envelope.WrapError(envelope.CodeCircuitOpen, msg, err).MarkNotSent()
 	}
-	return done, nil
+	return Ticket{br: br, done: done}, nil
 }
 
 // IsOpen reports whether k's breaker refuses calls now (open, or
@@ -205,9 +222,10 @@ func (b *Breakers) List() []BreakerInfo {
 	b.m.Range(func(k BreakerKey, br *breaker) {
 		cb := br.cb
 		c := cb.Counts()
+		fast := br.fastOK.Load() // calls of the fast path, counted as they end
 		out = append(out, BreakerInfo{
 			Method: k.Method, Instance: k.Instance, State: cb.State().String(),
-			Requests: c.Requests, TotalSuccesses: c.TotalSuccesses, TotalFailures: c.TotalFailures,
+			Requests: c.Requests + fast, TotalSuccesses: c.TotalSuccesses + fast, TotalFailures: c.TotalFailures,
 			ConsecutiveFailures: c.ConsecutiveFailures,
 		})
 	})

@@ -54,12 +54,12 @@ func (b *Bulkheads) Middleware(next envelope.Invoker) envelope.Invoker {
 // loop outside retries it either.
 func (b *Breakers) Middleware(next envelope.Invoker) envelope.Invoker {
 	return func(ctx context.Context, req *envelope.Request) (*envelope.Response, error) {
-		done, err := b.Allow(BreakerKey{Method: req.Method})
+		t, err := b.Allow(BreakerKey{Method: req.Method})
 		if err != nil {
 			return nil, envelope.AsError(err).WithAttempts(1)
 		}
 		res, err := next(ctx, req)
-		done(err)
+		t.Done(err)
 		return res, err
 	}
 }

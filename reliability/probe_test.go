@@ -20,7 +20,7 @@ func TestBreakersProbeAt(t *testing.T) {
 			t.Fatal("ProbeAt of a breaker never used: ok; want not open")
 		}
 		done, _ := b.Allow(k)
-		done(envelope.NewError(envelope.CodeUnavailable, "down"))
+		done.Done(envelope.NewError(envelope.CodeUnavailable, "down"))
 		opened := time.Now()
 		at, ok := b.ProbeAt(k)
 		if !ok || at.Sub(opened) != time.Second+time.Nanosecond {
@@ -38,7 +38,7 @@ func TestBreakersProbeAt(t *testing.T) {
 		if _, ok := b.ProbeAt(k); ok {
 			t.Error("ProbeAt while half-open: ok; want not open")
 		}
-		done(envelope.NewError(envelope.CodeUnavailable, "still down"))
+		done.Done(envelope.NewError(envelope.CodeUnavailable, "still down"))
 		if at2, ok := b.ProbeAt(k); !ok || at2.Sub(time.Now()) != time.Second+time.Nanosecond {
 			t.Errorf("ProbeAt after a failed probe = %v from now, %v; want a full recovery timeout", at2.Sub(time.Now()), ok)
 		}
@@ -74,7 +74,7 @@ func TestRetryWaitsForProbe(t *testing.T) {
 					if err != nil {
 						return nil, err
 					}
-					done(nil)
+					done.Done(nil)
 					return &envelope.Response{ID: req.ID, Result: []byte(`"` + id + `"`)}, nil
 				}
 				if probe.IsZero() || at.Before(probe) {
@@ -89,7 +89,7 @@ func TestRetryWaitsForProbe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		done(envelope.NewError(envelope.CodeUnavailable, "down"))
+		done.Done(envelope.NewError(envelope.CodeUnavailable, "down"))
 	}
 	cfg := reliability.BreakerConfig{FailureThreshold: 1, RecoveryTimeout: recovery, SuccessThreshold: 1}
 	for _, tc := range []struct {

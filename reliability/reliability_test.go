@@ -153,7 +153,7 @@ func TestBreakerStateMachine(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Allow while closed: %v", err)
 			}
-			done(fail)
+			done.Done(fail)
 		}
 		if _, err := b.Allow(k); envelope.CodeOf(err) != envelope.CodeCircuitOpen {
 			t.Fatalf("6th call: %v; want CIRCUIT_OPEN", err)
@@ -163,7 +163,7 @@ func TestBreakerStateMachine(t *testing.T) {
 		}
 		time.Sleep(30*time.Second + time.Millisecond)
 		// Half-open: three probes, a fourth is refused.
-		var dones []func(error)
+		var dones []reliability.Ticket
 		for range 3 {
 			done, err := b.Allow(k)
 			if err != nil {
@@ -175,7 +175,7 @@ func TestBreakerStateMachine(t *testing.T) {
 			t.Errorf("4th concurrent probe: %v; want CIRCUIT_OPEN", err)
 		}
 		for _, d := range dones {
-			d(nil)
+			d.Done(nil)
 		}
 		if got := b.List()[0].State; got != "closed" {
 			t.Errorf("after 3 successful probes the state is %s; want closed", got)
@@ -183,7 +183,7 @@ func TestBreakerStateMachine(t *testing.T) {
 		// Caller errors count neither way.
 		for range 10 {
 			done, _ := b.Allow(k)
-			done(envelope.NewError(envelope.CodeInvalidParams, "bad"))
+			done.Done(envelope.NewError(envelope.CodeInvalidParams, "bad"))
 		}
 		if b.IsOpen(k) {
 			t.Error("INVALID_PARAMS opened the breaker")

@@ -266,8 +266,8 @@ func ResponseInto(r *envelope.Response) CallOption { return func(o *callOpts) { 
 // *envelope.Error values.
 func (c *Client) Call(ctx context.Context, method string, params, result any, opts ...CallOption) error {
 	var o callOpts
-	for _, f := range opts {
-		f(&o)
+	if len(opts) > 0 {
+		o = applyCallOpts(opts) // o itself does not escape: no allocation for a call without options
 	}
 	raw, err := marshalParams(params)
 	if err != nil {
@@ -314,6 +314,14 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 		*o.response = *res
 	}
 	return unmarshalResult(res.Result, result)
+}
+
+func applyCallOpts(opts []CallOption) callOpts {
+	var o callOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
 }
 
 // Invoke sends a prepared request through the client's middleware and

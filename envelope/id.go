@@ -27,9 +27,13 @@ func init() {
 const hexdigits = "0123456789abcdef"
 
 // NewID returns a new UUIDv7 in its canonical 36-character form.
-func NewID() string {
+func NewID() string { return NewIDAt(time.Now()) }
+
+// NewIDAt is NewID with its timestamp taken from now, a clock reading
+// the caller already has (a call's start).
+func NewIDAt(now time.Time) string {
 	var u [16]byte
-	ms := uint64(time.Now().UnixMilli())
+	ms := uint64(now.UnixMilli())
 	u[0] = byte(ms >> 40)
 	u[1] = byte(ms >> 32)
 	u[2] = byte(ms >> 24)

@@ -122,6 +122,8 @@ func (h *Hub) fastPolicy(req *envelope.Request) *reliability.Policy {
 // path, with fc's origin-specific fields set and base the origin's
 // context values; false: not taken (the origin is gone), nothing done.
 func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request, pol *reliability.Policy) bool {
+	// One clock reading starts the call, its server span and (when no
+	// bulkhead queue comes between) its first attempt.
 	fc.h, fc.origin, fc.req, fc.start, fc.pol = h, origin, *req, time.Now(), pol
 	if !origin.track(fc) {
 		return false // closed: the chain drops it
@@ -132,7 +134,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	if r.ID == "" {
 		r.ID = envelope.NewID()
 	}
-	fc.ctx, fc.sc = h.tel.StartServer(base, r)
+	fc.ctx, fc.sc = h.tel.StartServerAt(base, r, fc.start)
 	if fc.sc.Recording() { // connOf costs allocations: only for a span that records
 		fc.sc.SetPeer(connOf(base))
 	}
@@ -168,7 +170,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		return true
 	}
 	fc.bulkhead = release
-	fc.first(in, b, perr)
+	fc.first(in, b, perr, fc.start)
 	return true
 }
 
@@ -226,17 +228,17 @@ func (fc *fastCall) Admitted(release func(), err *envelope.Error) {
 	}
 	fc.bulkhead = release
 	if in, b, perr, ok := fc.pick(fc.h.retried); ok {
-		fc.first(in, b, perr)
+		fc.first(in, b, perr, time.Now()) // after its wait in the queue
 	}
 }
 
-// first makes fc's first attempt, on in (bound here by b) or failing with
-// the pick's error perr, fc holding its bulkhead slot.
-func (fc *fastCall) first(in *registry.Instance, b *binding, perr error) {
+// first makes fc's first attempt, begun at now, on in (bound here by b)
+// or failing with the pick's error perr, fc holding its bulkhead slot.
+func (fc *fastCall) first(in *registry.Instance, b *binding, perr error, now time.Time) {
 	h, r := fc.h, &fc.req
 	h.retry.Begin(r.Method, fc.start)
 	r.Headers.RetryCount = 0
-	_, fc.attempt = h.tel.StartAttempt(fc.ctx, r)
+	_, fc.attempt = h.tel.StartAttemptAt(fc.ctx, r, now)
 	if perr != nil {
 		e := envelope.AsError(perr)
 		fc.attempt.End(e)
@@ -314,10 +316,11 @@ func (fc *fastCall) Complete(res *envelope.Response, e *envelope.Error) {
 		return
 	}
 	fc.breaker.Done(nil)
-	fc.attempt.End(nil)
-	fc.h.retry.Observe(fc.req.Method, time.Since(fc.start))
+	now := time.Now() // the attempt's end, the call's and the server span's
+	fc.attempt.EndAt(nil, now)
+	fc.h.retry.Observe(fc.req.Method, now.Sub(fc.start))
 	res.Metrics.Retries = 0
-	fc.finish(res, nil)
+	fc.finishAt(res, nil, now)
 }
 
 // failed settles a failed first attempt: the answer, or the rest of the
@@ -394,7 +397,10 @@ func (fc *fastCall) CancelServed() {
 
 // finish answers the call and ends what the stages began, innermost
 // first.
-func (fc *fastCall) finish(res *envelope.Response, err error) {
+func (fc *fastCall) finish(res *envelope.Response, err error) { fc.finishAt(res, err, time.Now()) }
+
+// finishAt is finish at now, a clock reading the caller already took.
+func (fc *fastCall) finishAt(res *envelope.Response, err error, now time.Time) {
 	h := fc.h
 	if fc.bulkhead != nil {
 		fc.bulkhead()
@@ -414,6 +420,6 @@ func (fc *fastCall) finish(res *envelope.Response, err error) {
 		}
 		h.noteCall(&fc.req, fc.start, inst, err)
 	}
-	fc.sc.End(err)
+	fc.sc.EndAt(err, now)
 	fc.origin.answerFast(fc, res, err)
 }

@@ -275,7 +275,7 @@ func (c *Client) Call(ctx context.Context, method string, params, result any, op
 	}
 	start := time.Now() // the timestamp, and the latency's start: one clock read
 	req := &envelope.Request{
-		ID: envelope.NewID(), Origin: c.cfg.origin, Destination: o.destination,
+		ID: envelope.NewIDAt(start), Origin: c.cfg.origin, Destination: o.destination,
 		Timestamp: start.UnixMilli(), Method: method, Params: raw, Version: envelope.Version,
 	}
 	if o.headers != nil {

@@ -161,10 +161,16 @@ type AttemptCall struct {
 // attempt elsewhere (AttemptCall.End): the attempt's span, its context,
 // and the request's headers carrying it.
 func (t *Telemetry) StartAttempt(ctx context.Context, req *envelope.Request) (context.Context, AttemptCall) {
+	return t.StartAttemptAt(ctx, req, time.Now())
+}
+
+// StartAttemptAt is StartAttempt at now, a clock reading the caller
+// already took (one read fewer per call on the hub's forward path).
+func (t *Telemetry) StartAttemptAt(ctx context.Context, req *envelope.Request, now time.Time) (context.Context, AttemptCall) {
 	if t == nil || (!t.tracing && t.M == nil) {
 		return ctx, AttemptCall{}
 	}
-	a := AttemptCall{t: t, start: time.Now(), label: t.label(req.Method)}
+	a := AttemptCall{t: t, start: now, label: t.label(req.Method)}
 	if t.tracing {
 		ctx, a.Span = t.tracer.Start(ctx, a.label+" attempt", trace.WithSpanKind(trace.SpanKindClient))
 		if a.Span.IsRecording() {
@@ -186,12 +192,15 @@ func (t *Telemetry) StartAttempt(ctx context.Context, req *envelope.Request) (co
 func (a *AttemptCall) Recording() bool { return a.Span != nil && a.Span.IsRecording() }
 
 // End records the attempt's outcome: its duration, its span's status.
-func (a *AttemptCall) End(err error) {
+func (a *AttemptCall) End(err error) { a.EndAt(err, time.Now()) }
+
+// EndAt is End at now, a clock reading the caller already took.
+func (a *AttemptCall) EndAt(err error, now time.Time) {
 	if a.t == nil {
 		return
 	}
 	if m := a.t.M; m != nil {
-		observe(m.durOf(m.clientDur, a.t.system, a.label, envelope.CodeOf(err)), time.Since(a.start), a.Span, &m.exClient)
+		observe(m.durOf(m.clientDur, a.t.system, a.label, envelope.CodeOf(err)), now.Sub(a.start), a.Span, &m.exClient)
 	}
 	if a.Span != nil {
 		end(a.Span, err)
@@ -213,10 +222,16 @@ type ServerCall struct {
 // the SERVER span, the in-flight gauge. A control-plane call (SetControl)
 // gets a span only when its caller's trace is sampled.
 func (t *Telemetry) StartServer(ctx context.Context, req *envelope.Request) (context.Context, ServerCall) {
+	return t.StartServerAt(ctx, req, time.Now())
+}
+
+// StartServerAt is StartServer at now, a clock reading the caller
+// already took.
+func (t *Telemetry) StartServerAt(ctx context.Context, req *envelope.Request, now time.Time) (context.Context, ServerCall) {
 	if t == nil || (!t.tracing && t.M == nil) {
 		return ctx, ServerCall{}
 	}
-	sc := ServerCall{t: t, start: time.Now(), label: t.label(req.Method)}
+	sc := ServerCall{t: t, start: now, label: t.label(req.Method)}
 	if f := t.control.Load(); f != nil {
 		sc.control = (*f)(req.Method)
 	}
@@ -243,16 +258,19 @@ func (t *Telemetry) StartServer(ctx context.Context, req *envelope.Request) (con
 
 // End records the call's outcome: the duration histogram (the control
 // plane's for a control-plane call), the gauge, the span's status.
-func (sc *ServerCall) End(err error) {
+func (sc *ServerCall) End(err error) { sc.EndAt(err, time.Now()) }
+
+// EndAt is End at now, a clock reading the caller already took.
+func (sc *ServerCall) EndAt(err error, now time.Time) {
 	if sc.t == nil {
 		return
 	}
 	if m := sc.t.M; m != nil {
 		if sc.control {
-			m.controlDur.WithLabelValues(sc.label, statusCode(envelope.CodeOf(err))).Observe(time.Since(sc.start).Seconds())
+			m.controlDur.WithLabelValues(sc.label, statusCode(envelope.CodeOf(err))).Observe(now.Sub(sc.start).Seconds())
 		} else {
 			m.inflightServer.Dec()
-			observe(m.durOf(m.serverDur, sc.t.system, sc.label, envelope.CodeOf(err)), time.Since(sc.start), sc.span, &m.exServer)
+			observe(m.durOf(m.serverDur, sc.t.system, sc.label, envelope.CodeOf(err)), now.Sub(sc.start), sc.span, &m.exServer)
 		}
 	}
 	if sc.span != nil {

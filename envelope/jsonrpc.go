@@ -45,16 +45,26 @@ func DecodeJSONRPC(data []byte, lim Limits) (calls []RPCCall, batch bool, err *E
 // message in its read buffer): it decodes without scanning the message a
 // second time.
 func DecodeCheckedJSONRPC(data []byte) (calls []RPCCall, batch bool) {
-	data = trimValue(data)
-	if data[0] != '[' {
-		c := decodeRPCRequest(data)
+	if c, ok := DecodeCheckedJSONRPCSingle(data); ok {
 		return []RPCCall{c}, false
 	}
+	data = trimValue(data)
 	n := 0
 	eachElement(data, func([]byte) { n++ })
 	calls = make([]RPCCall, 0, n)
 	eachElement(data, func(v []byte) { calls = append(calls, decodeRPCRequest(v)) })
 	return calls, true
+}
+
+// DecodeCheckedJSONRPCSingle is DecodeCheckedJSONRPC for a message that
+// is one call, not a batch: the call, with no slice to hold it; ok is
+// false for a batch (an array), which DecodeCheckedJSONRPC decodes.
+func DecodeCheckedJSONRPCSingle(data []byte) (c RPCCall, ok bool) {
+	data = trimValue(data)
+	if data[0] == '[' {
+		return RPCCall{}, false
+	}
+	return decodeRPCRequest(data), true
 }
 
 func decodeRPCRequest(v []byte) RPCCall {

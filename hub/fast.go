@@ -132,7 +132,7 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 	r := &fc.req
 	// identify, telemetry, (log: finish), drain
 	if r.ID == "" {
-		r.ID = envelope.NewID()
+		r.ID = envelope.NewIDAt(fc.start)
 	}
 	fc.ctx, fc.sc = h.tel.StartServerAt(base, r, fc.start)
 	if fc.sc.Recording() { // connOf costs allocations: only for a span that records

@@ -349,12 +349,11 @@ func (rc *rpcConn) cancelFast() {
 // goroutine of its own, as a worker would have.
 func (rc *rpcConn) answerFast(fc *fastCall, res *envelope.Response, err error) {
 	rc.busy.Add(-1) // free before the caller can see the answer, and send its next call
-	done := func() { rc.c.Release(1, fc.held) }
 	rc.mu.Lock()
 	delete(rc.fast, fc)
 	rc.mu.Unlock()
 	if fc.rpcNotify {
-		done()
+		rc.c.Release(1, fc.held)
 		return
 	}
 	b := link.GetBuf()
@@ -365,14 +364,14 @@ func (rc *rpcConn) answerFast(fc *fastCall, res *envelope.Response, err error) {
 	}
 	wait := rc.c.TrySendOwed(b)
 	if wait == nil {
-		done()
+		rc.c.Release(1, fc.held)
 		return
 	}
 	rc.mu.Lock()
 	if rc.closed {
 		rc.mu.Unlock()
 		wait() // at once: the connection is closed
-		done()
+		rc.c.Release(1, fc.held)
 		return
 	}
 	rc.slow.Add(1)
@@ -380,7 +379,7 @@ func (rc *rpcConn) answerFast(fc *fastCall, res *envelope.Response, err error) {
 	go func() {
 		defer rc.slow.Done()
 		wait()
-		done()
+		rc.c.Release(1, fc.held)
 	}()
 }
 
@@ -393,7 +392,15 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		rc.c.Send(b)
 		return
 	}
-	calls, batch := envelope.DecodeCheckedJSONRPC(data) // the reader ran c.check, PrecheckJSONRPC
+	// The reader ran c.check, PrecheckJSONRPC. One call (not a batch)
+	// is decoded with no slice: the forward path copies it.
+	one, single := envelope.DecodeCheckedJSONRPCSingle(data)
+	var calls []envelope.RPCCall
+	batch, ncalls := !single, 1
+	if batch {
+		calls, _ = envelope.DecodeCheckedJSONRPC(data)
+		ncalls = len(calls)
+	}
 	// A bound on the calls in flight per connection: past it the
 	// connection's new calls are refused at once, not queued, each under
 	// its own id: a batch is answered with an array of refusals (one per
@@ -403,8 +410,11 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 	// or owed (link.Config.MaxUnwrittenBytes, MaxUnwrittenCalls); a
 	// client that does not read its answers is then paused, not read.
 	n := len(data)
-	if rc.busy.Add(int64(len(calls))) > int64(rc.h.maxPending) || !rc.c.TryAdmit(len(calls), n) {
-		rc.busy.Add(-int64(len(calls)))
+	if rc.busy.Add(int64(ncalls)) > int64(rc.h.maxPending) || !rc.c.TryAdmit(ncalls, n) {
+		rc.busy.Add(-int64(ncalls))
+		if single {
+			calls = []envelope.RPCCall{one}
+		}
 		e := envelope.NewError(envelope.CodeOverloaded, "too many calls in flight on this connection").MarkNotSent()
 		b := link.GetBuf()
 		if batch {
@@ -432,15 +442,18 @@ func (rc *rpcConn) onMessage(data []byte, refused *envelope.Error) {
 		return
 	}
 	// Counted (tryAdmit) until the answer is queued.
-	if c := &calls[0]; !batch && c.Err == nil && !rc.h.Streaming(c.Request.Method) {
-		if pol := rc.h.fastPolicy(&c.Request); pol != nil {
-			if c.Request.Timestamp == 0 {
-				c.Request.Timestamp = time.Now().UnixMilli()
+	if single && one.Err == nil && !rc.h.Streaming(one.Request.Method) {
+		if pol := rc.h.fastPolicy(&one.Request); pol != nil {
+			if one.Request.Timestamp == 0 {
+				one.Request.Timestamp = time.Now().UnixMilli()
 			}
-			if rc.h.takeFast(rc, rc.ctx, &fastCall{rpcID: c.ID, rpcNotify: c.Notification, held: n}, &c.Request, pol) {
+			if rc.h.takeFast(rc, rc.ctx, &fastCall{rpcID: one.ID, rpcNotify: one.Notification, held: n}, &one.Request, pol) {
 				return
 			}
 		}
+	}
+	if single {
+		calls = []envelope.RPCCall{one}
 	}
 	rc.workers.Go(rpcTask{calls, batch, n})
 }

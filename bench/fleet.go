@@ -23,6 +23,8 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/contract/control"
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -44,6 +46,7 @@ type FleetRun struct {
 	IdleCPUBase    float64       // the same at base idle agents
 	EchoBase       float64       // echo calls/s at base idle agents
 	EchoN          float64       // echo calls/s at n idle agents
+	EchoControl    float64       // echo calls/s at base idle agents, n idle links to another server beside the hub
 	Relinked       int64         // agents that registered again: their link was closed under them
 	DropAll        time.Duration // the n links closed at once until the hub lists none of them
 	HubRSSMiB      float64
@@ -54,11 +57,16 @@ type FleetRun struct {
 // CPU, routing throughput beside them, the drop of them all), runs
 // times, each on a fresh hub.
 func fleet(o fleetOpts) error {
-	ctl, err := pingControl(o.n, o.idleFor)
+	ctl, err := pingControl("ping-clients", o.n, o.idleFor)
 	if err != nil {
 		return fmt.Errorf("control: %w", err)
 	}
 	fmt.Printf("control: a plain gorilla/websocket server with %d idle connections, each pinging every 5 s: %.1f %% of a core\n", o.n, ctl)
+	ctl, err = pingControl("link-clients", o.n, o.idleFor)
+	if err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+	fmt.Printf("control: the same server with %d idle agentmesh links (the agents' link layer and ping timing, not registered): %.1f %% of a core\n", o.n, ctl)
 	var rs []FleetRun
 	for i := range o.runs {
 		r, err := fleetRun(o)
@@ -66,9 +74,9 @@ func fleet(o fleetOpts) error {
 			return fmt.Errorf("run %d: %w", i+1, err)
 		}
 		rs = append(rs, r)
-		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB\n",
+		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx; control: %.0f, %.2fx, with %d idle links to another server beside the hub); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB\n",
 			i+1, o.n, r.RegisterAll.Round(time.Millisecond), r.HubReady, r.IdleCPU, r.IdleCPUBase, o.base,
-			r.EchoN, o.n, r.EchoBase, o.base, r.EchoN/r.EchoBase, r.Relinked, o.n, r.DropAll.Round(time.Millisecond),
+			r.EchoN, o.n, r.EchoBase, o.base, r.EchoN/r.EchoBase, r.EchoControl, r.EchoControl/r.EchoBase, o.n, r.Relinked, o.n, r.DropAll.Round(time.Millisecond),
 			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.HubRSSMiB)
 	}
 	if len(rs) > 1 {
@@ -119,6 +127,19 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	time.Sleep(2 * time.Second)
 	r.IdleCPUBase = cpuShare(hub, o.idleFor)
 	if r.EchoBase, err = echoRate(addr, o.loadFor); err != nil {
+		return r, err
+	}
+	// The control for echo at n: the same hub and its 10 agents, with n
+	// idle links pinging a server of their own beside them on this
+	// machine, which take the CPU the n agents' pings would (the server's
+	// and its clients'), none of it the hub's.
+	_, stopCtl, err := startControl("link-clients", o.n)
+	if err != nil {
+		return r, err
+	}
+	r.EchoControl, err = echoRate(addr, o.loadFor)
+	stopCtl()
+	if err != nil {
 		return r, err
 	}
 
@@ -392,7 +413,9 @@ func profileWindow(path string) func() {
 // idle connections pinging every 5 s is the floor of one ping exchange
 // per link per interval on this machine.
 func runPingServer(ctx context.Context, addr string) error {
-	up := websocket.Upgrader{}
+	// It speaks the agentmesh subprotocols only to let link-clients
+	// connect; whatever they send is read and dropped.
+	up := websocket.Upgrader{Subprotocols: []string{envelope.SubprotocolV2, envelope.Subprotocol}}
 	srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := up.Upgrade(w, r, nil)
 		if err != nil {
@@ -462,30 +485,84 @@ func runPingClients(ctx context.Context, spec string) error {
 	return nil
 }
 
-// pingControl measures the ping-server's CPU with n ping-clients idle.
-func pingControl(n int, d time.Duration) (float64, error) {
-	addr := freeAddr()
-	srv, err := startRole("ping-server", addr)
+// runLinkClients is the link-clients role: N idle agentmesh links
+// (link.Dial, the link layer the agents run on, with its ping timers and
+// their timing) to addr, 64 dialling at a time, none registering; "ready"
+// once all are connected. The second control: the ping-server with the
+// agents' own ping pattern (their pings arrive in more, smaller bursts
+// than ping-clients' tickers give).
+func runLinkClients(ctx context.Context, spec string) error {
+	host, ns, _ := strings.Cut(spec, ",")
+	n, _ := strconv.Atoi(ns)
+	var links []*link.Link
+	defer func() {
+		for _, l := range links {
+			l.Close()
+		}
+	}()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			l, err := link.Dial(ctx, "ws://"+host+"/ws", link.Config{})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "link-clients:", err)
+				return
+			}
+			mu.Lock()
+			links = append(links, l)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	fmt.Println("ready")
+	<-ctx.Done()
+	return nil
+}
+
+// pingControl measures the ping-server's CPU with n clients of the
+// role clients (ping-clients or link-clients) idle.
+func pingControl(clients string, n int, d time.Duration) (float64, error) {
+	srv, stop, err := startControl(clients, n)
 	if err != nil {
 		return 0, err
 	}
-	defer srv.stop()
-	if err := waitDial(addr); err != nil {
-		return 0, err
+	defer stop()
+	return cpuShare(srv, d), nil
+}
+
+// startControl starts the ping-server and n idle clients of the role
+// clients, and returns once every client's pings are in their rhythm.
+func startControl(clients string, n int) (srv *proc, stop func(), err error) {
+	addr := freeAddr()
+	srv, err = startRole("ping-server", addr)
+	if err != nil {
+		return nil, nil, err
 	}
-	cmd := exec.Command(os.Args[0], "-role", "ping-clients", "-addr", fmt.Sprintf("%s,%d", addr, n))
+	if err := waitDial(addr); err != nil {
+		srv.stop()
+		return nil, nil, err
+	}
+	cmd := exec.Command(os.Args[0], "-role", clients, "-addr", fmt.Sprintf("%s,%d", addr, n))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return 0, err
+		srv.stop()
+		return nil, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		srv.stop()
+		return nil, nil, err
 	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	cp := &proc{cmd, clients} // stopped as a server is: SIGTERM, then a kill after 5 s
+	stop = func() { cp.stop(); srv.stop() }
 	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		return 0, fmt.Errorf("ping clients did not come up: %w", err)
+		stop()
+		return nil, nil, fmt.Errorf("%s did not come up: %w", clients, err)
 	}
 	time.Sleep(6 * time.Second) // every client's ticker in its rhythm
-	return cpuShare(srv, d), nil
+	return srv, stop, nil
 }

@@ -255,6 +255,8 @@ func runRole(role, addr string) error {
 		return runPingServer(ctx, addr)
 	case "ping-clients":
 		return runPingClients(ctx, addr)
+	case "link-clients":
+		return runLinkClients(ctx, addr)
 	case "fleet-agents":
 		return runFleetAgents(ctx, addr)
 	case "idle-agents":

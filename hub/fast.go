@@ -122,8 +122,7 @@ func (h *Hub) fastPolicy(req *envelope.Request) *reliability.Policy {
 // path, with fc's origin-specific fields set and base the origin's
 // context values; false: not taken (the origin is gone), nothing done.
 func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, req *envelope.Request, pol *reliability.Policy) bool {
-	// One clock reading starts the call, its server span and (when no
-	// bulkhead queue comes between) its first attempt.
+	// One clock reading starts the call and its server span.
 	fc.h, fc.origin, fc.req, fc.start, fc.pol = h, origin, *req, time.Now(), pol
 	if !origin.track(fc) {
 		return false // closed: the chain drops it
@@ -170,7 +169,9 @@ func (h *Hub) takeFast(origin fastOrigin, base context.Context, fc *fastCall, re
 		return true
 	}
 	fc.bulkhead = release
-	fc.first(in, b, perr, fc.start)
+	// The attempt starts now, after authentication, limits and the
+	// pick, as the chain's attempt does: its duration is the agent's.
+	fc.first(in, b, perr, time.Now())
 	return true
 }
 

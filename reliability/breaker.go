@@ -43,7 +43,11 @@ type BreakerKey struct {
 	Instance string
 }
 
-// BreakerInfo is one breaker's state for mesh.breakers.
+// BreakerInfo is one breaker's state for mesh.breakers: gobreaker's
+// counts of the current generation. A call that a closed breaker with no
+// failure counted admits without gobreaker (breakerfast.go) is counted
+// when it succeeds: calls in flight on a healthy breaker are not in
+// Requests yet.
 type BreakerInfo struct {
 	Method              string `json:"method"`
 	Instance            string `json:"instance,omitempty"`
@@ -81,9 +85,11 @@ type breaker struct {
 	// transition, from 1), clean is gen while the breaker is closed and
 	// counts no failure (0 otherwise), fastOK the successes of this
 	// generation that gobreaker did not see (List adds them).
-	mu     sync.Mutex
-	gen    atomic.Uint64
-	clean  atomic.Uint64
+	mu    sync.Mutex
+	gen   atomic.Uint64
+	clean atomic.Uint64
+	_     [64]byte // fastOK, written by every fast success, off the line every Allow reads
+	// fastOK is this generation's fast successes.
 	fastOK atomic.Uint32
 }
 

@@ -1,4 +1,4 @@
-//go:build linux && !race
+//go:build linux && !race && !msan && !asan
 
 package wsconn
 

@@ -1,4 +1,4 @@
-//go:build unix && !(linux && !race)
+//go:build unix && !(linux && !race && !msan && !asan)
 
 package wsconn
 

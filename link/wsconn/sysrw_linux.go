@@ -17,22 +17,16 @@ import (
 // with the race detector keep syscall.Write and syscall.Read, whose
 // annotations tell it about the order that a socket gives a write and
 // the read of it.
-func sysWrite(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if e != 0 {
-		return -1, e
-	}
-	return int(n), nil
-}
+func sysWrite(fd int, p []byte) (int, error) { return rawRW(syscall.SYS_WRITE, fd, p) }
 
-func sysRead(fd int, p []byte) (int, error) {
+func sysRead(fd int, p []byte) (int, error) { return rawRW(syscall.SYS_READ, fd, p) }
+
+// rawRW is read(2) or write(2) (trap) of p on fd: n, or -1 and the errno.
+func rawRW(trap uintptr, fd int, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	n, _, e := syscall.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 	if e != 0 {
 		return -1, e
 	}

@@ -57,16 +57,16 @@ type FleetRun struct {
 // CPU, routing throughput beside them, the drop of them all), runs
 // times, each on a fresh hub.
 func fleet(o fleetOpts) error {
-	ctl, err := pingControl("ping-clients", o.n, o.idleFor)
-	if err != nil {
-		return fmt.Errorf("control: %w", err)
+	for _, c := range []struct{ role, what string }{
+		{"ping-clients", "a plain gorilla/websocket server with %d idle connections, each pinging every 5 s"},
+		{"link-clients", "the same server with %d idle agentmesh links (the agents' link layer and ping timing, not registered)"},
+	} {
+		ctl, err := pingControl(c.role, o.n, o.idleFor)
+		if err != nil {
+			return fmt.Errorf("control (%s): %w", c.role, err)
+		}
+		fmt.Printf("control: "+c.what+": %.1f %% of a core\n", o.n, ctl)
 	}
-	fmt.Printf("control: a plain gorilla/websocket server with %d idle connections, each pinging every 5 s: %.1f %% of a core\n", o.n, ctl)
-	ctl, err = pingControl("link-clients", o.n, o.idleFor)
-	if err != nil {
-		return fmt.Errorf("control: %w", err)
-	}
-	fmt.Printf("control: the same server with %d idle agentmesh links (the agents' link layer and ping timing, not registered): %.1f %% of a core\n", o.n, ctl)
 	var rs []FleetRun
 	for i := range o.runs {
 		r, err := fleetRun(o)

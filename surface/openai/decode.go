@@ -56,7 +56,7 @@ func DecodeRequest(data []byte, lim envelope.Limits) (*Request, *envelope.Error)
 	}
 	var req Request
 	var messages, n, tools []byte
-	err := envelope.EachMember(data, func(key string, v []byte) *envelope.Error {
+	err := members(data, func(key string, v []byte) *envelope.Error {
 		var e *envelope.Error
 		switch key {
 		case "model":
@@ -70,7 +70,7 @@ func DecodeRequest(data []byte, lim envelope.Limits) (*Request, *envelope.Error)
 			case 'n':
 			case '{':
 				req.StreamOptions = &StreamOptions{}
-				e = envelope.EachMember(v, func(key string, v []byte) *envelope.Error {
+				e = members(v, func(key string, v []byte) *envelope.Error {
 					var e *envelope.Error
 					if key == "include_usage" {
 						req.StreamOptions.IncludeUsage, e = openAIBool("stream_options.include_usage", v)
@@ -145,7 +145,7 @@ func decodeMessage(i int, v []byte) (Message, *envelope.Error) {
 	if envelope.KindOf(v) != '{' {
 		return m, envelope.Errorf(envelope.CodeInvalidParams, "messages[%d] must be an object", i)
 	}
-	err := envelope.EachMember(v, func(key string, v []byte) *envelope.Error {
+	err := members(v, func(key string, v []byte) *envelope.Error {
 		var e *envelope.Error
 		switch key {
 		case "role":
@@ -196,7 +196,7 @@ func openAIText(v []byte) (string, *envelope.Error) {
 			}
 			var typ string
 			var text []byte
-			if err = envelope.EachMember(p, func(key string, v []byte) *envelope.Error {
+			if err = members(p, func(key string, v []byte) *envelope.Error {
 				var e *envelope.Error
 				switch key {
 				case "type":
@@ -253,4 +253,21 @@ func openAIBool(name string, v []byte) (bool, *envelope.Error) {
 		return true, nil
 	}
 	return false, envelope.Errorf(envelope.CodeInvalidParams, "%s must be a boolean", name)
+}
+
+// members is envelope.EachMember walking the whole object before it
+// answers a member fn refused: a key given twice anywhere in the object
+// refuses the body as a whole (INVALID_REQUEST), whatever member before it
+// had the wrong type.
+func members(obj []byte, fn func(key string, v []byte) *envelope.Error) *envelope.Error {
+	var first *envelope.Error
+	if err := envelope.EachMember(obj, func(key string, v []byte) *envelope.Error {
+		if first == nil {
+			first = fn(key, v)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return first
 }

@@ -136,12 +136,13 @@ func (c Config) WithDefaults() Config {
 // writer goroutine (gorilla allows no more). Frames to send go into a
 // bounded queue; the writer is started when a frame is queued and exits
 // after writerLinger with nothing to write, so an idle connection holds
-// one goroutine and no queue. Pings go out from a timer; every write,
+// one goroutine and no queue; an accepted one hands its reader's wait to
+// a fresh goroutine with a small stack (frameReader). Pings go out from a timer; every write,
 // data or control, goes through the connection's wire (frame.go). onMessage runs on
 // the reader goroutine and must not block.
 type Conn struct {
 	ws    *websocket.Conn
-	wire  wire    // what is written (gorilla reads, this side frames: frame.go)
+	wire  wire    // what is written (this side frames: frame.go; it reads an accepted connection's frames too, readframe.go, and gorilla a dialled one's)
 	cfg   *Config // shared by the connections of one server (NewConnShared)
 	batch bool    // frames queued together go out as one message (native links only): a JSON array, or (binary) one after another
 	// binary: the frames are binary (agentmesh.v2); msgType is the
@@ -151,6 +152,7 @@ type Conn struct {
 	// check, if set, refuses a message in the read buffer, before it is
 	// copied out: onMessage then gets only its head and the refusal.
 	check     func([]byte, envelope.Limits) *envelope.Error // with the connection's limits: a plain func, not a closure per link
+	fr        *frameReader                                  // reads an accepted connection's frames (nil: gorilla does)
 	closing   chan struct{}
 	closeOnce sync.Once
 	err       error // why it closed; read after closing is closed
@@ -241,6 +243,7 @@ func NewConnShared(ws *websocket.Conn, cfg *Config) *Conn {
 		wake:    make(chan struct{}, 1),
 		pings:   newPingPolicy(cfg.PeerPingMin),
 		msgType: websocket.TextMessage,
+		fr:      newFrameReader(ws, cfg.Limits.MaxBytes+1024),
 	}
 }
 
@@ -413,6 +416,9 @@ func (c *Conn) readerExit() {
 		c.linger()
 		_ = c.ws.Close()
 	}
+	if c.fr != nil {
+		c.fr.ra.release()
+	}
 }
 
 // linger keeps a connection closed as a slow consumer open for up to
@@ -463,26 +469,51 @@ func (c *Conn) Start(onMessage func(data []byte, refused *envelope.Error), onClo
 	}
 	c.ping.Reset(first)
 	c.wg.Add(1)
-	go c.readLoop(onMessage)
+	go c.readLoop(onMessage, false)
 }
 
-func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
+// readLoop reads messages until the connection ends. resumed: this
+// goroutine took over an idle reader's wait (frameReader), and waits for
+// the socket first.
+func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 	defer c.wg.Done()
-	idle := c.cfg.IdleTimeout
-	_ = c.setReadDeadline(time.Now().Add(idle))
-	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
-	c.ws.SetPingHandler(c.onPing)
-	c.ws.SetCloseHandler(func(code int, _ string) error {
-		// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
-		// handler does, on this side's wire: Shutdown's own close frame
-		// then finds it sent.
-		_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
-		return nil
-	})
+	if resumed {
+		if _, err := c.fr.ra.fill(true); err != nil {
+			c.Shutdown(err)
+			c.readerExit()
+			return
+		}
+	} else {
+		idle := c.cfg.IdleTimeout
+		_ = c.setReadDeadline(time.Now().Add(idle))
+		c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
+		c.ws.SetPingHandler(c.onPing)
+		c.ws.SetCloseHandler(func(code int, _ string) error {
+			// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
+			// handler does, on this side's wire: Shutdown's own close frame
+			// then finds it sent.
+			_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+			return nil
+		})
+	}
 	for {
 		if c.bp {
 			if ok, _ := c.underBounds(); !ok {
 				c.readerExit()
+				return
+			}
+		}
+		if c.fr != nil {
+			park, err := c.fr.idle()
+			if err != nil {
+				c.Shutdown(err)
+				c.readerExit()
+				return
+			}
+			if park {
+				handoffs.Add(1)
+				c.wg.Add(1) // under this goroutine's own count: Close waits for both
+				go c.readLoop(onMessage, true)
 				return
 			}
 		}
@@ -491,6 +522,9 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 			c.Shutdown(err)
 			c.readerExit()
 			return
+		}
+		if typ == noFrame {
+			continue
 		}
 		c.heardFrom()
 		if c.cfg.Bytes != nil {
@@ -509,6 +543,9 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error)) {
 // message refused while it is read. A message refused by c.check comes
 // back as its first envelope.RecoverHeadLen bytes, with the refusal.
 func (c *Conn) readMessage() (int, []byte, *envelope.Error, error) {
+	if c.fr != nil {
+		return c.readFrames()
+	}
 	typ, r, err := c.ws.NextReader()
 	if err != nil {
 		return typ, nil, nil, err

@@ -2,6 +2,7 @@ package wsconn
 
 import (
 	"context"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -38,8 +39,35 @@ func getReadAhead() *raBuf {
 }
 
 func putReadAhead(b *raBuf) {
+	if len(b.b) == carrySize {
+		carryPool.Put(b)
+		return
+	}
 	readAheadHeld.Add(-1)
 	readAheadPool.Put(b)
+}
+
+// carrySize is the size of the small buffer that holds a frame's first
+// bytes (a header cut short, a control frame) while its reader waits for
+// the rest: a peer that stops in the middle of a header makes the hub
+// hold these 256 bytes, not 64 KiB.
+const carrySize = 256
+
+// carried counts the moves into a small buffer (tests).
+var carried atomic.Int64
+
+var carryPool = sync.Pool{New: func() any { return &raBuf{b: make([]byte, carrySize)} }}
+
+// carry moves the buffered bytes into a small buffer, before a wait.
+func (ra *readAhead) carry() {
+	if ra.buf == nil || len(ra.buf.b) == carrySize || ra.w-ra.r > carrySize {
+		return
+	}
+	carried.Add(1)
+	cb := carryPool.Get().(*raBuf)
+	n := copy(cb.b, ra.buf.b[ra.r:ra.w])
+	putReadAhead(ra.buf)
+	ra.buf, ra.r, ra.w = cb, 0, n
 }
 
 // readAhead gives a connection a large read buffer that it holds only
@@ -72,6 +100,97 @@ type readAhead struct {
 	// waits counts the reads since the last pace that found nothing
 	// read ahead and went to the socket, which may have made them wait.
 	waits int
+	// A frameReader's fill (readahead_unix.go): the read it hands the
+	// socket (bound once, on the first fill), whether that read may
+	// wait, and its outcome.
+	fillFn   func(fd uintptr) bool
+	fillWait bool
+	filled   int
+	fillErr  error
+}
+
+// buffered returns the bytes read ahead and not taken yet, in place.
+func (ra *readAhead) buffered() []byte {
+	if ra.buf == nil {
+		return nil
+	}
+	return ra.buf.b[ra.r:ra.w]
+}
+
+// take marks the first n buffered bytes taken; the buffer goes back to
+// the pool once all are.
+func (ra *readAhead) take(n int) {
+	if n == 0 {
+		return
+	}
+	ra.r += n
+	if ra.r == ra.w {
+		putReadAhead(ra.buf)
+		ra.buf = nil
+	}
+}
+
+// release gives the buffer back, bytes and all: its reader is done.
+func (ra *readAhead) release() {
+	if ra.buf != nil {
+		putReadAhead(ra.buf)
+		ra.buf = nil
+	}
+}
+
+// room readies the buffer for a fill: a new one, or the one held with
+// its bytes moved to its start when few bytes are left behind them (a
+// frame's header cut by the buffer's end must be read whole).
+func (ra *readAhead) room() {
+	if ra.buf == nil {
+		ra.buf = getReadAhead()
+		ra.r, ra.w = 0, 0
+	} else if len(ra.buf.b) == carrySize {
+		b := getReadAhead()
+		n := copy(b.b, ra.buf.b[ra.r:ra.w])
+		putReadAhead(ra.buf)
+		ra.buf, ra.r, ra.w = b, 0, n
+	} else if len(ra.buf.b)-ra.w < 1024 {
+		ra.w = copy(ra.buf.b, ra.buf.b[ra.r:ra.w])
+		ra.r = 0
+	}
+}
+
+// fillBlocking is fill where the socket cannot be read without waiting
+// (no RawConn: an in-memory connection): it waits in the connection's
+// Read, holding the buffer.
+func (ra *readAhead) fillBlocking() (bool, error) {
+	ra.waits++
+	ra.room()
+	n, err := ra.conn.Read(ra.buf.b[ra.w:])
+	ra.w += n
+	if ra.r == ra.w {
+		putReadAhead(ra.buf)
+		ra.buf = nil
+	}
+	if n > 0 {
+		return true, nil // an error comes back with the next read
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return false, err
+}
+
+// readInto reads into p, empty of buffered bytes: a large p straight
+// from the socket (a large message's payload, copied once), a small one
+// through a fill.
+func (ra *readAhead) readInto(p []byte) (int, error) {
+	if len(p) >= 16<<10 {
+		ra.waits++
+		return ra.conn.Read(p)
+	}
+	if _, err := ra.fill(true); err != nil {
+		return 0, err
+	}
+	n := copy(p, ra.buffered())
+	ra.take(n)
+	return n, nil
 }
 
 // Pacing: a reader of a large message calls pace every 64 KiB of it.

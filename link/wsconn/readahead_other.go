@@ -9,3 +9,5 @@ const readAheadOS = false
 func (ra *readAhead) readNow(p []byte) (int, bool, error) { return 0, false, nil }
 
 func (rb *raBuf) readFD(uintptr) bool { return true }
+
+func (ra *readAhead) fill(bool) (bool, error) { return ra.fillBlocking() }

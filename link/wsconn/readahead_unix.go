@@ -55,3 +55,71 @@ func (rb *raBuf) readFD(fd uintptr) bool {
 	rb.n, rb.err = sysRead(int(fd), rb.b)
 	return true
 }
+
+// fill reads what the socket holds, up to the buffer's size, behind the
+// bytes buffered (ra.room). With wait, a socket that holds nothing is
+// waited for, with no buffer held while it is (an idle connection holds
+// none): the read runs inside the RawConn's Read, which waits for the
+// socket and calls it again. Without wait, it reports false when the
+// socket holds nothing.
+func (ra *readAhead) fill(wait bool) (bool, error) {
+	if ra.raw == nil {
+		return ra.fillBlocking()
+	}
+	ra.waits++
+	if ra.fillFn == nil {
+		ra.fillFn = ra.fillFD
+	}
+	ra.fillWait, ra.filled, ra.fillErr = wait, 0, nil
+	err := ra.raw.Read(ra.fillFn)
+	n, errno := ra.filled, ra.fillErr
+	ra.fillErr = nil
+	if err == nil && errno == nil && n > 0 {
+		return true, nil
+	}
+	if ra.buf != nil && ra.r == ra.w {
+		putReadAhead(ra.buf)
+		ra.buf = nil
+	}
+	switch {
+	case err != nil:
+		return false, err // closed, or past the read deadline
+	case errno == syscall.EAGAIN:
+		return false, nil // nothing, and not to wait
+	case errno != nil:
+		return false, &net.OpError{Op: "read", Net: ra.conn.LocalAddr().Network(), Source: ra.conn.LocalAddr(), Addr: ra.conn.RemoteAddr(), Err: os.NewSyscallError("read", errno)}
+	}
+	return false, io.EOF
+}
+
+// fillFD is fill's read of the socket fd: false (wait for the socket,
+// then call again) when it holds nothing and fill may wait, the buffer
+// back in the pool meanwhile unless it holds bytes.
+func (ra *readAhead) fillFD(fd uintptr) bool {
+	ra.room()
+	for {
+		n, err := sysRead(int(fd), ra.buf.b[ra.w:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			if !ra.fillWait {
+				ra.fillErr = err
+				return true
+			}
+			if ra.r == ra.w {
+				putReadAhead(ra.buf)
+				ra.buf = nil
+			} else {
+				ra.carry()
+			}
+			return false
+		case err != nil:
+			ra.fillErr = err
+		default:
+			ra.w += n
+			ra.filled = n
+		}
+		return true
+	}
+}

@@ -1,0 +1,344 @@
+package wsconn
+
+import (
+	"encoding/binary"
+	"io"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/mono"
+)
+
+// frameReader reads the WebSocket frames (RFC 6455 §5) of a connection
+// this side accepted, in place from its readAhead's pooled buffer, which
+// it holds only while bytes are in it: gorilla's reader held a 256-byte
+// buffer per link and copied every small frame through it.
+//
+// Owning the reader also lets an idle connection give its reader
+// goroutine back. A reader that ran calls has grown its stack to 4 or 8
+// KiB, and the runtime never shrinks a stack that waits in a read below
+// half of it (the wait itself uses more than a quarter of 2 KiB). So a
+// reader that finds nothing to read, at a message's end, idleSwap after
+// the last message, starts a new goroutine (a 2 KiB stack) to wait for
+// the socket and exits (Conn.readLoop): an idle link holds one small
+// goroutine and no buffer.
+//
+// Control frames are handled as gorilla's reader handles them (the
+// connection's ping, pong and close handlers); their errors and a
+// protocol violation end the read with the close code gorilla would
+// send.
+type frameReader struct {
+	ra    *readAhead
+	limit int64 // message bytes past which the read fails (close 1009)
+	// The data frame being read: its payload bytes not yet read, its
+	// mask and the mask's position, whether it ends its message.
+	remain int64
+	key    [4]byte
+	pos    int
+	fin    bool
+	total  int64 // the message's bytes so far
+	// lastMsg (mono) is when the last data message was read: a reader
+	// idle for idleSwap hands its wait to a new goroutine.
+	lastMsg int64
+}
+
+// idleSwap is how long after its last message a connection's reader
+// hands its wait to a fresh goroutine: a link that carries calls never
+// does (a goroutine start per call would cost more than the stack it
+// saves), an idle one does at each ping. A variable for tests (0: every
+// wait is handed over).
+var idleSwap = time.Second
+
+// handoffs counts the waits handed to a new goroutine (tests).
+var handoffs atomic.Int64
+
+// maxControl is the largest control frame payload (RFC 6455 §5.5).
+const maxControl = 125
+
+// newFrameReader reads the connection ws accepted through a CapListener
+// (whose readAhead buffers it), or returns nil: a connection under TLS,
+// or one this side dialled, is read through gorilla.
+func newFrameReader(ws *websocket.Conn, limit int) *frameReader {
+	cc, ok := ws.NetConn().(*cappedConn)
+	if !ok || !isServer(ws) {
+		return nil
+	}
+	return &frameReader{ra: &cc.readAhead, limit: int64(limit), fin: true, lastMsg: mono.Now()}
+}
+
+// idle reports whether the reader should hand its wait to a new
+// goroutine: nothing is buffered or in the socket, and the last message
+// came idleSwap ago or more. A connection with no RawConn never does.
+func (fr *frameReader) idle() (bool, error) {
+	if fr.ra.raw == nil || fr.ra.buf != nil || mono.Now()-fr.lastMsg < int64(idleSwap) {
+		return false, nil
+	}
+	got, err := fr.ra.fill(false)
+	return !got && err == nil, err
+}
+
+// ensure makes at least n (≤ maxControl + 14) bytes buffered, waiting
+// for the socket if need be.
+func (fr *frameReader) ensure(n int) ([]byte, error) {
+	for {
+		b := fr.ra.buffered()
+		if len(b) >= n {
+			return b, nil
+		}
+		if _, err := fr.ra.fill(true); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// protocolError ends the read: the connection closes 1002.
+func protocolError(text string) error {
+	return &closeError{code: websocket.CloseProtocolError, text: "websocket: protocol error: " + text}
+}
+
+// noFrame is next's answer when it read only control frames, between
+// messages, and nothing more is buffered: the reader checks whether it
+// is idle before it waits.
+const noFrame = -1
+
+// next reads frame headers up to the next data frame, handling control
+// frames on the way, and returns its opcode (or noFrame). Like gorilla,
+// it judges a frame by its first two bytes, before it waits for the rest
+// of its header.
+func (fr *frameReader) next(c *Conn) (int, error) {
+	for {
+		b, err := fr.ensure(2)
+		if err != nil {
+			return 0, err
+		}
+		b0, b1 := b[0], b[1]
+		op, fin := int(b0&0x0f), b0&0x80 != 0
+		if err := fr.judge(b0, b1, op, fin); err != nil {
+			return 0, err
+		}
+		n := 2 + 4 // a client's frames are masked (judge)
+		switch b1 & 0x7f {
+		case 126:
+			n += 2
+		case 127:
+			n += 8
+		}
+		if b, err = fr.ensure(n); err != nil {
+			return 0, err
+		}
+		size := int64(b1 & 0x7f)
+		switch size {
+		case 126:
+			size = int64(binary.BigEndian.Uint16(b[2:]))
+		case 127:
+			size = int64(binary.BigEndian.Uint64(b[2:]))
+			if size < 0 {
+				return 0, protocolError("invalid payload length")
+			}
+		}
+		var key [4]byte
+		copy(key[:], b[n-4:n])
+		fr.ra.take(n)
+		switch op {
+		case websocket.CloseMessage, websocket.PingMessage, websocket.PongMessage:
+			if err := fr.control(c, op, int(size), key); err != nil {
+				return 0, err
+			}
+			if fr.ra.buf == nil && fr.fin {
+				return noFrame, nil // the reader may go idle (readLoop)
+			}
+			continue
+		case websocket.TextMessage, websocket.BinaryMessage:
+			fr.total = 0
+		}
+		fr.total += size
+		if fr.total > fr.limit {
+			return 0, &closeError{code: websocket.CloseMessageTooBig, text: "websocket: read limit exceeded"}
+		}
+		fr.fin, fr.remain, fr.key, fr.pos = fin, size, key, 0
+		return op, nil
+	}
+}
+
+// judge refuses a frame its first two bytes show the protocol forbids
+// (RFC 6455 §5.2, §5.4, §5.5): close 1002.
+func (fr *frameReader) judge(b0, b1 byte, op int, fin bool) error {
+	if b0&0x70 != 0 {
+		return protocolError("RSV bits set")
+	}
+	switch op {
+	case websocket.CloseMessage, websocket.PingMessage, websocket.PongMessage:
+		if b1&0x7f > maxControl {
+			return protocolError("len > 125 for control")
+		}
+		if !fin {
+			return protocolError("FIN not set on control")
+		}
+	case websocket.TextMessage, websocket.BinaryMessage:
+		if !fr.fin {
+			return protocolError("data before FIN")
+		}
+	case 0: // continuation
+		if fr.fin {
+			return protocolError("continuation after FIN")
+		}
+	default:
+		return protocolError("bad opcode " + strconv.Itoa(op))
+	}
+	if b1&0x80 == 0 {
+		return protocolError("bad MASK")
+	}
+	return nil
+}
+
+// control reads a control frame's payload and runs its handler.
+func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
+	b, err := fr.ensure(size)
+	if err != nil {
+		return err
+	}
+	var buf [maxControl]byte
+	p := buf[:size]
+	copy(p, b)
+	fr.ra.take(size)
+	maskBytes(key, 0, p)
+	switch op {
+	case websocket.PingMessage:
+		return c.onPing(string(p))
+	case websocket.PongMessage:
+		return c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
+	}
+	code, text := websocket.CloseNoStatusReceived, ""
+	if len(p) >= 2 {
+		code = int(binary.BigEndian.Uint16(p))
+		if !validCloseCode(code) {
+			return protocolError("bad close code " + strconv.Itoa(code))
+		}
+		text = string(p[2:])
+		if !utf8.ValidString(text) {
+			return protocolError("invalid utf8 payload in close frame")
+		}
+	}
+	// Echo the peer's close (RFC 6455 5.5.1), as Conn's gorilla handler
+	// does.
+	_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+	return &websocket.CloseError{Code: code, Text: text}
+}
+
+// validCloseCode is gorilla's list of the codes a peer may send.
+func validCloseCode(code int) bool {
+	switch code {
+	case websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseProtocolError,
+		websocket.CloseUnsupportedData, websocket.CloseInvalidFramePayloadData, websocket.ClosePolicyViolation,
+		websocket.CloseMessageTooBig, websocket.CloseMandatoryExtension, websocket.CloseInternalServerErr,
+		websocket.CloseServiceRestart, websocket.CloseTryAgainLater:
+		return true
+	}
+	return code >= 3000 && code <= 4999
+}
+
+// msgReader reads the payload of the message whose first frame next
+// returned, across its frames (and the control frames between them), to
+// io.EOF at its end.
+type msgReader struct {
+	fr *frameReader
+	c  *Conn
+}
+
+func (m msgReader) Read(p []byte) (int, error) {
+	n, err := m.read(p)
+	if err == io.EOF && (m.fr.remain > 0 || !m.fr.fin) {
+		err = io.ErrUnexpectedEOF // the stream ended inside the message
+	}
+	return n, err
+}
+
+func (m msgReader) read(p []byte) (int, error) {
+	fr := m.fr
+	for fr.remain == 0 {
+		if fr.fin {
+			return 0, io.EOF
+		}
+		op, err := fr.next(m.c)
+		if err != nil {
+			return 0, err
+		}
+		if op != 0 && op != noFrame {
+			return 0, protocolError("data before FIN")
+		}
+	}
+	if int64(len(p)) > fr.remain {
+		p = p[:fr.remain]
+	}
+	var n int
+	if b := fr.ra.buffered(); len(b) > 0 {
+		n = copy(p, b)
+		fr.ra.take(n)
+	} else {
+		var err error
+		if n, err = fr.ra.readInto(p); err != nil {
+			return 0, err
+		}
+	}
+	fr.pos = maskBytes(fr.key, fr.pos, p[:n])
+	fr.remain -= int64(n)
+	return n, nil
+}
+
+// readFrames is readMessage for a connection with a frameReader: a
+// message whose one frame is all in the buffer is unmasked and checked
+// there and copied out once; any other goes through readChecked.
+func (c *Conn) readFrames() (int, []byte, *envelope.Error, error) {
+	fr := c.fr
+	op, err := fr.next(c)
+	if err != nil || op == noFrame {
+		return op, nil, nil, err
+	}
+	fr.lastMsg = mono.Now()
+	if b := fr.ra.buffered(); fr.fin && int64(len(b)) >= fr.remain {
+		msg := b[:fr.remain]
+		maskBytes(fr.key, 0, msg)
+		fr.remain = 0
+		var data []byte
+		var refused *envelope.Error
+		if c.check != nil {
+			refused = c.check(msg, c.cfg.Limits)
+		}
+		if refused != nil {
+			data = append([]byte(nil), msg[:min(len(msg), envelope.RecoverHeadLen)]...)
+		} else {
+			data = make([]byte, len(msg))
+			copy(data, msg)
+		}
+		fr.ra.take(len(msg))
+		return op, data, refused, nil
+	}
+	data, refused, err := readChecked(msgReader{fr, c}, fr.ra, int(fr.limit), c.check, c.cfg.Limits, envelope.RecoverHeadLen)
+	return op, data, refused, err
+}
+
+// maskBytes applies the mask key to b from position pos in it (RFC 6455
+// §5.3) and returns the position after b.
+func maskBytes(key [4]byte, pos int, b []byte) int {
+	if len(b) >= 16 {
+		var k [8]byte
+		for i := range k {
+			k[i] = key[(pos+i)&3]
+		}
+		kw := binary.NativeEndian.Uint64(k[:])
+		for len(b) >= 8 {
+			binary.NativeEndian.PutUint64(b, binary.NativeEndian.Uint64(b)^kw)
+			b = b[8:]
+		}
+	}
+	for i := range b {
+		b[i] ^= key[pos&3]
+		pos++
+	}
+	return pos & 3
+}

@@ -1,0 +1,428 @@
+package wsconn
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/agentmesh/agentmesh/envelope"
+)
+
+// frameServer accepts WebSockets and runs a Conn on each, recording
+// what it reads. capped: through a CapListener, so that the Conn reads
+// with its frameReader; otherwise gorilla reads.
+type frameServer struct {
+	addr   string
+	cfg    Config
+	capped bool
+	mu     sync.Mutex
+	got    map[string][]string // by the client's local address: "type:payload" per message
+	fr     map[string]bool     // whether that Conn read with a frameReader
+	done   map[string]chan struct{}
+}
+
+func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &frameServer{addr: ln.Addr().String(), cfg: cfg, capped: capped, got: map[string][]string{}, fr: map[string]bool{}, done: map[string]chan struct{}{}}
+	if capped {
+		ln = NewCapListener(ln, 1000, nil)
+	}
+	var conns sync.WaitGroup
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		key := r.RemoteAddr
+		c := NewConn(ws, s.cfg)
+		done := make(chan struct{})
+		s.mu.Lock()
+		s.fr[key] = c.fr != nil
+		s.done[key] = done
+		s.mu.Unlock()
+		conns.Add(1)
+		c.Start(func(data []byte, refused *envelope.Error) {
+			s.mu.Lock()
+			s.got[key] = append(s.got[key], string(data))
+			s.mu.Unlock()
+		}, func(error) {
+			close(done)
+			go func() { c.Close(); conns.Done() }()
+		})
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); conns.Wait() })
+	return s
+}
+
+// session dials s, shakes hands by hand, writes raw in pieces of random
+// sizes, half-closes, and returns what the server read and every frame
+// it wrote back (opcode and payload).
+func (s *frameServer) session(t testing.TB, raw []byte, rnd *rand.Rand) (got []string, back [][]byte) {
+	nc, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	key := nc.LocalAddr().String()
+	if _, err := io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %v %v", res, err)
+	}
+	var back2 [][]byte
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		for {
+			var h [2]byte
+			if _, err := io.ReadFull(br, h[:]); err != nil {
+				return
+			}
+			n := int(h[1] & 0x7f)
+			switch n {
+			case 126:
+				var e [2]byte
+				if _, err := io.ReadFull(br, e[:]); err != nil {
+					return
+				}
+				n = int(binary.BigEndian.Uint16(e[:]))
+			case 127:
+				var e [8]byte
+				if _, err := io.ReadFull(br, e[:]); err != nil {
+					return
+				}
+				n = int(binary.BigEndian.Uint64(e[:]))
+			}
+			p := make([]byte, 1+n)
+			p[0] = h[0] & 0x0f
+			if _, err := io.ReadFull(br, p[1:]); err != nil {
+				return
+			}
+			back2 = append(back2, p)
+		}
+	}()
+	for len(raw) > 0 {
+		n := min(len(raw), 1+rnd.IntN(64))
+		if rnd.IntN(2) == 0 {
+			n = min(len(raw), 1+rnd.IntN(16<<10))
+		}
+		if _, err := nc.Write(raw[:n]); err != nil {
+			break // the server closed: what it read is what counts
+		}
+		raw = raw[n:]
+		if rnd.IntN(4) == 0 {
+			time.Sleep(time.Duration(rnd.IntN(200)) * time.Microsecond) // let the reader wait mid-frame
+		}
+	}
+	_ = nc.(*net.TCPConn).CloseWrite()
+	<-readDone
+	var done chan struct{}
+	for done == nil {
+		s.mu.Lock()
+		done = s.done[key]
+		s.mu.Unlock()
+		if done == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's connection did not end")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fr[key] != s.capped {
+		t.Fatalf("the Conn read with a frameReader: %v; want %v", s.fr[key], s.capped)
+	}
+	got = s.got[key]
+	// The next session may come from the same port.
+	delete(s.got, key)
+	delete(s.fr, key)
+	delete(s.done, key)
+	return got, back2
+}
+
+// frame is one client frame (masked, RFC 6455 §5.2).
+func frame(b []byte, fin bool, op byte, payload []byte, key [4]byte) []byte {
+	h := op
+	if fin {
+		h |= 0x80
+	}
+	b = append(b, h)
+	switch n := len(payload); {
+	case n < 126:
+		b = append(b, 0x80|byte(n))
+	case n < 1<<16:
+		b = append(b, 0x80|126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, 0x80|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	b = append(b, key[:]...)
+	for i, c := range payload {
+		b = append(b, c^key[i&3])
+	}
+	return b
+}
+
+// closeCode is the code of the close frame among back, or 0.
+func closeCode(back [][]byte) int {
+	for _, f := range back {
+		if f[0] == websocket.CloseMessage && len(f) >= 3 {
+			return int(binary.BigEndian.Uint16(f[1:]))
+		}
+	}
+	return 0
+}
+
+// TestFrameReaderReadsWhatItIsSent writes messages of every size,
+// fragmented at random, with pings and pongs between the fragments, in
+// writes of random sizes, and with every reader wait handed to a new
+// goroutine (idleSwap 0): the Conn reads them whole and in order, and
+// answers each ping.
+func TestFrameReaderReadsWhatItIsSent(t *testing.T) {
+	old := idleSwap
+	idleSwap = 0
+	t.Cleanup(func() { idleSwap = old })
+	s := newFrameServer(t, true, Config{PingInterval: time.Hour, PeerPingMin: -1})
+	rnd := rand.New(rand.NewPCG(1, 2))
+	handed := handoffs.Load()
+	for round := range 12 {
+		var raw []byte
+		var want []string
+		pings := 0
+		for range 1 + rnd.IntN(20) {
+			size := []int{0, 1, 100, 125, 126, 1000, 65535, 65536, 70000}[rnd.IntN(9)]
+			msg := make([]byte, size)
+			for i := range msg {
+				msg[i] = byte('a' + rnd.IntN(26))
+			}
+			want = append(want, string(msg))
+			for rest, first := msg, true; ; first = false {
+				n := len(rest)
+				if n > 0 && rnd.IntN(3) == 0 {
+					n = rnd.IntN(n + 1)
+				}
+				if rnd.IntN(3) == 0 {
+					raw = frame(raw, true, websocket.PingMessage, []byte(fmt.Sprint("p", pings)), [4]byte{9, 8, 7, 6})
+					pings++
+				}
+				op := byte(websocket.TextMessage)
+				if !first {
+					op = 0
+				}
+				var key [4]byte
+				binary.LittleEndian.PutUint32(key[:], rnd.Uint32())
+				fin := n == len(rest)
+				raw = frame(raw, fin, op, rest[:n], key)
+				rest = rest[n:]
+				if fin {
+					break
+				}
+			}
+		}
+		got, back := s.session(t, raw, rnd)
+		if len(got) != len(want) {
+			t.Fatalf("round %d: read %d messages; want %d (closed %d: %q)", round, len(got), len(want), closeCode(back), back[len(back)-1])
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("round %d: message %d is %d bytes %.20q; want %d bytes %.20q", round, i, len(got[i]), got[i], len(want[i]), want[i])
+			}
+		}
+		var pongs []string
+		for _, f := range back {
+			if f[0] == websocket.PongMessage {
+				pongs = append(pongs, string(f[1:]))
+			}
+		}
+		if len(pongs) != pings {
+			t.Fatalf("round %d: %d pongs; want %d", round, len(pongs), pings)
+		}
+		for i, p := range pongs {
+			if p != fmt.Sprint("p", i) {
+				t.Fatalf("round %d: pong %d is %q", round, i, p)
+			}
+		}
+	}
+	if handoffs.Load() == handed {
+		t.Error("no reader handed its wait to a new goroutine")
+	}
+	// Every connection ended: no read buffer is held.
+	for i := 0; readAheadHeld.Load() != 0; i++ {
+		if i == 1000 {
+			t.Fatalf("%d read buffers held after the connections closed", readAheadHeld.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestFrameReaderRefusals: a frame the protocol forbids ends the
+// connection with gorilla's close code, after the messages before it.
+func TestFrameReaderRefusals(t *testing.T) {
+	s := newFrameServer(t, true, Config{PingInterval: time.Hour, Limits: envelope.Limits{MaxBytes: 1000, MaxDepth: 8}})
+	k := [4]byte{1, 2, 3, 4}
+	ok := frame(nil, true, websocket.TextMessage, []byte("ok"), k)
+	unmasked := []byte{0x81, 0x02, 'h', 'i'}
+	withCode := func(code int, text string) []byte {
+		return frame(nil, true, websocket.CloseMessage, append(binary.BigEndian.AppendUint16(nil, uint16(code)), text...), k)
+	}
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		code int
+	}{
+		{"unmasked", unmasked, websocket.CloseProtocolError},
+		{"RSV1", append([]byte{0xc1}, frame(nil, true, 1, []byte("x"), k)[1:]...), websocket.CloseProtocolError},
+		{"opcode 3", frame(nil, true, 3, nil, k), websocket.CloseProtocolError},
+		{"opcode 11", frame(nil, true, 11, nil, k), websocket.CloseProtocolError},
+		{"ping of 126 bytes", frame(nil, true, websocket.PingMessage, make([]byte, 126), k), websocket.CloseProtocolError},
+		{"fragmented ping", frame(nil, false, websocket.PingMessage, nil, k), websocket.CloseProtocolError},
+		{"continuation first", frame(nil, true, 0, []byte("x"), k), websocket.CloseProtocolError},
+		{"text inside a message", append(frame(nil, false, 1, []byte("x"), k), frame(nil, true, 1, []byte("y"), k)...), websocket.CloseProtocolError},
+		{"over the limit", frame(nil, true, 1, make([]byte, 2025), k), websocket.CloseMessageTooBig},
+		{"over the limit in fragments", append(frame(nil, false, 1, make([]byte, 1000), k), frame(nil, true, 0, make([]byte, 1025), k)...), websocket.CloseMessageTooBig},
+		{"close 1005 sent", withCode(1005, ""), websocket.CloseProtocolError},
+		{"close 999", withCode(999, ""), websocket.CloseProtocolError},
+		{"close reason not UTF-8", withCode(1000, "\xff"), websocket.CloseProtocolError},
+		{"close 4000", withCode(4000, "bye"), 4000},
+		{"close 1001", withCode(1001, ""), 1001},
+		{"close without a code", frame(nil, true, websocket.CloseMessage, nil, k), 0},
+	} {
+		got, back := s.session(t, append(append([]byte(nil), ok...), tc.raw...), rand.New(rand.NewPCG(3, 4)))
+		if len(got) != 1 || got[0] != "ok" {
+			t.Errorf("%s: read %q; want the message before it", tc.name, got)
+		}
+		code := closeCode(back)
+		if tc.code == 0 {
+			// An empty close is echoed empty (RFC 6455 5.5.1).
+			found := false
+			for _, f := range back {
+				found = found || f[0] == websocket.CloseMessage && len(f) == 1
+			}
+			if !found {
+				t.Errorf("%s: frames back %q; want an empty close", tc.name, back)
+			}
+			continue
+		}
+		if code != tc.code {
+			t.Errorf("%s: closed %d; want %d", tc.name, code, tc.code)
+		}
+	}
+}
+
+// FuzzFrameReader feeds the same bytes, after a handshake, to a Conn
+// that reads with its frameReader and to one that gorilla reads: both
+// must read the same messages and answer the same pings. Known
+// difference: a 64-bit length with its top bit set (gorilla closes
+// 1000, this reader 1002); both refuse it.
+func FuzzFrameReader(f *testing.F) {
+	k := [4]byte{0x11, 0x22, 0x33, 0x44}
+	f.Add(frame(nil, true, 1, []byte(`{"a":1}`), k))
+	f.Add(append(frame(nil, false, 2, []byte("ab"), k), append(frame(nil, true, 9, []byte("p"), k), frame(nil, true, 0, []byte("cd"), k)...)...))
+	f.Add(frame(nil, true, 1, make([]byte, 300), k))
+	f.Add(frame(nil, true, 8, []byte{3, 232, 'x'}, k))
+	f.Add([]byte{0x81, 0xff, 0x80, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4})
+	f.Add([]byte{0x81, 0xfe, 0x04})
+	mine := newFrameServer(f, true, Config{PingInterval: time.Hour, Limits: envelope.Limits{MaxBytes: 64, MaxDepth: 8}})
+	theirs := newFrameServer(f, false, Config{PingInterval: time.Hour, Limits: envelope.Limits{MaxBytes: 64, MaxDepth: 8}})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if len(raw) > 4096 {
+			return
+		}
+		got, back := mine.session(t, raw, rand.New(rand.NewPCG(uint64(len(raw)), 1)))
+		want, wantBack := theirs.session(t, raw, rand.New(rand.NewPCG(uint64(len(raw)), 1)))
+		if strings.Join(got, "\x00|") != strings.Join(want, "\x00|") || len(got) != len(want) {
+			t.Fatalf("read %q; gorilla read %q", got, want)
+		}
+		pongs := func(back [][]byte) [][]byte {
+			var p [][]byte
+			for _, f := range back {
+				if f[0] == websocket.PongMessage {
+					p = append(p, f)
+				}
+			}
+			return p
+		}
+		if p, q := pongs(back), pongs(wantBack); len(p) != len(q) {
+			t.Fatalf("%d pongs; gorilla %d", len(p), len(q))
+		}
+		if c, w := closeCode(back), closeCode(wantBack); c != w && !(w == websocket.CloseNormalClosure && c == websocket.CloseProtocolError) {
+			t.Fatalf("closed %d; gorilla %d", c, w)
+		}
+	})
+}
+
+// TestFrameReaderStalledHeaderHoldsLittle: a peer that stops in the
+// middle of a frame's header makes its reader wait with those bytes in a
+// 256-byte buffer, not a 64 KiB one; the frame reads whole once the rest
+// comes.
+func TestFrameReaderStalledHeaderHoldsLittle(t *testing.T) {
+	s := newFrameServer(t, true, Config{PingInterval: time.Hour})
+	nc, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := http.ReadResponse(bufio.NewReader(nc), nil); err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %v %v", res, err)
+	}
+	msg := frame(nil, true, websocket.TextMessage, []byte(strings.Repeat("x", 300)), [4]byte{5, 6, 7, 8})
+	before, held := carried.Load(), readAheadHeld.Load()
+	if _, err := nc.Write(msg[:3]); err != nil { // the header is 8 bytes
+		t.Fatal(err)
+	}
+	for i := 0; carried.Load() == before; i++ {
+		if i == 5000 {
+			t.Fatal("the reader did not wait with the header's first bytes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := readAheadHeld.Load(); n != held {
+		t.Errorf("%d read buffers held while the reader waits mid-header; want %d", n, held)
+	}
+	if _, err := nc.Write(msg[3:]); err != nil {
+		t.Fatal(err)
+	}
+	key := nc.LocalAddr().String()
+	for i := 0; ; i++ {
+		s.mu.Lock()
+		got := s.got[key]
+		s.mu.Unlock()
+		if len(got) == 1 {
+			if got[0] != strings.Repeat("x", 300) {
+				t.Fatalf("read %.40q", got[0])
+			}
+			break
+		}
+		if i == 5000 {
+			t.Fatal("the message did not arrive")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -937,6 +937,10 @@ func heapOnSignal(path string) func() {
 				_ = pprof.WriteHeapProfile(f)
 				_ = f.Close()
 			}
+			if f, err := os.Create(path + ".goroutines"); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+				_ = f.Close()
+			}
 		}
 	}()
 	return func() { signal.Stop(sig); close(done) }

@@ -290,6 +290,93 @@ func (m msgReader) read(p []byte) (int, error) {
 	return n, nil
 }
 
+// readLoop reads messages until the connection ends. resumed: this
+// goroutine took over an idle reader's wait (frameReader), and waits for
+// the socket first.
+func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
+	defer c.wg.Done()
+	if resumed {
+		if _, err := c.fr.ra.fill(true); err != nil {
+			c.Shutdown(err)
+			c.readerExit()
+			return
+		}
+	} else {
+		idle := c.cfg.IdleTimeout
+		_ = c.setReadDeadline(time.Now().Add(idle))
+		c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
+		c.ws.SetPingHandler(c.onPing)
+		c.ws.SetCloseHandler(func(code int, _ string) error {
+			// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
+			// handler does, on this side's wire: Shutdown's own close frame
+			// then finds it sent.
+			_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+			return nil
+		})
+	}
+	for {
+		if c.bp {
+			if ok, _ := c.underBounds(); !ok {
+				c.readerExit()
+				return
+			}
+		}
+		if c.fr != nil {
+			park, err := c.fr.idle()
+			if err != nil {
+				c.Shutdown(err)
+				c.readerExit()
+				return
+			}
+			if park {
+				handoffs.Add(1)
+				c.wg.Add(1) // under this goroutine's own count: Close waits for both
+				go c.readLoop(onMessage, true)
+				return
+			}
+		}
+		typ, data, refused, err := c.readMessage()
+		if err != nil {
+			c.Shutdown(err)
+			c.readerExit()
+			return
+		}
+		if typ == noFrame {
+			continue
+		}
+		c.heardFrom()
+		if c.cfg.Bytes != nil {
+			c.cfg.Bytes(len(data), 0)
+		}
+		if typ != websocket.TextMessage && typ != websocket.BinaryMessage {
+			continue
+		}
+		onMessage(data, refused)
+	}
+}
+
+// readMessage reads one message through a pooled scratch buffer and
+// returns it in a slice of its exact size (decoded frames keep pointing
+// into it, so it is not reused): one allocation per message, none for a
+// message refused while it is read. A message refused by c.check comes
+// back as its first envelope.RecoverHeadLen bytes, with the refusal.
+func (c *Conn) readMessage() (int, []byte, *envelope.Error, error) {
+	if c.fr != nil {
+		return c.readFrames()
+	}
+	typ, r, err := c.ws.NextReader()
+	if err != nil {
+		return typ, nil, nil, err
+	}
+	var check func([]byte, envelope.Limits) *envelope.Error
+	if typ == websocket.TextMessage || typ == websocket.BinaryMessage {
+		check = c.check
+	}
+	pc, _ := c.ws.NetConn().(pacer) // not a TLS connection's: its reads are the TLS layer's
+	buf, refused, err := readChecked(r, pc, c.cfg.Limits.MaxBytes+1024, check, c.cfg.Limits, envelope.RecoverHeadLen)
+	return typ, buf, refused, err
+}
+
 // readFrames is readMessage for a connection with a frameReader: a
 // message whose one frame is all in the buffer is unmasked and checked
 // there and copied out once; any other goes through readChecked.

@@ -156,6 +156,9 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 		case websocket.TextMessage, websocket.BinaryMessage:
 			fr.total = 0
 		}
+		if size > fr.limit-fr.total { // not total+size: 2^63-1 more would wrap
+			return 0, &closeError{code: websocket.CloseMessageTooBig, text: "websocket: read limit exceeded"}
+		}
 		fr.total += size
 		if fr.total > fr.limit {
 			return 0, &closeError{code: websocket.CloseMessageTooBig, text: "websocket: read limit exceeded"}
@@ -329,6 +332,10 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 				return
 			}
 			if park {
+				// At most one hand-over per idleSwap: a peer's pongs,
+				// which are not rate-limited as pings are, cannot make
+				// the hub start a goroutine for each.
+				c.fr.lastMsg = mono.Now()
 				handoffs.Add(1)
 				c.wg.Add(1) // under this goroutine's own count: Close waits for both
 				go c.readLoop(onMessage, true)
@@ -405,6 +412,7 @@ func (c *Conn) readFrames() (int, []byte, *envelope.Error, error) {
 		fr.ra.take(len(msg))
 		return op, data, refused, nil
 	}
+	fr.ra.waits = 0 // pacing counts this message's reads only
 	data, refused, err := readChecked(msgReader{fr, c}, fr.ra, int(fr.limit), c.check, c.cfg.Limits, envelope.RecoverHeadLen)
 	return op, data, refused, err
 }

@@ -82,17 +82,7 @@ func maskFrom(b []byte, mask int) {
 	if mask < 0 {
 		return
 	}
-	key := b[mask : mask+4]
-	p := b[mask+4:]
-	k8 := uint64(binary.LittleEndian.Uint32(key))
-	k8 |= k8 << 32
-	i := 0
-	for ; i+8 <= len(p); i += 8 {
-		binary.LittleEndian.PutUint64(p[i:], binary.LittleEndian.Uint64(p[i:])^k8)
-	}
-	for ; i < len(p); i++ {
-		p[i] ^= key[i&3]
-	}
+	maskBytes([4]byte(b[mask:mask+4]), 0, b[mask+4:])
 }
 
 // appendMessage appends payload as one message of type op.
@@ -166,10 +156,15 @@ func (c *Conn) tryWrite(b []byte) (int, error) {
 	case err != nil:
 		return 0, err
 	case werr != nil:
-		return 0, &net.OpError{Op: "write", Net: c.ws.NetConn().LocalAddr().Network(), Source: c.ws.NetConn().LocalAddr(),
-			Addr: c.ws.NetConn().RemoteAddr(), Err: os.NewSyscallError("write", werr)}
+		return 0, sysError("write", c.ws.NetConn(), werr)
 	}
 	return n, nil
+}
+
+// sysError reports a raw read(2) or write(2)'s errno on nc as the
+// net.Conn's own Read or Write would.
+func sysError(op string, nc net.Conn, errno error) error {
+	return &net.OpError{Op: op, Net: nc.LocalAddr().Network(), Source: nc.LocalAddr(), Addr: nc.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
 }
 
 // fdWrite is one tryWrite: its buffer and outcome, and its write func

@@ -63,11 +63,24 @@ func (ra *readAhead) carry() {
 	if ra.buf == nil || len(ra.buf.b) == carrySize || ra.w-ra.r > carrySize {
 		return
 	}
-	cb := carryPool.Get().(*raBuf)
-	n := copy(cb.b, ra.buf.b[ra.r:ra.w])
-	putReadAhead(ra.buf)
-	ra.buf, ra.r, ra.w = cb, 0, n
+	ra.moveTo(carryPool.Get().(*raBuf))
 	carried.Add(1) // after the large buffer went back (tests count both)
+}
+
+// moveTo moves the buffered bytes to the start of b, which becomes the
+// buffer; the old one goes back to its pool.
+func (ra *readAhead) moveTo(b *raBuf) {
+	n := copy(b.b, ra.buf.b[ra.r:ra.w])
+	putReadAhead(ra.buf)
+	ra.buf, ra.r, ra.w = b, 0, n
+}
+
+// dropEmpty gives the buffer back once its reader has taken every byte.
+func (ra *readAhead) dropEmpty() {
+	if ra.buf != nil && ra.r == ra.w {
+		putReadAhead(ra.buf)
+		ra.buf = nil
+	}
 }
 
 // readAhead gives a connection a large read buffer that it holds only
@@ -124,10 +137,7 @@ func (ra *readAhead) take(n int) {
 		return
 	}
 	ra.r += n
-	if ra.r == ra.w {
-		putReadAhead(ra.buf)
-		ra.buf = nil
-	}
+	ra.dropEmpty()
 }
 
 // release gives the buffer back, bytes and all: its reader is done.
@@ -146,10 +156,7 @@ func (ra *readAhead) room() {
 		ra.buf = getReadAhead()
 		ra.r, ra.w = 0, 0
 	} else if len(ra.buf.b) == carrySize {
-		b := getReadAhead()
-		n := copy(b.b, ra.buf.b[ra.r:ra.w])
-		putReadAhead(ra.buf)
-		ra.buf, ra.r, ra.w = b, 0, n
+		ra.moveTo(getReadAhead())
 	} else if len(ra.buf.b)-ra.w < 1024 {
 		ra.w = copy(ra.buf.b, ra.buf.b[ra.r:ra.w])
 		ra.r = 0
@@ -173,10 +180,7 @@ func (ra *readAhead) fillBlocking() (bool, error) {
 	}
 	n, err := ra.conn.Read(ra.buf.b[ra.w:])
 	ra.w += n
-	if ra.r == ra.w {
-		putReadAhead(ra.buf)
-		ra.buf = nil
-	}
+	ra.dropEmpty()
 	if n > 0 {
 		return true, nil // an error comes back with the next read
 	}
@@ -240,10 +244,7 @@ func (ra *readAhead) read(p []byte) (int, error) {
 	if ra.buf != nil {
 		n := copy(p, ra.buf.b[ra.r:ra.w])
 		ra.r += n
-		if ra.r == ra.w {
-			putReadAhead(ra.buf)
-			ra.buf = nil
-		}
+		ra.dropEmpty()
 		return n, nil
 	}
 	if ra.more && ra.raw != nil && len(p) > 0 && len(p) < readAheadSize/2 {

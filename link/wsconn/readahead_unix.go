@@ -5,8 +5,6 @@ package wsconn
 import (
 	"errors"
 	"io"
-	"net"
-	"os"
 	"syscall"
 )
 
@@ -33,7 +31,7 @@ func (ra *readAhead) readNow(p []byte) (int, bool, error) {
 		// The read took the socket's error (a reset): report it as
 		// net.Conn.Read would, not as the end of the stream the next
 		// read would see.
-		return 0, true, &net.OpError{Op: "read", Net: ra.conn.LocalAddr().Network(), Source: ra.conn.LocalAddr(), Addr: ra.conn.RemoteAddr(), Err: os.NewSyscallError("read", errno)}
+		return 0, true, sysError("read", ra.conn, errno)
 	}
 	if n == 0 {
 		putReadAhead(bp)
@@ -77,17 +75,14 @@ func (ra *readAhead) fill(wait bool) (bool, error) {
 	if err == nil && errno == nil && n > 0 {
 		return true, nil
 	}
-	if ra.buf != nil && ra.r == ra.w {
-		putReadAhead(ra.buf)
-		ra.buf = nil
-	}
+	ra.dropEmpty()
 	switch {
 	case err != nil:
 		return false, err // closed, or past the read deadline
 	case errno == syscall.EAGAIN:
 		return false, nil // nothing, and not to wait
 	case errno != nil:
-		return false, &net.OpError{Op: "read", Net: ra.conn.LocalAddr().Network(), Source: ra.conn.LocalAddr(), Addr: ra.conn.RemoteAddr(), Err: os.NewSyscallError("read", errno)}
+		return false, sysError("read", ra.conn, errno)
 	}
 	return false, io.EOF
 }
@@ -107,12 +102,8 @@ func (ra *readAhead) fillFD(fd uintptr) bool {
 				ra.fillErr = err
 				return true
 			}
-			if ra.r == ra.w {
-				putReadAhead(ra.buf)
-				ra.buf = nil
-			} else {
-				ra.carry()
-			}
+			ra.dropEmpty()
+			ra.carry()
 			return false
 		case err != nil:
 			ra.fillErr = err

@@ -16,8 +16,9 @@ import (
 
 // frameReader reads the WebSocket frames (RFC 6455 §5) of a connection
 // this side accepted, in place from its readAhead's pooled buffer, which
-// it holds only while bytes are in it: gorilla's reader held a 256-byte
-// buffer per link and copied every small frame through it.
+// it holds only while bytes are in it: gorilla's reader copied every
+// small frame through its own buffer, then into the scratch buffer, and
+// allocated a reader per message.
 //
 // Owning the reader also lets an idle connection give its reader
 // goroutine back. A reader that ran calls has grown its stack to 4 or 8
@@ -420,7 +421,7 @@ func (c *Conn) readFrames() (int, []byte, *envelope.Error, error) {
 // maskBytes applies the mask key to b from position pos in it (RFC 6455
 // §5.3) and returns the position after b.
 func maskBytes(key [4]byte, pos int, b []byte) int {
-	if len(b) >= 16 {
+	if len(b) >= 8 {
 		var k [8]byte
 		for i := range k {
 			k[i] = key[(pos+i)&3]

@@ -21,16 +21,23 @@ import (
 
 // frameServer accepts WebSockets and runs a Conn on each, recording
 // what it reads. capped: through a CapListener, so that the Conn reads
-// with its frameReader; otherwise gorilla reads.
+// with its frameReader; otherwise gorilla reads. Its tests dial it one
+// connection at a time.
 type frameServer struct {
-	addr   string
-	cfg    Config
-	capped bool
-	mu     sync.Mutex
-	got    map[string][]string // by the client's local address: "type:payload" per message
-	fr     map[string]bool     // whether that Conn read with a frameReader
-	why    map[string]string   // why it closed
-	done   map[string]chan struct{}
+	addr     string
+	cfg      Config
+	capped   bool
+	accepted chan *served
+}
+
+// served is what the server's Conn on one connection did.
+type served struct {
+	fr      bool // it read with a frameReader
+	mu      sync.Mutex
+	got     []string      // the messages it read
+	arrived chan struct{} // a message was read
+	why     string        // why it closed
+	closed  chan struct{} // closed once the Conn is closed, its goroutines gone
 }
 
 func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
@@ -38,7 +45,7 @@ func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &frameServer{addr: ln.Addr().String(), cfg: cfg, capped: capped, got: map[string][]string{}, fr: map[string]bool{}, why: map[string]string{}, done: map[string]chan struct{}{}}
+	s := &frameServer{addr: ln.Addr().String(), cfg: cfg, capped: capped, accepted: make(chan *served, 1)}
 	if capped {
 		ln = NewCapListener(ln, 1000, nil)
 	}
@@ -48,42 +55,39 @@ func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
 		if err != nil {
 			return
 		}
-		key := r.RemoteAddr
 		c := NewConn(ws, s.cfg)
-		done := make(chan struct{})
-		s.mu.Lock()
-		s.fr[key] = c.fr != nil
-		s.done[key] = done
-		s.mu.Unlock()
+		rec := &served{fr: c.fr != nil, arrived: make(chan struct{}, 1), closed: make(chan struct{})}
 		conns.Add(1)
 		c.Start(func(data []byte, refused *envelope.Error) {
-			s.mu.Lock()
-			s.got[key] = append(s.got[key], string(data))
-			s.mu.Unlock()
+			rec.mu.Lock()
+			rec.got = append(rec.got, string(data))
+			rec.mu.Unlock()
+			select {
+			case rec.arrived <- struct{}{}:
+			default:
+			}
 		}, func(err error) {
-			s.mu.Lock()
-			s.why[key] = fmt.Sprint(err)
-			s.mu.Unlock()
-			close(done)
-			go func() { c.Close(); conns.Done() }()
+			rec.mu.Lock()
+			rec.why = fmt.Sprint(err)
+			rec.mu.Unlock()
+			go func() { c.Close(); close(rec.closed); conns.Done() }()
 		})
+		s.accepted <- rec
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); conns.Wait() })
 	return s
 }
 
-// session dials s, shakes hands by hand, writes raw in pieces of random
-// sizes, half-closes, and returns what the server read and every frame
-// it wrote back (opcode and payload).
-func (s *frameServer) session(t testing.TB, raw []byte, rnd *rand.Rand) (got []string, back [][]byte, why string) {
+// dial opens a connection to s and shakes hands by hand; it returns the
+// connection, its reader past the handshake, and the server's record.
+func (s *frameServer) dial(t testing.TB) (net.Conn, *bufio.Reader, *served) {
 	nc, err := net.Dial("tcp", s.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(func() { nc.Close() })
 	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-	key := nc.LocalAddr().String()
 	if _, err := io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
 		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -93,6 +97,24 @@ func (s *frameServer) session(t testing.TB, raw []byte, rnd *rand.Rand) (got []s
 	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("handshake: %v %v", res, err)
 	}
+	select {
+	case rec := <-s.accepted:
+		if rec.fr != s.capped {
+			t.Fatalf("the Conn read with a frameReader: %v; want %v", rec.fr, s.capped)
+		}
+		return nc, br, rec
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not take the connection")
+		return nil, nil, nil
+	}
+}
+
+// session dials s, writes raw in pieces of random sizes, half-closes,
+// and returns what the server read, every frame it wrote back (opcode
+// and payload), and why its Conn closed.
+func (s *frameServer) session(t testing.TB, raw []byte, rnd *rand.Rand) (got []string, back [][]byte, why string) {
+	nc, br, rec := s.dial(t)
+	defer nc.Close()
 	var back2 [][]byte
 	readDone := make(chan struct{})
 	go func() {
@@ -140,35 +162,14 @@ func (s *frameServer) session(t testing.TB, raw []byte, rnd *rand.Rand) (got []s
 	}
 	_ = nc.(*net.TCPConn).CloseWrite()
 	<-readDone
-	var done chan struct{}
-	for i := 0; done == nil; i++ {
-		s.mu.Lock()
-		done = s.done[key]
-		s.mu.Unlock()
-		if done == nil {
-			if i == 10000 {
-				t.Fatal("the server did not take the connection")
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
 	select {
-	case <-done:
+	case <-rec.closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server's connection did not end")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fr[key] != s.capped {
-		t.Fatalf("the Conn read with a frameReader: %v; want %v", s.fr[key], s.capped)
-	}
-	got, why = s.got[key], s.why[key]
-	// The next session may come from the same port.
-	delete(s.got, key)
-	delete(s.fr, key)
-	delete(s.why, key)
-	delete(s.done, key)
-	return got, back2, why
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return rec.got, back2, rec.why
 }
 
 // frame is one client frame (masked, RFC 6455 §5.2).
@@ -278,12 +279,9 @@ func TestFrameReaderReadsWhatItIsSent(t *testing.T) {
 	if handoffs.Load() == handed {
 		t.Error("no reader handed its wait to a new goroutine")
 	}
-	// Every connection ended: no read buffer is held.
-	for i := 0; readAheadHeld.Load() != held; i++ {
-		if i == 1000 {
-			t.Fatalf("%d read buffers held after the connections closed; %d before", readAheadHeld.Load(), held)
-		}
-		time.Sleep(time.Millisecond)
+	// Every connection closed: no read buffer is held.
+	if n := readAheadHeld.Load(); n != held {
+		t.Fatalf("%d read buffers held after the connections closed; %d before", n, held)
 	}
 }
 
@@ -400,18 +398,7 @@ func FuzzFrameReader(f *testing.F) {
 // comes.
 func TestFrameReaderStalledHeaderHoldsLittle(t *testing.T) {
 	s := newFrameServer(t, true, Config{PingInterval: time.Hour})
-	nc, err := net.Dial("tcp", s.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if _, err := io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
-		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := http.ReadResponse(bufio.NewReader(nc), nil); err != nil || res.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("handshake: %v %v", res, err)
-	}
+	nc, _, rec := s.dial(t)
 	msg := frame(nil, true, websocket.TextMessage, []byte(strings.Repeat("x", 300)), [4]byte{5, 6, 7, 8})
 	before, held := carried.Load(), readAheadHeld.Load()
 	if _, err := nc.Write(msg[:3]); err != nil { // the header is 8 bytes
@@ -429,20 +416,14 @@ func TestFrameReaderStalledHeaderHoldsLittle(t *testing.T) {
 	if _, err := nc.Write(msg[3:]); err != nil {
 		t.Fatal(err)
 	}
-	key := nc.LocalAddr().String()
-	for i := 0; ; i++ {
-		s.mu.Lock()
-		got := s.got[key]
-		s.mu.Unlock()
-		if len(got) == 1 {
-			if got[0] != strings.Repeat("x", 300) {
-				t.Fatalf("read %.40q", got[0])
-			}
-			break
-		}
-		if i == 5000 {
-			t.Fatal("the message did not arrive")
-		}
-		time.Sleep(time.Millisecond)
+	select {
+	case <-rec.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message did not arrive")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.got) != 1 || rec.got[0] != strings.Repeat("x", 300) {
+		t.Fatalf("read %d messages, the first %.40q", len(rec.got), rec.got)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
@@ -82,7 +83,7 @@ func missingf(t *testing.T) func(format string, args ...any) {
 func goConformanceAgent(t *testing.T, root string) []string {
 	bin := filepath.Join(t.TempDir(), "conformance-agent")
 	args := []string{"build", "-o", bin}
-	if raceEnabled {
+	if testkit.RaceEnabled {
 		args = append(args, "-race")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)

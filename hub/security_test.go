@@ -636,7 +636,7 @@ func TestBadTokenFlood(t *testing.T) {
 	// answered as it should); the README's test command runs this test
 	// once more alone, without -race, for the figure.
 	if flooded > 2*healthy+2*time.Millisecond {
-		if raceEnabled {
+		if testkit.RaceEnabled {
 			t.Logf("legitimate p99 %v under the flood; healthy %v (race detector: judged in the run without it)", flooded, healthy)
 		} else {
 			t.Errorf("legitimate p99 %v under the flood; healthy %v", flooded, healthy)

@@ -42,7 +42,9 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/link"
+	"github.com/agentmesh/agentmesh/link/wsconn"
 	"github.com/agentmesh/agentmesh/mesh"
 	"github.com/agentmesh/agentmesh/telemetry"
 )
@@ -350,6 +352,27 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / 100 // clock ticks (USER_HZ 100)
 }
 
+// procIO returns the read and write system calls a process has made
+// (/proc/PID/io syscr, syscw: read(2), readv(2), write(2), writev(2) and
+// their kin; not recvmsg, sendmsg or epoll_wait).
+func procIO(pid int) (r, w int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "syscr":
+			r = n
+		case "syscw":
+			w = n
+		}
+	}
+	return r, w
+}
+
 func selfCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -391,6 +414,10 @@ type Cell struct {
 	// ProcCPUus is each process's CPU per call in µs, by role (the
 	// harness's own process, the callers, is "client").
 	ProcCPUus map[string]float64 `json:"proc_cpu_us"`
+	// ProcReads and ProcWrites are each process's read and write system
+	// calls per call, by role (procIO), the harness's own as "client".
+	ProcReads  map[string]float64 `json:"proc_reads"`
+	ProcWrites map[string]float64 `json:"proc_writes"`
 }
 
 // Result is one system's row.
@@ -433,9 +460,12 @@ func measure(s system, c int, d time.Duration) (Cell, error) {
 	wg.Wait()
 	cpu0 := selfCPU()
 	pcpu0 := make([]time.Duration, len(procs))
+	io0 := make([][2]int64, len(procs)+1)
 	for i, p := range procs {
 		pcpu0[i] = p.cpu()
+		io0[i][0], io0[i][1] = procIO(p.cmd.Process.Pid)
 	}
+	io0[len(procs)][0], io0[len(procs)][1] = procIO(os.Getpid())
 	hists := make([]*hdrhistogram.Histogram, c)
 	var calls, errs atomic.Int64
 	start := time.Now()
@@ -462,10 +492,18 @@ func measure(s system, c int, d time.Duration) (Cell, error) {
 	n := calls.Load()
 	cpu := selfCPU() - cpu0
 	per := map[string]float64{"client": float64(cpu.Microseconds()) / float64(max(n, 1))}
+	reads, writes := map[string]float64{}, map[string]float64{}
+	perCall := func(role string, pid int, at [2]int64) {
+		r, w := procIO(pid)
+		reads[role] += float64(r-at[0]) / float64(max(n, 1))
+		writes[role] += float64(w-at[1]) / float64(max(n, 1))
+	}
+	perCall("client", os.Getpid(), io0[len(procs)])
 	for i, p := range procs {
 		d := p.cpu() - pcpu0[i]
 		cpu += d
 		per[p.role] += float64(d.Microseconds()) / float64(max(n, 1))
+		perCall(p.role, p.cmd.Process.Pid, io0[i])
 	}
 	h := hdrhistogram.New(1, int64(time.Minute), 3)
 	for _, x := range hists {
@@ -475,6 +513,7 @@ func measure(s system, c int, d time.Duration) (Cell, error) {
 		Concurrency: c, Calls: n, Errors: errs.Load(), RPS: float64(n) / elapsed.Seconds(),
 		P50us: float64(h.ValueAtQuantile(50)) / 1e3, P99us: float64(h.ValueAtQuantile(99)) / 1e3,
 		CPUmsPer1k: float64(cpu.Milliseconds()) / float64(n) * 1000, ProcCPUus: per,
+		ProcReads: reads, ProcWrites: writes,
 	}, nil
 }
 
@@ -581,6 +620,24 @@ func systems() []system {
 				return nil, nil, nil, err
 			}
 			cl, err := dialJSONRPC("ws://"+addr+"/ws", c)
+			if err != nil {
+				stop()
+				return nil, nil, nil, err
+			}
+			for range 200 {
+				if err := cl.call(0); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return cl.call, procs, func() { cl.close(); stop() }, nil
+		}},
+		{"agentmesh-jsonrpc-wsconn", func(c int) (func(int) error, []*proc, func(), error) {
+			addr, procs, stop, err := startMesh("mesh-agent")
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			cl, err := dialJSONRPCConn("ws://"+addr+"/ws", c)
 			if err != nil {
 				stop()
 				return nil, nil, nil, err
@@ -718,6 +775,69 @@ func (cl *jsonRPCWS) call(w int) error {
 
 func (cl *jsonRPCWS) close() { cl.ws.Close(); <-cl.done }
 
+// jsonRPCConn is jsonRPCWS over the link layer's connection (wsconn), whose
+// writer coalesces the callers' messages into few writes as mesh.Client's
+// does: the same JSON-RPC calls, the transport held equal to the native row's.
+type jsonRPCConn struct {
+	c    *wsconn.Conn
+	reqs [][]byte
+	ans  []chan []byte
+	done chan struct{}
+}
+
+func dialJSONRPCConn(url string, c int) (*jsonRPCConn, error) {
+	ws, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		return nil, err
+	}
+	cl := &jsonRPCConn{c: wsconn.NewConn(ws, wsconn.Config{}), done: make(chan struct{})}
+	for w := range c {
+		cl.reqs = append(cl.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
+		cl.ans = append(cl.ans, make(chan []byte, 1))
+	}
+	cl.c.Start(func(msg []byte, refused *envelope.Error) {
+		var head struct {
+			ID    int             `json:"id"`
+			Error json.RawMessage `json:"error"`
+		}
+		head.ID = -1
+		if refused != nil || json.Unmarshal(msg, &head) != nil || head.ID < 0 || head.ID >= len(cl.ans) {
+			fmt.Fprintf(os.Stderr, "jsonrpc: unexpected answer %.200q\n", msg)
+			return
+		}
+		if head.Error != nil {
+			msg = nil
+		} else {
+			msg = []byte{} // msg is the reader's: not kept
+		}
+		cl.ans[head.ID] <- msg
+	}, func(error) { close(cl.done) })
+	return cl, nil
+}
+
+func (cl *jsonRPCConn) call(w int) error {
+	b := wsconn.GetBuf()
+	*b = append(*b, cl.reqs[w]...)
+	if !cl.c.Send(b) {
+		return fmt.Errorf("connection closed")
+	}
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case msg := <-cl.ans[w]:
+		if msg == nil {
+			return fmt.Errorf("error answer")
+		}
+		return nil
+	case <-cl.done:
+		return fmt.Errorf("connection closed")
+	case <-t.C:
+		return fmt.Errorf("no answer in 5 s")
+	}
+}
+
+func (cl *jsonRPCConn) close() { cl.c.Close(); <-cl.done }
+
 func compare(d time.Duration, cs []int, only string, rounds int) ([]Result, error) {
 	var sys []system
 	for _, s := range systems() {
@@ -768,7 +888,7 @@ func medianCell(rs []Cell) Cell {
 		}
 		return (v[len(v)/2-1] + v[len(v)/2]) / 2
 	}
-	out := Cell{Concurrency: rs[0].Concurrency, ProcCPUus: map[string]float64{}}
+	out := Cell{Concurrency: rs[0].Concurrency, ProcCPUus: map[string]float64{}, ProcReads: map[string]float64{}, ProcWrites: map[string]float64{}}
 	for _, c := range rs {
 		out.Calls += c.Calls
 		out.Errors += c.Errors
@@ -779,6 +899,8 @@ func medianCell(rs []Cell) Cell {
 	out.CPUmsPer1k = med(func(c Cell) float64 { return c.CPUmsPer1k })
 	for role := range rs[0].ProcCPUus {
 		out.ProcCPUus[role] = med(func(c Cell) float64 { return c.ProcCPUus[role] })
+		out.ProcReads[role] = med(func(c Cell) float64 { return c.ProcReads[role] })
+		out.ProcWrites[role] = med(func(c Cell) float64 { return c.ProcWrites[role] })
 	}
 	return out
 }
@@ -817,6 +939,22 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		}
 		fmt.Fprintln(w, ")")
 	}
+	fmt.Fprintf(w, "\nread · write system calls per call by process at c=%d:\n", cs[len(cs)-1])
+	for _, r := range rs {
+		last := r.Cells[len(r.Cells)-1]
+		roles := make([]string, 0, len(last.ProcReads))
+		for role := range last.ProcReads {
+			roles = append(roles, role)
+		}
+		sort.Strings(roles)
+		fmt.Fprintf(w, "  %s:", r.System)
+		sep := " "
+		for _, role := range roles {
+			fmt.Fprintf(w, "%s%s %.2f · %.2f", sep, role, last.ProcReads[role], last.ProcWrites[role])
+			sep = "; "
+		}
+		fmt.Fprintln(w)
+	}
 	find := func(name string) *Result {
 		for i := range rs {
 			if rs[i].System == name {
@@ -847,10 +985,12 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		fmt.Fprintf(w, "agentmesh (v2 frames) / agentmesh-v1 (JSON frames) at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
 			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 	}
-	if j := find("agentmesh-jsonrpc"); j != nil {
-		a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
-		fmt.Fprintf(w, "agentmesh-jsonrpc / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
-			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
+	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn"} {
+		if j := find(name); j != nil {
+			a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
+			fmt.Fprintf(w, "%s / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", name, cs[len(cs)-1],
+				a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
+		}
 	}
 }
 

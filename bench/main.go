@@ -41,8 +41,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/agentmesh/agentmesh/agents"
-	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/link/wsconn"
 	"github.com/agentmesh/agentmesh/mesh"

@@ -19,7 +19,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/internal/testkit"
+	"github.com/agentmesh/agentmesh/internal/race"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
 )
@@ -83,7 +83,7 @@ func missingf(t *testing.T) func(format string, args ...any) {
 func goConformanceAgent(t *testing.T, root string) []string {
 	bin := filepath.Join(t.TempDir(), "conformance-agent")
 	args := []string{"build", "-o", bin}
-	if testkit.RaceEnabled {
+	if race.Enabled {
 		args = append(args, "-race")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)

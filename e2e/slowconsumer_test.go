@@ -18,7 +18,7 @@ import (
 
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/internal/testkit"
+	"github.com/agentmesh/agentmesh/internal/race"
 )
 
 // TestSlowConsumer is issue [M9]'s client that does not read: over a
@@ -204,11 +204,11 @@ func TestSlowConsumer(t *testing.T) {
 	// the README's test command runs this test once more alone, without
 	// -race, for the strict 1.5 ×.
 	limit := ph * 3 / 2
-	if testkit.RaceEnabled {
+	if race.Enabled {
 		limit += 4 * time.Millisecond
 	}
 	if pa > limit {
-		t.Errorf("callers' p99 under attack %v > %v (1.5 × healthy %v; race detector %v)", pa, limit, ph, testkit.RaceEnabled)
+		t.Errorf("callers' p99 under attack %v > %v (1.5 × healthy %v; race detector %v)", pa, limit, ph, race.Enabled)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -14,7 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
-	"github.com/agentmesh/agentmesh/internal/testkit"
+	"github.com/agentmesh/agentmesh/internal/race"
 	"github.com/agentmesh/agentmesh/mesh"
 )
 
@@ -196,10 +196,10 @@ func TestStreamCallerStopsReading(t *testing.T) {
 		t.Errorf("the stalled caller's read ended with %v; want close 1008", closeErr)
 	}
 	limit := ph * 3 / 2
-	if testkit.RaceEnabled {
+	if race.Enabled {
 		limit += 4 * time.Millisecond
 	}
 	if pa > limit {
-		t.Errorf("callers' p99 while a caller stalled %v > %v (1.5 × healthy %v; race detector %v)", pa, limit, ph, testkit.RaceEnabled)
+		t.Errorf("callers' p99 while a caller stalled %v > %v (1.5 × healthy %v; race detector %v)", pa, limit, ph, race.Enabled)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/agentmesh/agentmesh/contract/control"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/race"
 	"github.com/agentmesh/agentmesh/internal/testkit"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -636,7 +637,7 @@ func TestBadTokenFlood(t *testing.T) {
 	// answered as it should); the README's test command runs this test
 	// once more alone, without -race, for the figure.
 	if flooded > 2*healthy+2*time.Millisecond {
-		if testkit.RaceEnabled {
+		if race.Enabled {
 			t.Logf("legitimate p99 %v under the flood; healthy %v (race detector: judged in the run without it)", flooded, healthy)
 		} else {
 			t.Errorf("legitimate p99 %v under the flood; healthy %v", flooded, healthy)

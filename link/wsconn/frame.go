@@ -99,43 +99,66 @@ func (c *Conn) writeWire(b []byte, deadline time.Time, control bool) error {
 	select {
 	case <-c.wire.sem:
 	default:
-		// Taken: another write is in progress (a data write cannot
-		// block where the kernel's room is tracked, but may without). A
-		// data message waits for it; a control frame only until its
-		// own deadline, as gorilla's WriteControl did.
-		if !control {
-			<-c.wire.sem
-			break
-		}
-		t := time.NewTimer(time.Until(deadline))
-		select {
-		case <-c.wire.sem:
-			t.Stop()
-		case <-t.C:
-			return errWriteTimeout
+		if err := c.waitWire(deadline, control); err != nil {
+			return err
 		}
 	}
-	defer func() { c.wire.sem <- struct{}{} }()
-	close := control && len(b) > 0 && b[0]&0x0f == websocket.CloseMessage
+	var err error
 	if c.wire.closeSent {
-		return websocket.ErrCloseSent
-	}
-	// First without a deadline, never waiting: the socket nearly always
-	// has room, and a write deadline is a runtime timer set per write
-	// that then fires (a second later for a pong: at 10,000 idle links,
-	// 2,000 firings a second for nothing). Only what did not fit waits,
-	// under the deadline, which is then cleared.
-	n, err := c.tryWrite(b)
-	if err == nil && n < len(b) {
-		nc := c.ws.NetConn()
-		_ = nc.SetWriteDeadline(deadline)
-		_, err = nc.Write(b[n:])
-		if err == nil && c.wraw != nil {
-			_ = nc.SetWriteDeadline(time.Time{})
+		err = websocket.ErrCloseSent
+	} else {
+		// First without a deadline, never waiting: the socket nearly
+		// always has room, and a write deadline is a runtime timer set
+		// per write that then fires (a second later for a pong: at
+		// 10,000 idle links, 2,000 firings a second for nothing). Only
+		// what did not fit waits, under the deadline, which is then
+		// cleared.
+		var n int
+		n, err = c.tryWrite(b)
+		if err == nil && n < len(b) {
+			err = c.writeRest(b[n:], deadline)
+		}
+		if err != nil || control && len(b) > 0 && b[0]&0x0f == websocket.CloseMessage {
+			c.wire.closeSent = true // after a failed write the stream is cut mid-frame: nothing may follow
 		}
 	}
-	if close || err != nil {
-		c.wire.closeSent = true // after a failed write the stream is cut mid-frame: nothing may follow
+	c.wire.sem <- struct{}{}
+	return err
+}
+
+// waitWire takes the wire's token from another write in progress (a data
+// write cannot block where the kernel's room is tracked, but may
+// without). A data message waits for it; a control frame only until its
+// own deadline, as gorilla's WriteControl did. Out of writeWire's line,
+// as writeRest is: an idle reader answers a ping on a 2 KiB stack
+// (TestIdleReaderStackStays).
+//
+//go:noinline
+func (c *Conn) waitWire(deadline time.Time, control bool) error {
+	if !control {
+		<-c.wire.sem
+		return nil
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-c.wire.sem:
+		return nil
+	case <-t.C:
+		return errWriteTimeout
+	}
+}
+
+// writeRest writes what the socket did not take at once, waiting for it
+// until deadline.
+//
+//go:noinline
+func (c *Conn) writeRest(b []byte, deadline time.Time) error {
+	nc := c.ws.NetConn()
+	_ = nc.SetWriteDeadline(deadline)
+	_, err := nc.Write(b)
+	if err == nil && c.wraw != nil {
+		_ = nc.SetWriteDeadline(time.Time{})
 	}
 	return err
 }
@@ -186,9 +209,11 @@ var fdWrites = sync.Pool{New: func() any {
 // writeControl writes a control frame (a ping, a pong, a close) of at
 // most 125 bytes, waiting for a data write in progress until deadline.
 func (c *Conn) writeControl(op int, data []byte, deadline time.Time) error {
-	var a [2 + 4 + 125]byte
-	b := c.wire.appendMessage(a[:0], op, data[:min(len(data), 125)])
-	return c.writeWire(b, deadline, true)
+	b := GetBuf() // a frame on the stack would escape with tryWrite's
+	*b = c.wire.appendMessage(*b, op, data[:min(len(data), maxControl)])
+	err := c.writeWire(*b, deadline, true)
+	PutBuf(b)
+	return err
 }
 
 // writeMessage writes payload as one message of the connection's type.

@@ -121,6 +121,15 @@ func (c *Conn) heardFrom() {
 // peer ping policy, then answers with a pong as gorilla's default handler
 // does. An error ends the read loop, which closes the connection.
 func (c *Conn) onPing(data string) error {
+	if err := c.heardPing(); err != nil {
+		return err
+	}
+	return c.pong(data)
+}
+
+// heardPing notes a ping from the peer and enforces the peer ping
+// policy (errTooManyPings).
+func (c *Conn) heardPing() error {
 	now := time.Now()
 	c.heardFrom()
 	c.peerPinged.Store(now.UnixNano())
@@ -133,13 +142,35 @@ func (c *Conn) onPing(data string) error {
 		}
 		return errTooManyPings
 	}
-	err := c.writeControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	return nil
+}
+
+// pong answers a ping. An idle reader runs it from its loop's frame, on
+// its 2 KiB stack (TestIdleReaderStackStays): what it calls on the way
+// to write(2) must stay small.
+func (c *Conn) pong(data string) error {
+	data = data[:min(len(data), maxControl)]
+	b := GetBuf()
+	f, mask := c.wire.appendHeader(*b, websocket.PongMessage, len(data))
+	f = append(f, data...)
+	maskFrom(f, mask)
+	*b = f
+	err := c.writeWire(f, time.Now().Add(time.Second), true)
+	PutBuf(b)
+	return pongError(err)
+}
+
+// pongError is the error a failed pong ends the read with: none for a
+// connection already closing or a writer stuck (its own timeout tells).
+//
+//go:noinline
+func pongError(err error) error {
 	if err == nil || errors.Is(err, websocket.ErrCloseSent) {
 		return nil
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return nil // the writer is stuck; its own timeout will tell
+		return nil
 	}
 	return err
 }

@@ -27,7 +27,10 @@ import (
 // reader that finds nothing to read, at a message's end, idleSwap after
 // the last message, starts a new goroutine (a 2 KiB stack) to wait for
 // the socket and exits (Conn.readLoop): an idle link holds one small
-// goroutine and no buffer.
+// goroutine and no buffer. It does so once per message that came since
+// its goroutine started, not per ping: the reader waits for the socket
+// and answers a ping from its loop's own frame (readLoop), a path that
+// fits the fresh goroutine's 2 KiB, so that pings alone never grow it.
 //
 // Control frames are handled as gorilla's reader handles them (the
 // connection's ping, pong and close handlers); their errors and a
@@ -44,15 +47,22 @@ type frameReader struct {
 	fin    bool
 	total  int64 // the message's bytes so far
 	// lastMsg (mono) is when the last data message was read: a reader
-	// idle for idleSwap hands its wait to a new goroutine.
+	// idle for idleSwap hands its wait to a new goroutine, if a data
+	// message came (ran) since this one started.
 	lastMsg int64
+	ran     bool
+	// A ping read and not yet answered: next stops at it, and readLoop
+	// answers it from its own frame (the shallow path that keeps an idle
+	// reader's stack at 2 KiB).
+	pinged bool
+	ping   string
 }
 
 // idleSwap is how long after its last message a connection's reader
 // hands its wait to a fresh goroutine: a link that carries calls never
 // does (a goroutine start per call would cost more than the stack it
-// saves), an idle one does at each ping. A variable for tests (0: every
-// wait is handed over).
+// saves), one that goes idle does once. A variable for tests (0: every
+// wait after a message is handed over).
 var idleSwap = time.Second
 
 // handoffs counts the waits handed to a new goroutine (tests).
@@ -73,10 +83,11 @@ func newFrameReader(ws *websocket.Conn, limit int) *frameReader {
 }
 
 // idle reports whether the reader should hand its wait to a new
-// goroutine: nothing is buffered or in the socket, and the last message
-// came idleSwap ago or more. A connection with no RawConn never does.
+// goroutine: nothing is buffered or in the socket, and the last message,
+// which came since this goroutine started, came idleSwap ago or more. A
+// connection with no RawConn never does.
 func (fr *frameReader) idle() (bool, error) {
-	if fr.ra.raw == nil || fr.ra.buf != nil || mono.Now()-fr.lastMsg < int64(idleSwap) {
+	if fr.ra.raw == nil || fr.ra.buf != nil || !fr.ran || mono.Now()-fr.lastMsg < int64(idleSwap) {
 		return false, nil
 	}
 	got, err := fr.ra.fill(false)
@@ -150,8 +161,8 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 			if err := fr.control(c, op, int(size), key); err != nil {
 				return 0, err
 			}
-			if fr.ra.buf == nil && fr.fin {
-				return noFrame, nil // the reader may go idle (readLoop)
+			if fr.pinged || fr.ra.buf == nil && fr.fin {
+				return noFrame, nil // a ping to answer; the reader may go idle (readLoop)
 			}
 			continue
 		case websocket.TextMessage, websocket.BinaryMessage:
@@ -167,6 +178,20 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 		fr.fin, fr.remain, fr.key, fr.pos = fin, size, key, 0
 		return op, nil
 	}
+}
+
+// answerPing answers the ping next stopped at, if any (Conn.onPing):
+// the policy's check, then the pong, each called from this frame.
+func (fr *frameReader) answerPing(c *Conn) error {
+	if !fr.pinged {
+		return nil
+	}
+	ping := fr.ping
+	fr.pinged, fr.ping = false, ""
+	if err := c.heardPing(); err != nil {
+		return err
+	}
+	return c.pong(ping)
 }
 
 // judge refuses a frame its first two bytes show the protocol forbids
@@ -200,7 +225,8 @@ func (fr *frameReader) judge(b0, b1 byte, op int, fin bool) error {
 	return nil
 }
 
-// control reads a control frame's payload and runs its handler.
+// control reads a control frame's payload and runs its handler; a ping's
+// is readLoop's to run (pinged).
 func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
 	b, err := fr.ensure(size)
 	if err != nil {
@@ -213,7 +239,8 @@ func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
 	maskBytes(key, 0, p)
 	switch op {
 	case websocket.PingMessage:
-		return c.onPing(string(p))
+		fr.pinged, fr.ping = true, string(p)
+		return nil
 	case websocket.PongMessage:
 		return c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
 	}
@@ -269,6 +296,9 @@ func (m msgReader) read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		op, err := fr.next(m.c)
+		if err == nil {
+			err = fr.answerPing(m.c) // inside a message: at once
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -297,26 +327,14 @@ func (m msgReader) read(p []byte) (int, error) {
 // readLoop reads messages until the connection ends. resumed: this
 // goroutine took over an idle reader's wait (frameReader), and waits for
 // the socket first.
+//
+// Its own frame is kept small, and an idle reader's waits and pongs run
+// from it, not from deep in the frame reader: a fresh goroutine's 2 KiB
+// stack then holds them (TestIdleReaderStackStays).
 func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 	defer c.wg.Done()
-	if resumed {
-		if _, err := c.fr.ra.fill(true); err != nil {
-			c.Shutdown(err)
-			c.readerExit()
-			return
-		}
-	} else {
-		idle := c.cfg.IdleTimeout
-		_ = c.setReadDeadline(time.Now().Add(idle))
-		c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
-		c.ws.SetPingHandler(c.onPing)
-		c.ws.SetCloseHandler(func(code int, _ string) error {
-			// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
-			// handler does, on this side's wire: Shutdown's own close frame
-			// then finds it sent.
-			_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
-			return nil
-		})
+	if !resumed {
+		c.readSetup()
 	}
 	for {
 		if c.bp {
@@ -333,14 +351,22 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 				return
 			}
 			if park {
-				// At most one hand-over per idleSwap: a peer's pongs,
-				// which are not rate-limited as pings are, cannot make
-				// the hub start a goroutine for each.
-				c.fr.lastMsg = mono.Now()
+				// One hand-over per run of messages: the new goroutine
+				// hands over again only after a message has grown its
+				// stack (pings and pongs do not).
+				c.fr.ran = false
 				handoffs.Add(1)
 				c.wg.Add(1) // under this goroutine's own count: Close waits for both
 				go c.readLoop(onMessage, true)
 				return
+			}
+			if c.fr.fin && c.fr.ra.buf == nil {
+				// Between messages, nothing buffered: wait here.
+				if _, err := c.fr.ra.fill(true); err != nil {
+					c.Shutdown(err)
+					c.readerExit()
+					return
+				}
 			}
 		}
 		typ, data, refused, err := c.readMessage()
@@ -350,6 +376,11 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 			return
 		}
 		if typ == noFrame {
+			if err := c.fr.answerPing(c); err != nil {
+				c.Shutdown(err)
+				c.readerExit()
+				return
+			}
 			continue
 		}
 		c.heardFrom()
@@ -361,6 +392,22 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 		}
 		onMessage(data, refused)
 	}
+}
+
+// readSetup is the first reader's: the read deadline and gorilla's
+// handlers (a dialled connection's reader is gorilla's).
+func (c *Conn) readSetup() {
+	idle := c.cfg.IdleTimeout
+	_ = c.setReadDeadline(time.Now().Add(idle))
+	c.ws.SetPongHandler(func(string) error { return c.setReadDeadline(time.Now().Add(idle)) })
+	c.ws.SetPingHandler(c.onPing)
+	c.ws.SetCloseHandler(func(code int, _ string) error {
+		// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
+		// handler does, on this side's wire: Shutdown's own close frame
+		// then finds it sent.
+		_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+		return nil
+	})
 }
 
 // readMessage reads one message through a pooled scratch buffer and
@@ -394,7 +441,7 @@ func (c *Conn) readFrames() (int, []byte, *envelope.Error, error) {
 	if err != nil || op == noFrame {
 		return op, nil, nil, err
 	}
-	fr.lastMsg = mono.Now()
+	fr.lastMsg, fr.ran = mono.Now(), true
 	if b := fr.ra.buffered(); fr.fin && int64(len(b)) >= fr.remain {
 		msg := b[:fr.remain]
 		maskBytes(fr.key, 0, msg)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/agentmesh/agentmesh/envelope"
+	"github.com/agentmesh/agentmesh/internal/race"
 )
 
 // frameServer accepts WebSockets and runs a Conn on each, recording
@@ -27,11 +29,13 @@ type frameServer struct {
 	addr     string
 	cfg      Config
 	capped   bool
+	bp       bool // Conn.WithBackpressure, as the hub's links have it
 	accepted chan *served
 }
 
 // served is what the server's Conn on one connection did.
 type served struct {
+	c       *Conn
 	fr      bool // it read with a frameReader
 	mu      sync.Mutex
 	got     []string      // the messages it read
@@ -56,7 +60,10 @@ func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
 			return
 		}
 		c := NewConn(ws, s.cfg)
-		rec := &served{fr: c.fr != nil, arrived: make(chan struct{}, 1), closed: make(chan struct{})}
+		if s.bp {
+			c.WithBackpressure()
+		}
+		rec := &served{c: c, fr: c.fr != nil, arrived: make(chan struct{}, 1), closed: make(chan struct{})}
 		conns.Add(1)
 		c.Start(func(data []byte, refused *envelope.Error) {
 			rec.mu.Lock()
@@ -425,5 +432,82 @@ func TestFrameReaderStalledHeaderHoldsLittle(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.got) != 1 || rec.got[0] != strings.Repeat("x", 300) {
 		t.Fatalf("read %d messages, the first %.40q", len(rec.got), rec.got)
+	}
+}
+
+// TestIdleReaderStackStays: a reader that handed its wait to a new
+// goroutine (after a message, idleSwap 0) answers pings without growing
+// that goroutine's 2 KiB stack and without handing over again: an idle
+// link costs a ping's two system calls, not a goroutine start and a
+// stack copy per ping.
+func TestIdleReaderStackStays(t *testing.T) {
+	old := idleSwap
+	idleSwap = 0
+	t.Cleanup(func() { idleSwap = old })
+	s := newFrameServer(t, true, Config{PingInterval: time.Hour, PeerPingMin: -1})
+	s.bp = true
+	const n = 64
+	k := [4]byte{3, 1, 4, 1}
+	handed := handoffs.Load()
+	readers := make([]*bufio.Reader, n)
+	conns := make([]net.Conn, n)
+	recs := make([]*served, n)
+	for i := range n {
+		nc, br, rec := s.dial(t)
+		conns[i], readers[i], recs[i] = nc, br, rec
+		if _, err := nc.Write(frame(nil, true, websocket.TextMessage, []byte("call"), k)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-rec.arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the message did not arrive")
+		}
+	}
+	// Each reader hands its wait over once the message is read; the
+	// counter is the only sign of it.
+	for i := 0; handoffs.Load() < handed+n; i++ {
+		if i == 5000 {
+			t.Fatalf("%d of %d readers handed their wait over", handoffs.Load()-handed, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	handed = handoffs.Load()
+	for round := range 3 {
+		for i, nc := range conns {
+			// Heard from long ago: the ping moves the read deadline, as
+			// an idle link's every ping does (heardFrom).
+			recs[i].c.heard.Store(1)
+			payload := []byte(fmt.Sprint("p", round, i))
+			if _, err := nc.Write(frame(nil, true, websocket.PingMessage, payload, k)); err != nil {
+				t.Fatal(err)
+			}
+			var h [2]byte
+			if _, err := io.ReadFull(readers[i], h[:]); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, h[1]&0x7f)
+			if _, err := io.ReadFull(readers[i], got); err != nil {
+				t.Fatal(err)
+			}
+			if h[0]&0x0f != websocket.PongMessage || string(got) != string(payload) {
+				t.Fatalf("answer to ping %q: opcode %d %q", payload, h[0]&0x0f, got)
+			}
+		}
+	}
+	runtime.ReadMemStats(&after) // no collection since: a grown stack is not shrunk yet
+	if h := handoffs.Load() - handed; h != 0 {
+		t.Errorf("%d waits handed over after pings; want 0", h)
+	}
+	if race.Enabled {
+		t.Logf("stacks %+d KiB across %d readers (race detector: frames are larger, not judged)", (int64(after.StackInuse)-int64(before.StackInuse))>>10, n)
+		return
+	}
+	// A reader whose pong outgrew 2 KiB would hold 4: 128 KiB more here.
+	if grew := int64(after.StackInuse) - int64(before.StackInuse); grew >= n<<10 {
+		t.Errorf("stacks grew %d KiB across %d readers answering pings; want < %d KiB", grew>>10, n, n)
 	}
 }

@@ -1,6 +1,0 @@
-//go:build !race
-
-package testkit
-
-// RaceEnabled: see race_on.go.
-const RaceEnabled = false

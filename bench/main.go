@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -615,42 +617,42 @@ func systems() []system {
 			return meshRow(true) // the JSON frames (agentmesh.v1), client and agent
 		}},
 		{"agentmesh-jsonrpc", func(c int) (func(int) error, []*proc, func(), error) {
-			addr, procs, stop, err := startMesh("mesh-agent")
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			cl, err := dialJSONRPC("ws://"+addr+"/ws", c)
-			if err != nil {
-				stop()
-				return nil, nil, nil, err
-			}
-			for range 200 {
-				if err := cl.call(0); err == nil {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			return cl.call, procs, func() { cl.close(); stop() }, nil
+			return jsonRPCRow(c, false)
 		}},
 		{"agentmesh-jsonrpc-wsconn", func(c int) (func(int) error, []*proc, func(), error) {
-			addr, procs, stop, err := startMesh("mesh-agent")
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			cl, err := dialJSONRPCConn("ws://"+addr+"/ws", c)
-			if err != nil {
-				stop()
-				return nil, nil, nil, err
-			}
-			for range 200 {
-				if err := cl.call(0); err == nil {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			return cl.call, procs, func() { cl.close(); stop() }, nil
+			return jsonRPCRow(c, true) // the same calls through the link layer's writer
 		}},
 	}
+}
+
+// jsonRPCRow starts a hub and an echo agent and dials the plain JSON-RPC
+// client: over gorilla (one write per call), or, wsconn, over the link
+// layer's connection.
+func jsonRPCRow(c int, wsconn bool) (func(int) error, []*proc, func(), error) {
+	addr, procs, stop, err := startMesh("mesh-agent")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var cl interface {
+		call(int) error
+		close()
+	}
+	if wsconn {
+		cl, err = dialJSONRPCConn("ws://"+addr+"/ws", c)
+	} else {
+		cl, err = dialJSONRPC("ws://"+addr+"/ws", c)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	for range 200 {
+		if err := cl.call(0); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cl.call, procs, func() { cl.close(); stop() }, nil
 }
 
 // meshRow starts a hub and an echo agent and dials the client as users
@@ -707,11 +709,62 @@ func startMesh(agentRole string) (addr string, procs []*proc, stop func(), err e
 // connection, worker w's call carrying id w (one call in flight each),
 // one reader handing each answer to its caller by id.
 type jsonRPCWS struct {
-	ws   *websocket.Conn
-	wmu  sync.Mutex
+	ws  *websocket.Conn
+	wmu sync.Mutex
+	jsonCallers
+}
+
+// jsonCallers are a plain JSON-RPC client's callers: worker w's request
+// (id w) and the channel its answer comes on (nil: an error answer).
+type jsonCallers struct {
 	reqs [][]byte
 	ans  []chan []byte
-	done chan struct{}
+	done chan struct{} // closed when the connection ends
+}
+
+func newJSONCallers(c int) jsonCallers {
+	cs := jsonCallers{done: make(chan struct{})}
+	for w := range c {
+		cs.reqs = append(cs.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
+		cs.ans = append(cs.ans, make(chan []byte, 1))
+	}
+	return cs
+}
+
+// deliver hands an answer to its caller by id.
+func (cs *jsonCallers) deliver(msg []byte) {
+	var head struct {
+		ID    int             `json:"id"`
+		Error json.RawMessage `json:"error"`
+	}
+	head.ID = -1
+	if json.Unmarshal(msg, &head) != nil || head.ID < 0 || head.ID >= len(cs.ans) {
+		fmt.Fprintf(os.Stderr, "jsonrpc: unexpected answer %.200q\n", msg)
+		return
+	}
+	if head.Error != nil {
+		msg = nil // an error answer
+	} else {
+		msg = []byte{} // msg may be the reader's: not kept
+	}
+	cs.ans[head.ID] <- msg
+}
+
+// wait waits for worker w's answer.
+func (cs *jsonCallers) wait(w int) error {
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case msg := <-cs.ans[w]:
+		if msg == nil {
+			return fmt.Errorf("error answer")
+		}
+		return nil
+	case <-cs.done:
+		return fmt.Errorf("connection closed")
+	case <-t.C:
+		return fmt.Errorf("no answer in 5 s")
+	}
 }
 
 func dialJSONRPC(url string, c int) (*jsonRPCWS, error) {
@@ -719,35 +772,19 @@ func dialJSONRPC(url string, c int) (*jsonRPCWS, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &jsonRPCWS{ws: ws, done: make(chan struct{})}
-	for w := range c {
-		cl.reqs = append(cl.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
-		cl.ans = append(cl.ans, make(chan []byte, 1))
-	}
+	cl := &jsonRPCWS{ws: ws, jsonCallers: newJSONCallers(c)}
 	go cl.read()
 	return cl, nil
 }
 
 func (cl *jsonRPCWS) read() {
 	defer close(cl.done)
-	var head struct {
-		ID    int             `json:"id"`
-		Error json.RawMessage `json:"error"`
-	}
 	for {
 		_, msg, err := cl.ws.ReadMessage()
 		if err != nil {
 			return
 		}
-		head.ID, head.Error = -1, nil
-		if json.Unmarshal(msg, &head) != nil || head.ID < 0 || head.ID >= len(cl.ans) {
-			fmt.Fprintf(os.Stderr, "jsonrpc: unexpected answer %.200q\n", msg)
-			continue
-		}
-		if head.Error != nil {
-			msg = nil // an error answer
-		}
-		cl.ans[head.ID] <- msg
+		cl.deliver(msg)
 	}
 }
 
@@ -758,19 +795,7 @@ func (cl *jsonRPCWS) call(w int) error {
 	if err != nil {
 		return err
 	}
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case msg := <-cl.ans[w]:
-		if msg == nil {
-			return fmt.Errorf("error answer")
-		}
-		return nil
-	case <-cl.done:
-		return fmt.Errorf("connection closed")
-	case <-t.C:
-		return fmt.Errorf("no answer in 5 s")
-	}
+	return cl.wait(w)
 }
 
 func (cl *jsonRPCWS) close() { cl.ws.Close(); <-cl.done }
@@ -779,10 +804,8 @@ func (cl *jsonRPCWS) close() { cl.ws.Close(); <-cl.done }
 // writer coalesces the callers' messages into few writes as mesh.Client's
 // does: the same JSON-RPC calls, the transport held equal to the native row's.
 type jsonRPCConn struct {
-	c    *wsconn.Conn
-	reqs [][]byte
-	ans  []chan []byte
-	done chan struct{}
+	c *wsconn.Conn
+	jsonCallers
 }
 
 func dialJSONRPCConn(url string, c int) (*jsonRPCConn, error) {
@@ -790,27 +813,13 @@ func dialJSONRPCConn(url string, c int) (*jsonRPCConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &jsonRPCConn{c: wsconn.NewConn(ws, wsconn.Config{}), done: make(chan struct{})}
-	for w := range c {
-		cl.reqs = append(cl.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
-		cl.ans = append(cl.ans, make(chan []byte, 1))
-	}
+	cl := &jsonRPCConn{c: wsconn.NewConn(ws, wsconn.Config{}), jsonCallers: newJSONCallers(c)}
 	cl.c.Start(func(msg []byte, refused *envelope.Error) {
-		var head struct {
-			ID    int             `json:"id"`
-			Error json.RawMessage `json:"error"`
-		}
-		head.ID = -1
-		if refused != nil || json.Unmarshal(msg, &head) != nil || head.ID < 0 || head.ID >= len(cl.ans) {
-			fmt.Fprintf(os.Stderr, "jsonrpc: unexpected answer %.200q\n", msg)
+		if refused != nil {
+			fmt.Fprintf(os.Stderr, "jsonrpc: refused answer: %v\n", refused)
 			return
 		}
-		if head.Error != nil {
-			msg = nil
-		} else {
-			msg = []byte{} // msg is the reader's: not kept
-		}
-		cl.ans[head.ID] <- msg
+		cl.deliver(msg)
 	}, func(error) { close(cl.done) })
 	return cl, nil
 }
@@ -821,19 +830,7 @@ func (cl *jsonRPCConn) call(w int) error {
 	if !cl.c.Send(b) {
 		return fmt.Errorf("connection closed")
 	}
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case msg := <-cl.ans[w]:
-		if msg == nil {
-			return fmt.Errorf("error answer")
-		}
-		return nil
-	case <-cl.done:
-		return fmt.Errorf("connection closed")
-	case <-t.C:
-		return fmt.Errorf("no answer in 5 s")
-	}
+	return cl.wait(w)
 }
 
 func (cl *jsonRPCConn) close() { cl.c.Close(); <-cl.done }
@@ -926,14 +923,9 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 	fmt.Fprintf(w, "\nCPU µs per call by process at c=%d:\n", cs[len(cs)-1])
 	for _, r := range rs {
 		last := r.Cells[len(r.Cells)-1]
-		roles := make([]string, 0, len(last.ProcCPUus))
-		for role := range last.ProcCPUus {
-			roles = append(roles, role)
-		}
-		sort.Strings(roles)
 		fmt.Fprintf(w, "  %s: %.1f", r.System, last.CPUmsPer1k)
 		sep := " ("
-		for _, role := range roles {
+		for _, role := range slices.Sorted(maps.Keys(last.ProcCPUus)) {
 			fmt.Fprintf(w, "%s%s %.1f", sep, role, last.ProcCPUus[role])
 			sep = " · "
 		}
@@ -942,14 +934,9 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 	fmt.Fprintf(w, "\nread · write system calls per call by process at c=%d:\n", cs[len(cs)-1])
 	for _, r := range rs {
 		last := r.Cells[len(r.Cells)-1]
-		roles := make([]string, 0, len(last.ProcReads))
-		for role := range last.ProcReads {
-			roles = append(roles, role)
-		}
-		sort.Strings(roles)
 		fmt.Fprintf(w, "  %s:", r.System)
 		sep := " "
-		for _, role := range roles {
+		for _, role := range slices.Sorted(maps.Keys(last.ProcReads)) {
 			fmt.Fprintf(w, "%s%s %.2f · %.2f", sep, role, last.ProcReads[role], last.ProcWrites[role])
 			sep = "; "
 		}

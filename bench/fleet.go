@@ -40,17 +40,21 @@ type fleetOpts struct {
 // FleetRun is one run of -fleet: one hub, first with base idle agents,
 // then with n more, then with those n killed at once.
 type FleetRun struct {
-	RegisterAll    time.Duration // n agents dialled and registered
-	HubReady       int           // agents the hub listed ready then
-	IdleCPU        float64       // the hub's CPU at n idle agents, % of a core
-	IdleCPUBase    float64       // the same at base idle agents
-	EchoBase       float64       // echo calls/s at base idle agents
-	EchoN          float64       // echo calls/s at n idle agents
-	EchoControl    float64       // echo calls/s at base idle agents, n idle links to another server beside the hub
-	Relinked       int64         // agents that registered again: their link was closed under them
-	DropAll        time.Duration // the n links closed at once until the hub lists none of them
-	HubRSSMiB      float64
-	DropIncomplete bool // the hub still listed some after 60 s
+	RegisterAll time.Duration // n agents dialled and registered
+	HubReady    int           // agents the hub listed ready then
+	IdleCPU     float64       // the hub's CPU at n idle agents, % of a core
+	IdleCPUBase float64       // the same at base idle agents
+	EchoBase    float64       // echo calls/s at base idle agents
+	EchoN       float64       // echo calls/s at n idle agents
+	EchoControl float64       // echo calls/s at base idle agents, n idle links to another server beside the hub
+	// The CPU, in % of a core, of what idles beside each echo: the n
+	// agents' process during EchoN; the control's clients and its server
+	// during EchoControl.
+	AgentsCPU, ControlClientsCPU, ControlServerCPU float64
+	Relinked                                       int64         // agents that registered again: their link was closed under them
+	DropAll                                        time.Duration // the n links closed at once until the hub lists none of them
+	HubRSSMiB                                      float64
+	DropIncomplete                                 bool // the hub still listed some after 60 s
 }
 
 // fleet runs -fleet: what N idle agents cost one hub (registration, idle
@@ -74,10 +78,10 @@ func fleet(o fleetOpts) error {
 			return fmt.Errorf("run %d: %w", i+1, err)
 		}
 		rs = append(rs, r)
-		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx; control: %.0f, %.2fx, with %d idle links to another server beside the hub); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB\n",
+		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx; control: %.0f, %.2fx, with %d idle links to another server beside the hub); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB; beside the echo, the agents' process took %.1f %% of a core, the control's clients %.1f %% and its server %.1f %%\n",
 			i+1, o.n, r.RegisterAll.Round(time.Millisecond), r.HubReady, r.IdleCPU, r.IdleCPUBase, o.base,
 			r.EchoN, o.n, r.EchoBase, o.base, r.EchoN/r.EchoBase, r.EchoControl, r.EchoControl/r.EchoBase, o.n, r.Relinked, o.n, r.DropAll.Round(time.Millisecond),
-			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.HubRSSMiB)
+			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.HubRSSMiB, r.AgentsCPU, r.ControlClientsCPU, r.ControlServerCPU)
 	}
 	if len(rs) > 1 {
 		var relinked int64
@@ -133,11 +137,12 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	// idle links pinging a server of their own beside them on this
 	// machine, which take the CPU the n agents' pings would (the server's
 	// and its clients'), none of it the hub's.
-	_, stopCtl, err := startControl("link-clients", o.n)
+	srv, clients, stopCtl, err := startControl("link-clients", o.n)
 	if err != nil {
 		return r, err
 	}
-	r.EchoControl, err = echoRate(addr, o.loadFor)
+	ctlCPU := cpuWhile(func() { r.EchoControl, err = echoRate(addr, o.loadFor) }, clients, srv)
+	r.ControlClientsCPU, r.ControlServerCPU = ctlCPU[0], ctlCPU[1]
 	stopCtl()
 	if err != nil {
 		return r, err
@@ -164,7 +169,8 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 		_ = hub.cmd.Process.Signal(syscall.SIGUSR2)
 	}
 	r.HubRSSMiB = float64(rss(hub.cmd.Process.Pid)) / (1 << 20)
-	if r.EchoN, err = echoRate(addr, o.loadFor); err != nil {
+	r.AgentsCPU = cpuWhile(func() { r.EchoN, err = echoRate(addr, o.loadFor) }, &proc{many.cmd, "fleet-agents"})[0]
+	if err != nil {
 		return r, err
 	}
 	r.Relinked = many.relinked.Load()
@@ -186,6 +192,22 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return r, nil
+}
+
+// cpuWhile runs f and returns each of ps's CPU meanwhile, in % of one core.
+func cpuWhile(f func(), ps ...*proc) []float64 {
+	c0 := make([]time.Duration, len(ps))
+	for i, p := range ps {
+		c0[i] = p.cpu()
+	}
+	start := time.Now()
+	f()
+	d := time.Since(start)
+	out := make([]float64, len(ps))
+	for i, p := range ps {
+		out[i] = 100 * float64(p.cpu()-c0[i]) / float64(d)
+	}
+	return out
 }
 
 // cpuShare is p's CPU over d, in % of one core.
@@ -526,7 +548,7 @@ func runLinkClients(ctx context.Context, spec string) error {
 // pingControl measures the ping-server's CPU with n clients of the
 // role clients (ping-clients or link-clients) idle.
 func pingControl(clients string, n int, d time.Duration) (float64, error) {
-	srv, stop, err := startControl(clients, n)
+	srv, _, stop, err := startControl(clients, n)
 	if err != nil {
 		return 0, err
 	}
@@ -535,34 +557,35 @@ func pingControl(clients string, n int, d time.Duration) (float64, error) {
 }
 
 // startControl starts the ping-server and n idle clients of the role
-// clients, and returns once every client's pings are in their rhythm.
-func startControl(clients string, n int) (srv *proc, stop func(), err error) {
+// clients (cp: their process), and returns once every client's pings are
+// in their rhythm.
+func startControl(clients string, n int) (srv, cp *proc, stop func(), err error) {
 	addr := freeAddr()
 	srv, err = startRole("ping-server", addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := waitDial(addr); err != nil {
 		srv.stop()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cmd := exec.Command(os.Args[0], "-role", clients, "-addr", fmt.Sprintf("%s,%d", addr, n))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		srv.stop()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		srv.stop()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	cp := &proc{cmd, clients} // stopped as a server is: SIGTERM, then a kill after 5 s
+	cp = &proc{cmd, clients} // stopped as a server is: SIGTERM, then a kill after 5 s
 	stop = func() { cp.stop(); srv.stop() }
 	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("%s did not come up: %w", clients, err)
+		return nil, nil, nil, fmt.Errorf("%s did not come up: %w", clients, err)
 	}
 	time.Sleep(6 * time.Second) // every client's ticker in its rhythm
-	return srv, stop, nil
+	return srv, cp, stop, nil
 }

@@ -51,11 +51,11 @@ type frameReader struct {
 	// message came (ran) since this one started.
 	lastMsg int64
 	ran     bool
-	// A ping read and not yet answered: next stops at it, and readLoop
-	// answers it from its own frame (the shallow path that keeps an idle
-	// reader's stack at 2 KiB).
-	pinged bool
-	ping   string
+	// A ping read and not yet answered, a pong read and not yet noted:
+	// next stops at them, and readLoop handles them from its own frame
+	// (the shallow path that keeps an idle reader's stack at 2 KiB).
+	pinged, ponged bool
+	ping           string
 }
 
 // idleSwap is how long after its last message a connection's reader
@@ -161,8 +161,8 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 			if err := fr.control(c, op, int(size), key); err != nil {
 				return 0, err
 			}
-			if fr.pinged || fr.ra.buf == nil && fr.fin {
-				return noFrame, nil // a ping to answer; the reader may go idle (readLoop)
+			if fr.pinged || fr.ponged || fr.ra.buf == nil && fr.fin {
+				return noFrame, nil // a ping or pong to handle; the reader may go idle (readLoop)
 			}
 			continue
 		case websocket.TextMessage, websocket.BinaryMessage:
@@ -180,9 +180,17 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 	}
 }
 
-// answerPing answers the ping next stopped at, if any (Conn.onPing):
-// the policy's check, then the pong, each called from this frame.
-func (fr *frameReader) answerPing(c *Conn) error {
+// settleControl handles the pong or ping next stopped at, if any: a pong
+// moves the read deadline (as gorilla's pong handler does here); a ping
+// gets the policy's check, then the pong (Conn.onPing), each called from
+// this frame.
+func (fr *frameReader) settleControl(c *Conn) error {
+	if fr.ponged {
+		fr.ponged = false
+		if err := c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout)); err != nil {
+			return err
+		}
+	}
 	if !fr.pinged {
 		return nil
 	}
@@ -226,7 +234,7 @@ func (fr *frameReader) judge(b0, b1 byte, op int, fin bool) error {
 }
 
 // control reads a control frame's payload and runs its handler; a ping's
-// is readLoop's to run (pinged).
+// and a pong's are readLoop's to run (settleControl).
 func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
 	b, err := fr.ensure(size)
 	if err != nil {
@@ -242,7 +250,8 @@ func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
 		fr.pinged, fr.ping = true, string(p)
 		return nil
 	case websocket.PongMessage:
-		return c.setReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
+		fr.ponged = true
+		return nil
 	}
 	code, text := websocket.CloseNoStatusReceived, ""
 	if len(p) >= 2 {
@@ -297,7 +306,7 @@ func (m msgReader) read(p []byte) (int, error) {
 		}
 		op, err := fr.next(m.c)
 		if err == nil {
-			err = fr.answerPing(m.c) // inside a message: at once
+			err = fr.settleControl(m.c) // inside a message: at once
 		}
 		if err != nil {
 			return 0, err
@@ -361,7 +370,10 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 				return
 			}
 			if c.fr.fin && c.fr.ra.buf == nil {
-				// Between messages, nothing buffered: wait here.
+				// Between messages, nothing buffered: wait here. (A
+				// frame cut short by the network is waited for deep in
+				// the frame reader, ensure, which may grow the stack;
+				// peers write a control frame whole.)
 				if _, err := c.fr.ra.fill(true); err != nil {
 					c.Shutdown(err)
 					c.readerExit()
@@ -376,7 +388,7 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 			return
 		}
 		if typ == noFrame {
-			if err := c.fr.answerPing(c); err != nil {
+			if err := c.fr.settleControl(c); err != nil {
 				c.Shutdown(err)
 				c.readerExit()
 				return

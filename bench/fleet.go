@@ -123,7 +123,7 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 		return s, err
 	}
 
-	base, err := startFleetAgents(addr, o.base, o.parallel)
+	base, err := startFleetAgents(addr, o.base, o.parallel, "")
 	if err != nil {
 		return r, err
 	}
@@ -137,11 +137,13 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	// idle links pinging a server of their own beside them on this
 	// machine, which take the CPU the n agents' pings would (the server's
 	// and its clients'), none of it the hub's.
-	srv, clients, stopCtl, err := startControl("link-clients", o.n)
+	srv, clients, stopCtl, err := startControl("link-clients", o.n, windowProfile(fmt.Sprintf("fleet-%d-control-clients-echo.pprof", o.n)))
 	if err != nil {
 		return r, err
 	}
-	ctlCPU := cpuWhile(func() { r.EchoControl, err = echoRate(addr, o.loadFor) }, clients, srv)
+	ctlCPU := cpuWhile(func() {
+		r.EchoControl, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, clients)
+	}, clients, srv)
 	r.ControlClientsCPU, r.ControlServerCPU = ctlCPU[0], ctlCPU[1]
 	stopCtl()
 	if err != nil {
@@ -149,7 +151,7 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	}
 
 	start := time.Now()
-	many, err := startFleetAgents(addr, o.n, o.parallel)
+	many, err := startFleetAgents(addr, o.n, o.parallel, windowProfile(fmt.Sprintf("fleet-%d-agents-echo.pprof", o.n)))
 	if err != nil {
 		return r, err
 	}
@@ -169,13 +171,19 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 		_ = hub.cmd.Process.Signal(syscall.SIGUSR2)
 	}
 	r.HubRSSMiB = float64(rss(hub.cmd.Process.Pid)) / (1 << 20)
-	r.AgentsCPU = cpuWhile(func() { r.EchoN, err = echoRate(addr, o.loadFor) }, &proc{many.cmd, "fleet-agents"})[0]
+	agentsProc := &proc{many.cmd, "fleet-agents"}
+	r.AgentsCPU = cpuWhile(func() {
+		r.EchoN, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, agentsProc)
+	}, agentsProc)[0]
 	if err != nil {
 		return r, err
 	}
 	r.Relinked = many.relinked.Load()
 
 	// All n links closed at once: the kernel closes the process's sockets.
+	if profileDir != "" {
+		time.Sleep(time.Second) // its window profile written (SIGUSR2 has no answer)
+	}
 	_ = many.cmd.Process.Signal(syscall.SIGKILL)
 	start = time.Now()
 	want := o.base + 1
@@ -192,6 +200,25 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return r, nil
+}
+
+// windowProfile is the environment that makes a role process profile the
+// windows the harness marks (profileWindow) into name under -cpuprofile's
+// directory, or "" without -cpuprofile.
+func windowProfile(name string) string {
+	if profileDir == "" {
+		return ""
+	}
+	return "BENCH_WINDOW_PROFILE=" + filepath.Join(profileDir, name)
+}
+
+// profiled runs f with p's window profile on, under -cpuprofile.
+func profiled(f func() (float64, error), p *proc) (float64, error) {
+	if profileDir != "" {
+		_ = p.cmd.Process.Signal(syscall.SIGUSR1)
+		defer func() { _ = p.cmd.Process.Signal(syscall.SIGUSR2) }()
+	}
+	return f()
 }
 
 // cpuWhile runs f and returns each of ps's CPU meanwhile, in % of one core.
@@ -268,8 +295,11 @@ type fleetAgents struct {
 // startFleetAgents starts n idle agents in a process of their own and
 // returns once all registered. The process reports each agent that
 // registers again (its link was closed under it) on a line of its own.
-func startFleetAgents(addr string, n, parallel int) (*fleetAgents, error) {
+func startFleetAgents(addr string, n, parallel int, env string) (*fleetAgents, error) {
 	cmd := exec.Command(os.Args[0], "-role", "fleet-agents", "-addr", fmt.Sprintf("%s,%d,%d", addr, n, parallel))
+	if env != "" {
+		cmd.Env = append(os.Environ(), env)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -548,7 +578,7 @@ func runLinkClients(ctx context.Context, spec string) error {
 // pingControl measures the ping-server's CPU with n clients of the
 // role clients (ping-clients or link-clients) idle.
 func pingControl(clients string, n int, d time.Duration) (float64, error) {
-	srv, _, stop, err := startControl(clients, n)
+	srv, _, stop, err := startControl(clients, n, "")
 	if err != nil {
 		return 0, err
 	}
@@ -559,7 +589,7 @@ func pingControl(clients string, n int, d time.Duration) (float64, error) {
 // startControl starts the ping-server and n idle clients of the role
 // clients (cp: their process), and returns once every client's pings are
 // in their rhythm.
-func startControl(clients string, n int) (srv, cp *proc, stop func(), err error) {
+func startControl(clients string, n int, env string) (srv, cp *proc, stop func(), err error) {
 	addr := freeAddr()
 	srv, err = startRole("ping-server", addr)
 	if err != nil {
@@ -570,6 +600,9 @@ func startControl(clients string, n int) (srv, cp *proc, stop func(), err error)
 		return nil, nil, nil, err
 	}
 	cmd := exec.Command(os.Args[0], "-role", clients, "-addr", fmt.Sprintf("%s,%d", addr, n))
+	if env != "" {
+		cmd.Env = append(os.Environ(), env)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		srv.stop()

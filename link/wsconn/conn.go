@@ -364,7 +364,7 @@ func (c *Conn) underBounds() (ok, waited bool) {
 			// an unsolicited pong (RFC 6455 5.5.3) keeps a peer that
 			// reads, and counts pongs as life (this mesh's links do),
 			// from taking the hub for dead while its long calls run.
-			_ = c.writeControl(websocket.PongMessage, nil, time.Now().Add(time.Second))
+			_ = writeControl(c, websocket.PongMessage, "", time.Now().Add(time.Second))
 			keepalive.Reset(pausedPong)
 		}
 		c.qmu.Lock()
@@ -528,7 +528,7 @@ func (c *Conn) Shutdown(err error) {
 		var ne net.Error
 		timedOut := errors.As(err, &ne) && ne.Timeout()
 		if !timedOut && (!errors.Is(err, ErrNotReading) || c.roomKept.Load()) {
-			werr := c.writeControl(websocket.CloseMessage,
+			werr := writeControl(c, websocket.CloseMessage,
 				websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
 			if werr == nil && errors.Is(err, ErrNotReading) {
 				// The writer handed the kernel whole frames only, with

@@ -87,6 +87,12 @@ func maskFrom(b []byte, mask int) {
 
 // appendMessage appends payload as one message of type op.
 func (w *wire) appendMessage(b []byte, op int, payload []byte) []byte {
+	return appendFrame(w, b, op, payload)
+}
+
+// appendFrame is appendMessage for a payload of either kind (a ping's
+// is a string).
+func appendFrame[P string | []byte](w *wire, b []byte, op int, payload P) []byte {
 	b, mask := w.appendHeader(b, op, len(payload))
 	b = append(b, payload...)
 	maskFrom(b, mask)
@@ -208,9 +214,9 @@ var fdWrites = sync.Pool{New: func() any {
 
 // writeControl writes a control frame (a ping, a pong, a close) of at
 // most 125 bytes, waiting for a data write in progress until deadline.
-func (c *Conn) writeControl(op int, data []byte, deadline time.Time) error {
+func writeControl[P string | []byte](c *Conn, op int, data P, deadline time.Time) error {
 	b := GetBuf() // a frame on the stack would escape with tryWrite's
-	*b = c.wire.appendMessage(*b, op, data[:min(len(data), maxControl)])
+	*b = appendFrame(&c.wire, *b, op, data[:min(len(data), maxControl)])
 	err := c.writeWire(*b, deadline, true)
 	PutBuf(b)
 	return err

@@ -108,10 +108,10 @@ func TestWireFramesBothWays(t *testing.T) {
 			// Control frames: a ping, with its data, then the close.
 			ping := make(chan string, 1)
 			to.SetPingHandler(func(s string) error { ping <- s; return nil })
-			if err := c.writeControl(websocket.PingMessage, []byte("tick"), time.Now().Add(time.Second)); err != nil {
+			if err := writeControl(c, websocket.PingMessage, []byte("tick"), time.Now().Add(time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(4001, "bye"), time.Now().Add(time.Second)); err != nil {
+			if err := writeControl(c, websocket.CloseMessage, websocket.FormatCloseMessage(4001, "bye"), time.Now().Add(time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.writeMessage([]byte("after close")); !errors.Is(err, websocket.ErrCloseSent) {

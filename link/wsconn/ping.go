@@ -62,7 +62,7 @@ func (c *Conn) sendPing() {
 		c.rearm()
 		return
 	}
-	if err := c.writeControl(websocket.PingMessage, nil, now.Add(c.cfg.WriteTimeout)); err != nil {
+	if err := writeControl(c, websocket.PingMessage, "", now.Add(c.cfg.WriteTimeout)); err != nil {
 		c.Shutdown(err)
 		return
 	}
@@ -149,15 +149,7 @@ func (c *Conn) heardPing() error {
 // its 2 KiB stack (TestIdleReaderStackStays): what it calls on the way
 // to write(2) must stay small.
 func (c *Conn) pong(data string) error {
-	data = data[:min(len(data), maxControl)]
-	b := GetBuf()
-	f, mask := c.wire.appendHeader(*b, websocket.PongMessage, len(data))
-	f = append(f, data...)
-	maskFrom(f, mask)
-	*b = f
-	err := c.writeWire(f, time.Now().Add(time.Second), true)
-	PutBuf(b)
-	return pongError(err)
+	return pongError(writeControl(c, websocket.PongMessage, data, time.Now().Add(time.Second)))
 }
 
 // pongError is the error a failed pong ends the read with: none for a

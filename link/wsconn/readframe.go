@@ -94,6 +94,10 @@ func (fr *frameReader) idle() (bool, error) {
 	return !got && err == nil, err
 }
 
+// between reports whether the reader is between messages with nothing
+// buffered.
+func (fr *frameReader) between() bool { return fr.fin && fr.ra.buf == nil }
+
 // ensure makes at least n (≤ maxControl + 14) bytes buffered, waiting
 // for the socket if need be.
 func (fr *frameReader) ensure(n int) ([]byte, error) {
@@ -161,7 +165,7 @@ func (fr *frameReader) next(c *Conn) (int, error) {
 			if err := fr.control(c, op, int(size), key); err != nil {
 				return 0, err
 			}
-			if fr.pinged || fr.ponged || fr.ra.buf == nil && fr.fin {
+			if fr.pinged || fr.ponged || fr.between() {
 				return noFrame, nil // a ping or pong to handle; the reader may go idle (readLoop)
 			}
 			continue
@@ -266,7 +270,7 @@ func (fr *frameReader) control(c *Conn, op, size int, key [4]byte) error {
 	}
 	// Echo the peer's close (RFC 6455 5.5.1), as Conn's gorilla handler
 	// does.
-	_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+	_ = writeControl(c, websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
 	return &websocket.CloseError{Code: code, Text: text}
 }
 
@@ -369,7 +373,7 @@ func (c *Conn) readLoop(onMessage func([]byte, *envelope.Error), resumed bool) {
 				go c.readLoop(onMessage, true)
 				return
 			}
-			if c.fr.fin && c.fr.ra.buf == nil {
+			if c.fr.between() {
 				// Between messages, nothing buffered: wait here. (A
 				// frame cut short by the network is waited for deep in
 				// the frame reader, ensure, which may grow the stack;
@@ -417,7 +421,7 @@ func (c *Conn) readSetup() {
 		// Echo the peer's close (RFC 6455 5.5.1), as gorilla's default
 		// handler does, on this side's wire: Shutdown's own close frame
 		// then finds it sent.
-		_ = c.writeControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+		_ = writeControl(c, websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
 		return nil
 	})
 }

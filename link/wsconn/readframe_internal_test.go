@@ -44,6 +44,16 @@ type served struct {
 	closed  chan struct{} // closed once the Conn is closed, its goroutines gone
 }
 
+// waitMessage waits until the Conn has read a message since the last wait.
+func (r *served) waitMessage(t testing.TB) {
+	t.Helper()
+	select {
+	case <-r.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message did not arrive")
+	}
+}
+
 func newFrameServer(t testing.TB, capped bool, cfg Config) *frameServer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -423,11 +433,7 @@ func TestFrameReaderStalledHeaderHoldsLittle(t *testing.T) {
 	if _, err := nc.Write(msg[3:]); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-rec.arrived:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the message did not arrive")
-	}
+	rec.waitMessage(t)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.got) != 1 || rec.got[0] != strings.Repeat("x", 300) {
@@ -458,11 +464,7 @@ func TestIdleReaderStackStays(t *testing.T) {
 		if _, err := nc.Write(frame(nil, true, websocket.TextMessage, []byte("call"), k)); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-rec.arrived:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the message did not arrive")
-		}
+		rec.waitMessage(t)
 	}
 	// Each reader hands its wait over once the message is read; the
 	// counter is the only sign of it.

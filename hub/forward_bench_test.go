@@ -66,6 +66,25 @@ func BenchmarkHubForward(b *testing.B) {
 		}
 	})
 	const pipe = 16
+	b.Run("jsonrpc/pipelined16", func(b *testing.B) {
+		// 16 plain JSON-RPC calls, each its own message, in one write:
+		// beside pipelined16 (one native message of 16 frames), what a
+		// message costs the hub when a client cannot batch calls into one.
+		rc := dialRawJSONRPC(b, m.WS)
+		defer rc.Close()
+		var req []byte
+		for i := range pipe {
+			req = append(req, frameMasked([]byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(i+1)+`,"method":"echo.echo","params":`+string(testkit.Payload128)+`}`))...)
+		}
+		rc.roundTripMarked(b, req, pipe, `"jsonrpc"`)
+		b.ReportAllocs()
+		reportCPU(b)
+		b.ResetTimer()
+		for b.Loop() {
+			rc.roundTripMarked(b, req, pipe, `"jsonrpc"`)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(pipe*b.N), "ns/call")
+	})
 	for _, n := range []int{1, pipe} {
 		// The binary frames (agentmesh.v2), as the SDKs speak them: the
 		// hub forwards params and results without looking at them.

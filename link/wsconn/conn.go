@@ -467,7 +467,7 @@ func (c *Conn) Start(onMessage func(data []byte, refused *envelope.Error), onClo
 	if c.wire.server && c.mayskip() {
 		first += first / 4 // a peer that pings at the same interval pings first (pingWait)
 	}
-	c.ping.Reset(first)
+	c.ping.Reset(onPingGrid(time.Now(), first, c.cfg.PingInterval))
 	c.wg.Add(1)
 	go c.readLoop(onMessage, false)
 }

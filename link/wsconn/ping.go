@@ -77,7 +77,8 @@ func (c *Conn) sendPing() {
 // (the hub) only answers, whatever their phases: one exchange per link
 // per interval, and none of the hub's timers fires while its peers ping
 // (at 10,000 idle agents that was 2,000 timer goroutines a second). A
-// silence between exchanges stays under 1.25 intervals and a round trip,
+// silence between exchanges stays under 1.25 intervals, a grid step
+// (onPingGrid: at most 1/64 of an interval) and a round trip,
 // inside the 7/8 × IdleTimeout (1.75 intervals by default) at which the
 // link may be closed; a shorter IdleTimeout (mayskip) pings every
 // interval, as configured.
@@ -91,12 +92,33 @@ func (c *Conn) pingWait() time.Duration {
 // rearm sets the ping timer for the next ping (pingWait), unless the
 // connection closed meanwhile (shutdown's Stop must not be undone).
 func (c *Conn) rearm() {
-	c.ping.Reset(c.pingWait())
+	c.ping.Reset(onPingGrid(time.Now(), c.pingWait(), c.cfg.PingInterval))
 	select {
 	case <-c.closing:
 		c.ping.Stop()
 	default:
 	}
+}
+
+// maxPingGrid is the widest step of the grid ping timers fire on.
+const maxPingGrid = 20 * time.Millisecond
+
+// onPingGrid lengthens the wait d from now so that it ends on a step of
+// a grid of the wall clock: min(maxPingGrid, interval/64). The pings of
+// many links then leave together (and, clocks kept by NTP, those of many
+// hosts' links arrive together), so a hub with thousands of idle links
+// answers them in bursts instead of waking for each one: as the kernel
+// rounds timers to whole ticks to save wake-ups (round_jiffies). An
+// interval grows by less than 1/64.
+func onPingGrid(now time.Time, d, interval time.Duration) time.Duration {
+	step := min(maxPingGrid, interval/64)
+	if step <= 0 {
+		return d
+	}
+	if r := time.Duration(now.Add(d).UnixNano() % int64(step)); r != 0 {
+		d += step - r
+	}
+	return d
 }
 
 // mayskip reports whether a ping may be skipped at all: the silence it

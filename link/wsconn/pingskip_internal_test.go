@@ -107,3 +107,79 @@ func TestOneExchangePerInterval(t *testing.T) {
 		})
 	})
 }
+
+// TestPingsOnGrid: links started at scattered times ping on the steps of
+// one grid of the clock (onPingGrid), so that their pings arrive together
+// at the far end, which answers them in one wake-up instead of one each;
+// an interval stays within a step of what is configured.
+func TestPingsOnGrid(t *testing.T) {
+	const links = 8
+	cfg := Config{PingInterval: time.Second}
+	step := min(maxPingGrid, cfg.PingInterval/64)
+	nothing := func([]byte, *envelope.Error) {}
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var at []time.Time // when the far ends heard a ping
+		perLink := make([][]time.Time, links)
+		var conns []*Conn
+		var wg sync.WaitGroup
+		for i := range links {
+			// Started 1-8 ms past a step of the grid: within one step,
+			// as links dialled in a burst are.
+			time.Sleep(time.Millisecond)
+			sws, cws := wspipe.Pair(t)
+			c := NewConn(cws, cfg) // the dialling end pings
+			cws.SetPingHandler(nil)
+			sws.SetPingHandler(func(data string) error {
+				now := time.Now()
+				mu.Lock()
+				at = append(at, now)
+				perLink[i] = append(perLink[i], now)
+				mu.Unlock()
+				return sws.WriteControl(websocket.PongMessage, []byte(data), now.Add(time.Second))
+			})
+			wg.Go(func() {
+				for {
+					if _, _, err := sws.ReadMessage(); err != nil {
+						return
+					}
+				}
+			})
+			c.Start(nothing, nil)
+			conns = append(conns, c)
+		}
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		for _, c := range conns {
+			if c.Err() != nil {
+				t.Fatalf("link closed: %v", c.Err())
+			}
+			c.Close()
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		instants := map[time.Time]bool{}
+		for _, a := range at {
+			if a.UnixNano()%int64(step) != 0 {
+				t.Fatalf("a ping at %v, off the %v grid", a, step)
+			}
+			instants[a] = true
+		}
+		if len(at) < links*18 {
+			t.Fatalf("%d pings from %d links in 20 s at 1 s intervals; want about %d", len(at), links, links*20)
+		}
+		// Every link's pings leave at the same instants as the others'.
+		if len(instants) > len(at)/links+1 {
+			t.Errorf("%d pings at %d distinct instants; want the %d links' pings together (about %d instants)", len(at), len(instants), links, len(at)/links)
+		}
+		for i, p := range perLink {
+			for j := 1; j < len(p); j++ {
+				if d := p[j].Sub(p[j-1]); d < cfg.PingInterval || d > cfg.PingInterval+step {
+					t.Fatalf("link %d: %v between pings; want %v to %v", i, d, cfg.PingInterval, cfg.PingInterval+step)
+				}
+			}
+		}
+		t.Logf("%d pings from %d links at %d instants", len(at), links, len(instants))
+	})
+}

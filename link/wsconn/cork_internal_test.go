@@ -3,6 +3,7 @@ package wsconn
 import (
 	"fmt"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"testing"
 )
@@ -59,5 +60,48 @@ func TestCorkedWrites(t *testing.T) {
 		if want := fmt.Sprintf(`{"jsonrpc":"2.0","result":%d,"id":%d}`, i, i); string(msg) != want {
 			t.Fatalf("message %d: %s; want %s", i, msg, want)
 		}
+	}
+}
+
+// TestGroupBuffersStayApart: the buffer a group of queued answers is
+// written from does not come back as a frame's buffer (GetBuf). An answer
+// owed to a peer counts its buffer's capacity towards MaxUnwrittenBytes,
+// so small answers in group-sized buffers filled the bound: a JSON-RPC
+// client with 128 calls in flight was refused OVERLOADED now and then.
+func TestGroupBuffersStayApart(t *testing.T) {
+	ws, client := acceptedPair(t, nil)
+	c := NewConn(ws, Config{}) // not started: writeFrames runs here
+	go func() {
+		for {
+			if _, _, err := client.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	// Two collections empty the pools: what GetBuf hands out below came
+	// from this test.
+	runtime.GC()
+	runtime.GC()
+	for range 4 {
+		var frames []*[]byte
+		for i := range maxBatchFrames {
+			b := GetBuf()
+			*b = fmt.Appendf(*b, `{"jsonrpc":"2.0","result":"%0200d","id":%d}`, i, i)
+			frames = append(frames, b)
+		}
+		if err := c.writeFrames(frames); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held []*[]byte
+	for range 4 * maxBatchFrames {
+		b := GetBuf()
+		if cap(*b) > 4<<10 {
+			t.Fatalf("GetBuf gave a buffer of %d bytes after group writes; want a frame's (at most 4 KiB here)", cap(*b))
+		}
+		held = append(held, b)
+	}
+	for _, b := range held {
+		PutBuf(b)
 	}
 }

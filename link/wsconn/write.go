@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/agentmesh/agentmesh/internal/mono"
@@ -249,7 +250,7 @@ const maxBatchFrames = 128
 // client's answers, which cannot share one).
 func (c *Conn) writeGroup(frames []*[]byte) (n, used int, err error) {
 	used, n = c.group(frames)
-	b := GetBuf()
+	b := groupPool.Get().(*[]byte)
 	switch {
 	case !c.batch || used == 1:
 		for _, f := range frames[:used] {
@@ -277,9 +278,25 @@ func (c *Conn) writeGroup(frames []*[]byte) (n, used int, err error) {
 		PutBuf(f)
 	}
 	err = c.writeWire(*b, time.Now().Add(c.cfg.WriteTimeout), false)
-	PutBuf(b)
+	if cap(*b) <= maxGroupKept {
+		*b = (*b)[:0]
+		groupPool.Put(b)
+	}
 	return n, used, err
 }
+
+// groupPool holds writeGroup's buffers apart from the frames' (GetBuf).
+// A group is up to maxBatchFrames frames, tens of KiB; back in the
+// frames' pool it became some later answer's buffer, and an answer owed
+// to a peer counts what its buffer holds (its capacity) towards
+// MaxUnwrittenBytes: 64 answers of 200 bytes in group-sized buffers made
+// 4 MiB, and a JSON-RPC client with 128 calls in flight was refused with
+// OVERLOADED (TestGroupBuffersStayApart).
+var groupPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// maxGroupKept is the largest group buffer kept for reuse: a group holds
+// at most half of Limits.MaxBytes (1 MiB by default) of frames.
+const maxGroupKept = 1 << 20
 
 // group is how many of frames writeGroup writes at once, and their
 // bytes (without WebSocket headers or a batch's brackets and commas).

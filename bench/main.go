@@ -483,8 +483,8 @@ func measure(s system, c int, d time.Duration) (Cell, error) {
 				err := call(w)
 				_ = hists[w].RecordValue(int64(time.Since(t)))
 				calls.Add(1)
-				if err != nil {
-					errs.Add(1)
+				if err != nil && errs.Add(1) == 1 {
+					fmt.Fprintf(os.Stderr, "%s c=%d: first error: %v\n", s.name, c, err)
 				}
 			}
 		})
@@ -743,6 +743,7 @@ func (cs *jsonCallers) deliver(msg []byte) {
 		return
 	}
 	if head.Error != nil {
+		fmt.Fprintf(os.Stderr, "jsonrpc: error answer to id %d: %s\n", head.ID, head.Error)
 		msg = nil // an error answer
 	} else {
 		msg = []byte{} // msg may be the reader's: not kept

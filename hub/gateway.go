@@ -239,7 +239,7 @@ func (h *Hub) startLink(ws *websocket.Conn, who *Principal) {
 		// bounded there: one of them must not refuse the others' calls.
 		opts = append(opts, link.WithoutCallBound())
 		// Its answers wait for a lost segment's retransmission no longer
-		// than the peer's requests do (tcptune_linux.go).
+		// than the peer's requests do (internal/tcptune).
 		link.TuneLink(ws.NetConn())
 	} else {
 		opts = append(opts, link.WithFast(h.serveFast)) // fast.go

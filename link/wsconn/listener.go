@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentmesh/agentmesh/internal/tcptune"
 )
 
 // CapListener refuses connections past max at once, with a 503 and a
@@ -44,7 +46,7 @@ func (l *CapListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		tuneTCP(c)
+		tcptune.Thin(c)
 		return &cappedConn{Conn: c, l: l, readAhead: newReadAhead(c)}, nil
 	}
 }
@@ -73,4 +75,23 @@ func (c *cappedConn) CloseWrite() error {
 func (c *cappedConn) Close() error {
 	c.once.Do(func() { c.l.active.Add(-1) })
 	return c.Conn.Close()
+}
+
+// TuneLink bounds the retransmission timeout of an accepted link that
+// carries a peer hub's calls (as on the links a process dials): a hub
+// calls it on the peer links it accepts.
+func TuneLink(c net.Conn) {
+	for {
+		switch w := c.(type) {
+		case *cappedConn:
+			c = w.Conn
+		case *readAheadConn:
+			c = w.Conn
+		case interface{ NetConn() net.Conn }: // a *tls.Conn
+			c = w.NetConn()
+		default:
+			tcptune.BoundRTO(c)
+			return
+		}
+	}
 }

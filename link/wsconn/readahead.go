@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/agentmesh/agentmesh/internal/tcptune"
 )
 
 // readAheadSize is how much one read from a connection's socket takes
@@ -275,7 +277,7 @@ func DialReadAhead(ctx context.Context, network, addr string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	tuneTCP(c)
-	tuneRTO(c)
+	tcptune.Thin(c)
+	tcptune.BoundRTO(c)
 	return &readAheadConn{Conn: c, readAhead: newReadAhead(c)}, nil
 }

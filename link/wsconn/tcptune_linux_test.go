@@ -5,6 +5,8 @@ import (
 	"net"
 	"syscall"
 	"testing"
+
+	"github.com/agentmesh/agentmesh/internal/tcptune"
 )
 
 // TestLinkRetransmissionTimeouts: both ends of a link's socket, dialed
@@ -48,20 +50,20 @@ func TestLinkRetransmissionTimeouts(t *testing.T) {
 			_ = raw.Control(func(fd uintptr) { v, err = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt) })
 			return v, err
 		}
-		if v, err := get(tcpThinLinearTimeouts); err != nil || v != 1 {
+		if v, err := get(tcptune.ThinLinearTimeouts); err != nil || v != 1 {
 			t.Errorf("%s socket: TCP_THIN_LINEAR_TIMEOUTS = %d, %v; want 1", name, v, err)
 		}
 		// The kernel keeps the floor in jiffies: 50 ms reads back as up
 		// to one jiffy (10 ms at HZ=100) more.
-		if v, err := get(tcpRTOMinUS); errors.Is(err, syscall.ENOPROTOOPT) {
+		if v, err := get(tcptune.RTOMinUS); errors.Is(err, syscall.ENOPROTOOPT) {
 			t.Logf("%s socket: this kernel has no TCP_RTO_MIN_US", name)
-		} else if bounded != (err == nil && v >= linkRTOMin && v <= linkRTOMin+10_000) {
-			t.Errorf("%s socket: TCP_RTO_MIN_US = %d, %v; want %d: %v", name, v, err, linkRTOMin, bounded)
+		} else if bounded != (err == nil && v >= tcptune.LinkRTOMin && v <= tcptune.LinkRTOMin+10_000) {
+			t.Errorf("%s socket: TCP_RTO_MIN_US = %d, %v; want %d: %v", name, v, err, tcptune.LinkRTOMin, bounded)
 		}
-		if v, err := get(tcpRTOMaxMS); errors.Is(err, syscall.ENOPROTOOPT) {
+		if v, err := get(tcptune.RTOMaxMS); errors.Is(err, syscall.ENOPROTOOPT) {
 			t.Logf("%s socket: this kernel has no TCP_RTO_MAX_MS", name)
-		} else if bounded != (err == nil && v == linkRTOMax) {
-			t.Errorf("%s socket: TCP_RTO_MAX_MS = %d, %v; want %d: %v", name, v, err, linkRTOMax, bounded)
+		} else if bounded != (err == nil && v == tcptune.LinkRTOMax) {
+			t.Errorf("%s socket: TCP_RTO_MAX_MS = %d, %v; want %d: %v", name, v, err, tcptune.LinkRTOMax, bounded)
 		}
 	}
 	check("dialed", d.(*readAheadConn).Conn, true)

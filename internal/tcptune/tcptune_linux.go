@@ -1,4 +1,6 @@
-package wsconn
+// Package tcptune sets the TCP options a link's socket needs beyond Go's
+// defaults, best effort: a kernel without an option keeps its default.
+package tcptune
 
 import (
 	"net"
@@ -7,22 +9,22 @@ import (
 
 // Socket options of linux/tcp.h that x/sys/unix does not name yet.
 const (
-	tcpThinLinearTimeouts = 16 // TCP_THIN_LINEAR_TIMEOUTS
-	tcpRTOMaxMS           = 44 // TCP_RTO_MAX_MS, Linux 6.14
-	tcpRTOMinUS           = 45 // TCP_RTO_MIN_US, Linux 6.15
+	ThinLinearTimeouts = 16 // TCP_THIN_LINEAR_TIMEOUTS
+	RTOMaxMS           = 44 // TCP_RTO_MAX_MS, Linux 6.14
+	RTOMinUS           = 45 // TCP_RTO_MIN_US, Linux 6.15
 )
 
-// A link's retransmission timeout bounds (see tuneTCP).
+// A link's retransmission timeout bounds (see Thin).
 const (
-	linkRTOMin = 50_000 // µs
-	linkRTOMax = 1000   // ms
+	LinkRTOMin = 50_000 // µs
+	LinkRTOMax = 1000   // ms
 )
 
-// tuneTCP sets what a link's socket needs beyond Go's defaults (which
+// Thin sets what a link's socket needs beyond Go's defaults (which
 // already disable Nagle), best effort: a kernel without an option keeps
 // its default. Linear timeouts go on every link's socket; the bounds on
-// the retransmission timeout (tuneRTO) on the sockets of the links this
-// process dialled, and on a hub's accepted peer links (TuneLink).
+// the retransmission timeout (BoundRTO) on the sockets of the links this
+// process dialled, and on a hub's accepted peer links (wsconn.TuneLink).
 //
 // A link carries small frames, many calls over one connection, so every
 // call behind a lost segment waits for its retransmission. Linux waits
@@ -44,11 +46,11 @@ const (
 //   - Linear timeouts while the stream is thin (fewer than 4 segments in
 //     flight): the first 6 retransmissions wait the RTO each, without
 //     backing off (RFC 6298 allows it; tcp(7)).
-func tuneTCP(c net.Conn) {
-	setsockopt(c, tcpThinLinearTimeouts, 1)
+func Thin(c net.Conn) {
+	setsockopt(c, ThinLinearTimeouts, 1)
 }
 
-// tuneRTO bounds c's retransmission timeout. Not on the connections a
+// BoundRTO bounds c's retransmission timeout. Not on the connections a
 // hub accepts from clients and agents: the zero-window probes to a peer
 // that stopped reading back off by the same timeout, and the kernel
 // drops an orphaned socket (one a hub closed as a slow consumer, its
@@ -56,28 +58,9 @@ func tuneTCP(c net.Conn) {
 // within the 12 s of the hub's slow-consumer close (10 s write timeout,
 // 2 s grace), and the peer, reading again, found a reset instead of its
 // 1008 close (TestStreamCallerStopsReading).
-func tuneRTO(c net.Conn) {
-	setsockopt(c, tcpRTOMinUS, linkRTOMin)
-	setsockopt(c, tcpRTOMaxMS, linkRTOMax)
-}
-
-// TuneLink bounds the retransmission timeout of an accepted link that
-// carries a peer hub's calls (as on the links a process dials): a hub
-// calls it on the peer links it accepts.
-func TuneLink(c net.Conn) {
-	for {
-		switch w := c.(type) {
-		case *cappedConn:
-			c = w.Conn
-		case *readAheadConn:
-			c = w.Conn
-		case interface{ NetConn() net.Conn }: // a *tls.Conn
-			c = w.NetConn()
-		default:
-			tuneRTO(c)
-			return
-		}
-	}
+func BoundRTO(c net.Conn) {
+	setsockopt(c, RTOMinUS, LinkRTOMin)
+	setsockopt(c, RTOMaxMS, LinkRTOMax)
 }
 
 func setsockopt(c net.Conn, opt, v int) {

@@ -576,42 +576,45 @@ func PutBuf(b *[]byte) {
 // they are, through the read-side wrappers only (rawConn sees through
 // TLS too; a write to the socket must not).
 func plainSocket(nc net.Conn) bool {
+	switch beneath(nc, false).(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false // TLS, or a conn of some other kind: its Write is its own
+}
+
+// rawConn finds the socket beneath a connection the hub accepted or
+// dialled (through its readAhead and TLS wrappers); nil if there is none.
+func rawConn(nc net.Conn) syscall.RawConn {
+	sc, ok := beneath(nc, true).(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
+}
+
+// beneath is the connection under this package's read-side wrappers
+// (CapListener's, DialReadAhead's) and, throughTLS, a TLS layer.
+func beneath(nc net.Conn, throughTLS bool) net.Conn {
 	for {
 		switch c := nc.(type) {
 		case *cappedConn:
 			nc = c.Conn
 		case *readAheadConn:
 			nc = c.Conn
-		case *net.TCPConn, *net.UnixConn:
-			return true
-		default:
-			return false // TLS, or a conn of some other kind: its Write is its own
-		}
-	}
-}
-
-// rawConn finds the socket beneath a connection the hub accepted or
-// dialled (through its readAhead and TLS wrappers); nil if there is none.
-func rawConn(nc net.Conn) syscall.RawConn {
-	for nc != nil {
-		switch c := nc.(type) {
-		case *cappedConn:
-			nc = c.Conn
-		case *readAheadConn:
-			nc = c.Conn
 		case *tls.Conn:
-			nc = c.NetConn()
-		case syscall.Conn:
-			raw, err := c.SyscallConn()
-			if err != nil {
-				return nil
+			if !throughTLS {
+				return nc
 			}
-			return raw
+			nc = c.NetConn()
 		default:
-			return nil
+			return nc
 		}
 	}
-	return nil
 }
 
 // Config returns the connection's configuration, defaults applied.

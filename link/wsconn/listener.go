@@ -80,18 +80,4 @@ func (c *cappedConn) Close() error {
 // TuneLink bounds the retransmission timeout of an accepted link that
 // carries a peer hub's calls (as on the links a process dials): a hub
 // calls it on the peer links it accepts.
-func TuneLink(c net.Conn) {
-	for {
-		switch w := c.(type) {
-		case *cappedConn:
-			c = w.Conn
-		case *readAheadConn:
-			c = w.Conn
-		case interface{ NetConn() net.Conn }: // a *tls.Conn
-			c = w.NetConn()
-		default:
-			tcptune.BoundRTO(c)
-			return
-		}
-	}
-}
+func TuneLink(c net.Conn) { tcptune.BoundRTO(beneath(c, true)) }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,26 +36,35 @@ type fleetOpts struct {
 	loadFor  time.Duration // how long each echo throughput is measured
 	parallel int           // registrations in flight in the agents' process
 	runs     int
+	rounds   int // per run: the n agents registered, echoed beside, killed
 }
 
 // FleetRun is one run of -fleet: one hub, first with base idle agents,
-// then with n more, then with those n killed at once.
+// then, for each round, with n more, which are then killed at once.
 type FleetRun struct {
-	RegisterAll time.Duration // n agents dialled and registered
-	HubReady    int           // agents the hub listed ready then
-	IdleCPU     float64       // the hub's CPU at n idle agents, % of a core
-	IdleCPUBase float64       // the same at base idle agents
-	EchoBase    float64       // echo calls/s at base idle agents
-	EchoN       float64       // echo calls/s at n idle agents
-	EchoControl float64       // echo calls/s at base idle agents, n idle links to another server beside the hub
-	// The CPU, in % of a core, of what idles beside each echo: the n
-	// agents' process during EchoN; the control's clients and its server
-	// during EchoControl.
-	AgentsCPU, ControlClientsCPU, ControlServerCPU float64
-	Relinked                                       int64         // agents that registered again: their link was closed under them
-	DropAll                                        time.Duration // the n links closed at once until the hub lists none of them
-	HubRSSMiB                                      float64
-	DropIncomplete                                 bool // the hub still listed some after 60 s
+	RegisterAll []time.Duration // per round: n agents dialled and registered
+	HubReady    []int           // per round: agents the hub listed ready then
+	IdleCPU     []float64       // per round: the hub's CPU at n idle agents, % of a core
+	IdleCPUBase float64         // the same at base idle agents, before the first round
+	// Per round: the same at base idle agents again, from the drop on,
+	// before the echo that follows it (as long as IdleCPU before echo at n).
+	IdleCPUAfter []float64
+	// Echo calls/s at base idle agents (before the first round and after
+	// each) and at n (in each round); EchoBase and EchoN are their medians.
+	EchoBases, EchoNs []float64
+	EchoBase, EchoN   float64
+	// Echo calls/s at base idle agents, n idle links to another server
+	// beside the hub (before each round), and their median.
+	EchoControls []float64
+	EchoControl  float64
+	// The CPU, in % of a core, of what idles beside each round's echo:
+	// the n agents' process; the control's clients and its server.
+	AgentsCPU                           []float64
+	ControlClientsCPU, ControlServerCPU []float64
+	Relinked                            int64           // agents that registered again: their link was closed under them
+	DropAll                             []time.Duration // per round: the n links closed at once until the hub lists none of them
+	HubRSSMiB                           []float64       // per round, beside the n idle agents
+	DropIncomplete                      bool            // the hub still listed some after 60 s
 }
 
 // fleet runs -fleet: what N idle agents cost one hub (registration, idle
@@ -78,10 +88,18 @@ func fleet(o fleetOpts) error {
 			return fmt.Errorf("run %d: %w", i+1, err)
 		}
 		rs = append(rs, r)
-		fmt.Printf("run %d: %d agents registered in %v (hub lists %d ready); hub idle CPU %.1f %% of a core (%.1f %% at %d); echo c=16 %.0f calls/s at %d idle agents, %.0f at %d (%.2fx; control: %.0f, %.2fx, with %d idle links to another server beside the hub); %d agents relinked; %d links dropped at once gone from the hub in %v%s; hub RSS %.0f MiB; beside the echo, the agents' process took %.1f %% of a core, the control's clients %.1f %% and its server %.1f %%\n",
-			i+1, o.n, r.RegisterAll.Round(time.Millisecond), r.HubReady, r.IdleCPU, r.IdleCPUBase, o.base,
-			r.EchoN, o.n, r.EchoBase, o.base, r.EchoN/r.EchoBase, r.EchoControl, r.EchoControl/r.EchoBase, o.n, r.Relinked, o.n, r.DropAll.Round(time.Millisecond),
-			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.HubRSSMiB, r.AgentsCPU, r.ControlClientsCPU, r.ControlServerCPU)
+		fmt.Printf("run %d: %d agents registered in %v (hub lists %v ready); %d links dropped at once gone from the hub in %v%s; %d agents relinked; hub idle CPU %s %% of a core (%.1f %% at %d before, %s after each drop); hub RSS %s MiB\n",
+			i+1, o.n, roundMs(r.RegisterAll), r.HubReady, o.n, roundMs(r.DropAll),
+			map[bool]string{true: " (INCOMPLETE after 60 s)"}[r.DropIncomplete], r.Relinked, fmtPercents(r.IdleCPU), r.IdleCPUBase, o.base, fmtPercents(r.IdleCPUAfter), fmtPercents(r.HubRSSMiB))
+		for k, e := range r.EchoNs {
+			around := (r.EchoBases[k] + r.EchoBases[k+1]) / 2
+			c := r.EchoControls[k]
+			fmt.Printf("  round %d: echo c=16 at %d agents %.0f and %.0f calls/s (around it); at %d idle agents %.0f (%.2fx; the agents' process took %.1f %% of a core); control, with %d idle links to another server beside the hub, %.0f (%.2fx; its clients took %.1f %% and its server %.1f %%); at %d agents against the control %.2fx\n",
+				k+1, o.base, r.EchoBases[k], r.EchoBases[k+1], o.n, e, e/around, r.AgentsCPU[k],
+				o.n, c, c/around, r.ControlClientsCPU[k], r.ControlServerCPU[k], o.n, e/c)
+		}
+		fmt.Printf("  medians: echo at %d agents %.0f, at %d %.0f (%.2fx), control %.0f (%.2fx); at %d against the control %.2fx\n",
+			o.base, r.EchoBase, o.n, r.EchoN, r.EchoN/r.EchoBase, r.EchoControl, r.EchoControl/r.EchoBase, o.n, r.EchoN/r.EchoControl)
 	}
 	if len(rs) > 1 {
 		var relinked int64
@@ -130,58 +148,117 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	defer base.stop()
 	time.Sleep(2 * time.Second)
 	r.IdleCPUBase = cpuShare(hub, o.idleFor)
-	if r.EchoBase, err = echoRate(addr, o.loadFor); err != nil {
-		return r, err
-	}
-	// The control for echo at n: the same hub and its 10 agents, with n
-	// idle links pinging a server of their own beside them on this
-	// machine, which take the CPU the n agents' pings would (the server's
-	// and its clients'), none of it the hub's.
-	srv, clients, stopCtl, err := startControl("link-clients", o.n, windowProfile(fmt.Sprintf("fleet-%d-control-clients-echo.pprof", o.n)))
+	b, err := echoRate(addr, o.loadFor)
 	if err != nil {
 		return r, err
 	}
-	ctlCPU := cpuWhile(func() {
-		r.EchoControl, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, clients)
-	}, clients, srv)
-	r.ControlClientsCPU, r.ControlServerCPU = ctlCPU[0], ctlCPU[1]
-	stopCtl()
-	if err != nil {
-		return r, err
+	r.EchoBases = append(r.EchoBases, b)
+	// Rounds: echo beside the control, then the n agents register, echo
+	// runs beside them, they are killed at once, and echo runs again at
+	// base. Each echo at n thus lies between two at base and follows its
+	// control on the same hub, and the machine's drift reaches them alike,
+	// as the comparison's interleaved rounds do.
+	for round := range max(o.rounds, 1) {
+		if err := r.controlEcho(o, round, addr); err != nil {
+			return r, fmt.Errorf("round %d: control: %w", round+1, err)
+		}
+		if err := r.fleetRound(o, round, addr, hub, summary); err != nil {
+			return r, fmt.Errorf("round %d: %w", round+1, err)
+		}
+		// The hub settles as long as it did before the echo at n: its
+		// idle CPU at base, after the drop, over the same window.
+		r.IdleCPUAfter = append(r.IdleCPUAfter, cpuShare(hub, o.idleFor))
+		b, err := echoRate(addr, o.loadFor)
+		if err != nil {
+			return r, err
+		}
+		r.EchoBases = append(r.EchoBases, b)
 	}
+	r.EchoBase, r.EchoN, r.EchoControl = median(r.EchoBases), median(r.EchoNs), median(r.EchoControls)
+	return r, nil
+}
 
-	start := time.Now()
-	many, err := startFleetAgents(addr, o.n, o.parallel, windowProfile(fmt.Sprintf("fleet-%d-agents-echo.pprof", o.n)))
+// controlEcho measures the control for echo at n: the same hub and its
+// base agents, with n idle links pinging a server of their own beside
+// them on this machine, which take the CPU the n agents' pings would
+// (the server's and its clients'), none of it the hub's.
+func (r *FleetRun) controlEcho(o fleetOpts, round int, addr string) error {
+	name := ""
+	if round == 0 {
+		name = fmt.Sprintf("fleet-%d-control-clients-echo.pprof", o.n)
+	}
+	srv, clients, stop, err := startControl("link-clients", o.n, windowProfile(name))
 	if err != nil {
-		return r, err
+		return err
+	}
+	defer stop()
+	var echo float64
+	cpu := cpuWhile(func() {
+		if name != "" {
+			echo, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, clients)
+		} else {
+			echo, err = echoRate(addr, o.loadFor)
+		}
+	}, clients, srv)
+	if err != nil {
+		return err
+	}
+	r.EchoControls = append(r.EchoControls, echo)
+	r.ControlClientsCPU = append(r.ControlClientsCPU, cpu[0])
+	r.ControlServerCPU = append(r.ControlServerCPU, cpu[1])
+	return nil
+}
+
+// fleetRound registers the n agents on the hub, measures the hub's idle
+// CPU and RSS and echo beside them, then kills them all at once and
+// measures how long the hub takes to drop them.
+func (r *FleetRun) fleetRound(o fleetOpts, round int, addr string, hub *proc, summary func() (control.AgentsSummary, error)) error {
+	first := round == 0
+	env := func(name string) string {
+		if !first {
+			return ""
+		}
+		return windowProfile(name)
+	}
+	start := time.Now()
+	many, err := startFleetAgents(addr, o.n, o.parallel, env(fmt.Sprintf("fleet-%d-agents-echo.pprof", o.n)))
+	if err != nil {
+		return err
 	}
 	defer many.stop()
-	r.RegisterAll = time.Since(start)
+	r.RegisterAll = append(r.RegisterAll, time.Since(start))
 	s, err := summary()
 	if err != nil {
-		return r, err
+		return err
 	}
-	r.HubReady = s.ByState["ready"]
+	r.HubReady = append(r.HubReady, s.ByState["ready"])
 	time.Sleep(3 * time.Second) // the registrations' garbage collected, heartbeats in their rhythm
-	if profileDir != "" {
+	if first && profileDir != "" {
 		_ = hub.cmd.Process.Signal(syscall.SIGUSR1)
 	}
-	r.IdleCPU = cpuShare(hub, o.idleFor)
-	if profileDir != "" {
+	r.IdleCPU = append(r.IdleCPU, cpuShare(hub, o.idleFor))
+	if first && profileDir != "" {
 		_ = hub.cmd.Process.Signal(syscall.SIGUSR2)
 	}
-	r.HubRSSMiB = float64(rss(hub.cmd.Process.Pid)) / (1 << 20)
+	r.HubRSSMiB = append(r.HubRSSMiB, float64(rss(hub.cmd.Process.Pid))/(1<<20))
 	agentsProc := &proc{many.cmd, "fleet-agents"}
-	r.AgentsCPU = cpuWhile(func() {
-		r.EchoN, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, agentsProc)
+	var echo float64
+	cpu := cpuWhile(func() {
+		if first {
+			echo, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, agentsProc)
+		} else {
+			echo, err = echoRate(addr, o.loadFor)
+		}
 	}, agentsProc)[0]
 	if err != nil {
-		return r, err
+		return err
 	}
-	r.Relinked = many.relinked.Load()
+	r.EchoNs = append(r.EchoNs, echo)
+	r.AgentsCPU = append(r.AgentsCPU, cpu)
+	r.Relinked += many.relinked.Load()
 
 	// All n links closed at once: the kernel closes the process's sockets.
-	if profileDir != "" {
+	if first && profileDir != "" {
 		time.Sleep(time.Second) // its window profile written (SIGUSR2 has no answer)
 	}
 	_ = many.cmd.Process.Signal(syscall.SIGKILL)
@@ -190,23 +267,55 @@ func fleetRun(o fleetOpts) (FleetRun, error) {
 	for {
 		s, err := summary()
 		if err == nil && s.Agents <= want {
-			r.DropAll = time.Since(start)
-			break
+			r.DropAll = append(r.DropAll, time.Since(start))
+			return nil
 		}
 		if time.Since(start) > 60*time.Second {
-			r.DropAll, r.DropIncomplete = time.Since(start), true
-			break
+			r.DropAll = append(r.DropAll, time.Since(start))
+			r.DropIncomplete = true
+			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return r, nil
+}
+
+// roundMs lists ds rounded to milliseconds.
+func roundMs(ds []time.Duration) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond).String()
+	}
+	return strings.Join(out, ", ")
+}
+
+// fmtPercents lists xs to one decimal.
+func fmtPercents(xs []float64) string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = fmt.Sprintf("%.1f", x)
+	}
+	return strings.Join(out, ", ")
+}
+
+// median is xs's median (the mean of the middle two for an even count).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // windowProfile is the environment that makes a role process profile the
 // windows the harness marks (profileWindow) into name under -cpuprofile's
-// directory, or "" without -cpuprofile.
+// directory, or "" without -cpuprofile or a name. A role process started
+// without it must not be sent profiled's signals: they would end it.
 func windowProfile(name string) string {
-	if profileDir == "" {
+	if profileDir == "" || name == "" {
 		return ""
 	}
 	return "BENCH_WINDOW_PROFILE=" + filepath.Join(profileDir, name)

@@ -70,6 +70,7 @@ func main() {
 	fleetIdle := flag.Duration("fleet-idle", 10*time.Second, "with -fleet: how long the hub's idle CPU is measured")
 	fleetParallel := flag.Int("fleet-parallel", 64, "with -fleet: registrations in flight at once")
 	fleetRuns := flag.Int("fleet-runs", 1, "with -fleet: runs, each on a fresh hub")
+	fleetRounds := flag.Int("fleet-rounds", 3, "with -fleet: rounds per run, each registering the agents, measuring echo beside them, killing them and measuring echo again without them")
 	streamMode := flag.Bool("stream", false, "instead: measure streaming (chunks/s, MB/s, time to first chunk) at the chunk sizes of -sizes")
 	sizes := flag.String("sizes", "128,16384", "with -stream: chunk sizes in bytes")
 	win := flag.Int("window", 0, "with -stream: the agentmesh client's credit window in chunks (mesh.Window; 0: the client's default, stream.DefaultWindow)")
@@ -107,7 +108,7 @@ func main() {
 		return
 	}
 	if *fleetN > 0 {
-		if err := fleet(fleetOpts{n: *fleetN, base: *fleetBase, idleFor: *fleetIdle, loadFor: *dur, parallel: *fleetParallel, runs: *fleetRuns}); err != nil {
+		if err := fleet(fleetOpts{n: *fleetN, base: *fleetBase, idleFor: *fleetIdle, loadFor: *dur, parallel: *fleetParallel, runs: *fleetRuns, rounds: *fleetRounds}); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
@@ -622,6 +623,9 @@ func systems() []system {
 		{"agentmesh-jsonrpc-wsconn", func(c int) (func(int) error, []*proc, func(), error) {
 			return jsonRPCRow(c, true) // the same calls through the link layer's writer
 		}},
+		{"agentmesh-native-gorilla", func(c int) (func(int) error, []*proc, func(), error) {
+			return nativeWSRow(c) // agentmesh-jsonrpc's transport, the native frames
+		}},
 	}
 }
 
@@ -642,6 +646,27 @@ func jsonRPCRow(c int, wsconn bool) (func(int) error, []*proc, func(), error) {
 	} else {
 		cl, err = dialJSONRPC("ws://"+addr+"/ws", c)
 	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	for range 200 {
+		if err := cl.call(0); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cl.call, procs, func() { cl.close(); stop() }, nil
+}
+
+// nativeWSRow starts a hub and an echo agent and dials nativeWS, the
+// native frames written one call at a time as agentmesh-jsonrpc writes.
+func nativeWSRow(c int) (func(int) error, []*proc, func(), error) {
+	addr, procs, stop, err := startMesh("mesh-agent")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, err := dialNativeWS("ws://"+addr+"/ws", c)
 	if err != nil {
 		stop()
 		return nil, nil, nil, err
@@ -973,7 +998,14 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		fmt.Fprintf(w, "agentmesh (v2 frames) / agentmesh-v1 (JSON frames) at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
 			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 	}
-	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn"} {
+	// The write pattern held equal: the JSON-RPC client over gorilla (one
+	// write per call) against the native frames written the same way.
+	if j, n := find("agentmesh-jsonrpc"), find("agentmesh-native-gorilla"); j != nil && n != nil {
+		a, b := j.Cells[len(cs)-1], n.Cells[len(cs)-1]
+		fmt.Fprintf(w, "agentmesh-jsonrpc / agentmesh-native-gorilla (one write per call, both) at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
+			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
+	}
+	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn", "agentmesh-native-gorilla"} {
 		if j := find(name); j != nil {
 			a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
 			fmt.Fprintf(w, "%s / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", name, cs[len(cs)-1],

@@ -45,6 +45,7 @@ import (
 	"github.com/agentmesh/agentmesh/agents"
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
+	"github.com/agentmesh/agentmesh/internal/gcfloor"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/link/wsconn"
 	"github.com/agentmesh/agentmesh/mesh"
@@ -241,7 +242,8 @@ func runRole(role, addr string) error {
 		return s.Serve(ln)
 	case "mesh-hub":
 		// meshd as configured by default: reliability chain and metrics on,
-		// trace export off.
+		// trace export off, the heap floor of --gc-min-heap.
+		defer gcfloor.Start(gcfloor.DefaultFloor).Stop()
 		h, err := hub.New(hub.Config{MaxConns: 50000}, // -idle runs 10,000 agents and more: over the default cap of 10,000 they were refused and redialled
 			hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 		if err != nil {

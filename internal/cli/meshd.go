@@ -28,6 +28,7 @@ import (
 	"github.com/agentmesh/agentmesh/envelope"
 	"github.com/agentmesh/agentmesh/hub"
 	"github.com/agentmesh/agentmesh/internal/config"
+	"github.com/agentmesh/agentmesh/internal/gcfloor"
 	"github.com/agentmesh/agentmesh/link"
 	"github.com/agentmesh/agentmesh/registry/etcd"
 	"github.com/agentmesh/agentmesh/surface/all"
@@ -42,6 +43,7 @@ func NewMeshd(stdout, stderr io.Writer) *cobra.Command {
 		linkWriteTimeout time.Duration // --link-write-timeout
 		maxUnwrittenB    int           // --link-max-unwritten-bytes
 		maxUnwrittenN    int           // --link-max-unwritten-calls
+		gcMinHeap        int           // --gc-min-heap
 	)
 	var (
 		listen, id, logLevel, conf  string
@@ -171,6 +173,9 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 				}
 				fmt.Fprintln(stdout, ")")
 				return nil
+			}
+			if gcMinHeap > 0 {
+				defer gcfloor.Start(uint64(gcMinHeap)).Stop()
 			}
 			if hubID == "" {
 				hubID = envelope.NewID() // the etcd registry needs it before the hub exists
@@ -453,6 +458,7 @@ On SIGINT or SIGTERM it stops taking calls, drains the ones in flight
 	f.DurationVar(&linkPing, "link-ping", 5*time.Second, "WebSocket ping interval of every link; a link silent for 2 intervals is dead, and a peer pinging faster than once a second (or this interval, if shorter) is cut off")
 	f.DurationVar(&linkWriteTimeout, "link-write-timeout", 10*time.Second, "a WebSocket peer that takes none of the bytes written to it for this long is closed (1008 slow consumer, counted in agentmesh_link_slow_consumers_total)")
 	f.IntVar(&maxUnwrittenB, "link-max-unwritten-bytes", 4<<20, "per client WebSocket: bytes of requests being served plus answers not yet written, past which the hub stops reading it until they fall (negative: no bound)")
+	f.IntVar(&gcMinHeap, "gc-min-heap", gcfloor.DefaultFloor, "bytes of heap the garbage collector may grow by past the live heap before it collects, when GOGC would allow less (a hub's live heap is small and its allocation fast: at GOGC alone it collected 40 times a second at 100,000 calls/s); 0: GOGC alone. Ignored when GOGC is set in the environment")
 	f.IntVar(&maxUnwrittenN, "link-max-unwritten-calls", 4096, "per client WebSocket: calls whose answers are not yet written, past which the hub stops reading it until they fall (negative: no bound)")
 	f.DurationVar(&peerHeartbeat, "peer-heartbeat", time.Second, "ping interval of links to other hubs; a peer silent for 2.5 intervals is dead and its calls fail over")
 	f.DurationVar(&defTimeout, "default-timeout", 30*time.Second, "timeout of calls that carry no ttl")

@@ -1,0 +1,87 @@
+package gcfloor
+
+import (
+	"runtime"
+	"runtime/debug"
+	"testing"
+)
+
+// waitCycles runs collections until the floor's cleanup has run after
+// them: a cleanup runs on the runtime's goroutine some time after the
+// cycle that found its sentinel unreachable.
+func waitCycles(t *testing.T, f *Floor, ok func(int) bool) int {
+	t.Helper()
+	var p int
+	for range 200 {
+		runtime.GC()
+		runtime.Gosched()
+		if p = f.Percent(); ok(p) {
+			return p
+		}
+	}
+	t.Fatalf("GOGC stayed %d", p)
+	return p
+}
+
+func TestFloorRaisesGOGCOnASmallHeap(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	f := Start(64 << 20)
+	defer f.Stop()
+	// The test binary's live heap is a few MiB: the goal must be live +
+	// 64 MiB, far above GOGC=100's.
+	p := waitCycles(t, f, func(p int) bool { return p > 1000 })
+	if got := debug.SetGCPercent(p); got != p {
+		t.Fatalf("runtime GOGC %d, floor says %d", got, p)
+	}
+	f.Stop()
+	if got := gogc(); got != 100 {
+		t.Fatalf("after Stop GOGC = %d, want 100", got)
+	}
+}
+
+func TestFloorLeavesALargeHeapAlone(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	live := make([][]byte, 0, 96)
+	for range 96 {
+		live = append(live, make([]byte, 1<<20)) // 96 MiB live: past the floor
+	}
+	f := Start(32 << 20)
+	defer f.Stop()
+	waitCycles(t, f, func(p int) bool { return p == 100 })
+	runtime.KeepAlive(live)
+	live = nil
+	// The heap shrinks below the floor: the goal rises again.
+	waitCycles(t, f, func(p int) bool { return p > 200 })
+}
+
+func TestFloorKeepsAnOperatorsGOGC(t *testing.T) {
+	t.Setenv("GOGC", "100")
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	f := Start(64 << 20)
+	defer f.Stop()
+	for range 3 {
+		runtime.GC()
+	}
+	if p := gogc(); p != 100 {
+		t.Fatalf("GOGC set in the environment: the floor changed it to %d", p)
+	}
+}
+
+func TestPercentFor(t *testing.T) {
+	for _, c := range []struct {
+		live, floor uint64
+		base, want  int
+	}{
+		{4 << 20, 64 << 20, 100, 1600},
+		{64 << 20, 64 << 20, 100, 100},
+		{200 << 20, 64 << 20, 100, 100},
+		{100 << 20, 64 << 20, 50, 64},
+		{1 << 10, 64 << 20, 100, maxPercent},
+		{0, 64 << 20, 100, maxPercent},
+		{0, 64 << 20, 8000, 8000},
+	} {
+		if got := percentFor(c.live, c.floor, c.base); got != c.want {
+			t.Errorf("percentFor(%d, %d, %d) = %d, want %d", c.live, c.floor, c.base, got, c.want)
+		}
+	}
+}

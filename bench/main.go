@@ -76,7 +76,12 @@ func main() {
 	sizes := flag.String("sizes", "128,16384", "with -stream: chunk sizes in bytes")
 	win := flag.Int("window", 0, "with -stream: the agentmesh client's credit window in chunks (mesh.Window; 0: the client's default, stream.DefaultWindow)")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write CPU profiles of every process (servers per run, the load generator per cell) into this directory, as SYSTEM-cC-ROLE.pprof")
+	gcMinHeap := flag.Int("gc-min-heap", gcfloor.DefaultFloor, "the hub's heap floor in bytes, as meshd's --gc-min-heap (0: GOGC alone)")
 	flag.Parse()
+	if *role == "" {
+		// The roles the harness starts read it from their environment.
+		os.Setenv("BENCH_GC_MIN_HEAP", strconv.Itoa(*gcMinHeap))
+	}
 	if *role != "" {
 		if f := os.Getenv("BENCH_HEAP_PROFILE"); f != "" {
 			// A heap profile when the harness asks (SIGUSR1: -idle's
@@ -243,7 +248,8 @@ func runRole(role, addr string) error {
 	case "mesh-hub":
 		// meshd as configured by default: reliability chain and metrics on,
 		// trace export off, the heap floor of --gc-min-heap.
-		defer gcfloor.Start(gcfloor.DefaultFloor).Stop()
+		floor, _ := strconv.Atoi(os.Getenv("BENCH_GC_MIN_HEAP"))
+		defer gcfloor.Start(uint64(max(floor, 0))).Stop()
 		h, err := hub.New(hub.Config{MaxConns: 50000}, // -idle runs 10,000 agents and more: over the default cap of 10,000 they were refused and redialled
 			hub.WithTelemetry(telemetry.New(nil, telemetry.NewMetrics(nil))))
 		if err != nil {

@@ -50,6 +50,7 @@ type Floor struct {
 type sentinel [4]uint64
 
 // Start keeps the heap goal at least the live heap plus bytes until Stop.
+// GOGC is process-wide: a process runs one floor at a time.
 // It does nothing (and Stop does nothing) when bytes is 0 or the GOGC
 // environment variable is set: an operator who tuned the collector
 // keeps their setting.

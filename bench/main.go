@@ -626,55 +626,34 @@ func systems() []system {
 			return meshRow(true) // the JSON frames (agentmesh.v1), client and agent
 		}},
 		{"agentmesh-jsonrpc", func(c int) (func(int) error, []*proc, func(), error) {
-			return jsonRPCRow(c, false)
+			return rawClientRow(c, dialJSONRPC)
 		}},
 		{"agentmesh-jsonrpc-wsconn", func(c int) (func(int) error, []*proc, func(), error) {
-			return jsonRPCRow(c, true) // the same calls through the link layer's writer
+			return rawClientRow(c, dialJSONRPCConn) // the same calls through the link layer's writer
 		}},
 		{"agentmesh-native-gorilla", func(c int) (func(int) error, []*proc, func(), error) {
-			return nativeWSRow(c) // agentmesh-jsonrpc's transport, the native frames
+			return rawClientRow(c, dialNativeWS) // agentmesh-jsonrpc's writes, the native frames
 		}},
 	}
 }
 
-// jsonRPCRow starts a hub and an echo agent and dials the plain JSON-RPC
-// client: over gorilla (one write per call), or, wsconn, over the link
-// layer's connection.
-func jsonRPCRow(c int, wsconn bool) (func(int) error, []*proc, func(), error) {
-	addr, procs, stop, err := startMesh("mesh-agent")
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var cl interface {
-		call(int) error
-		close()
-	}
-	if wsconn {
-		cl, err = dialJSONRPCConn("ws://"+addr+"/ws", c)
-	} else {
-		cl, err = dialJSONRPC("ws://"+addr+"/ws", c)
-	}
-	if err != nil {
-		stop()
-		return nil, nil, nil, err
-	}
-	for range 200 {
-		if err := cl.call(0); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cl.call, procs, func() { cl.close(); stop() }, nil
+// rawClient is a client of the hub's /ws without the SDK: worker w's call
+// is call(w).
+type rawClient interface {
+	call(int) error
+	close()
 }
 
-// nativeWSRow starts a hub and an echo agent and dials nativeWS, the
-// native frames written one call at a time as agentmesh-jsonrpc writes.
-func nativeWSRow(c int) (func(int) error, []*proc, func(), error) {
+// rawClientRow starts a hub and an echo agent and dials a client without
+// the SDK: the plain JSON-RPC client over gorilla (one write per call,
+// dialJSONRPC) or over the link layer's connection (dialJSONRPCConn), or
+// the native frames written one call at a time (dialNativeWS).
+func rawClientRow[C rawClient](c int, dial func(url string, c int) (C, error)) (func(int) error, []*proc, func(), error) {
 	addr, procs, stop, err := startMesh("mesh-agent")
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cl, err := dialNativeWS("ws://"+addr+"/ws", c)
+	cl, err := dial("ws://"+addr+"/ws", c)
 	if err != nil {
 		stop()
 		return nil, nil, nil, err

@@ -1,8 +1,8 @@
 // Package gcfloor keeps the garbage collector from running on a small
 // heap far more often than its work is worth.
 //
-// With GOGC=100 the runtime collects each time the heap doubles, and at
-// least every 4 MiB. A hub's live heap is a few MiB until it holds
+// With GOGC=100 the runtime collects each time the heap doubles (once it
+// has reached 4 MiB). A hub's live heap is a few MiB until it holds
 // thousands of links, while routing 100,000 calls a second allocates
 // about 150 MB/s: forty collections a second, each with two
 // stop-the-world pauses, a mark phase that takes a quarter of the Ps and
@@ -55,12 +55,11 @@ type sentinel [4]uint64
 // environment variable is set: an operator who tuned the collector
 // keeps their setting.
 func Start(bytes uint64) *Floor {
-	f := &Floor{bytes: bytes, sample: []metrics.Sample{{Name: liveMetric}}}
+	f := &Floor{bytes: bytes, base: gogc(), sample: []metrics.Sample{{Name: liveMetric}}}
 	if bytes == 0 || os.Getenv("GOGC") != "" {
 		f.stopped = true
 		return f
 	}
-	f.base = gogc()
 	if f.base <= 0 {
 		f.stopped = true // GC off or unknown: nothing to raise
 		return f

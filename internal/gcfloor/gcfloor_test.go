@@ -48,9 +48,7 @@ func TestFloorLeavesALargeHeapAlone(t *testing.T) {
 	f := Start(32 << 20)
 	defer f.Stop()
 	waitCycles(t, f, func(p int) bool { return p == 100 })
-	runtime.KeepAlive(live)
-	live = nil
-	// The heap shrinks below the floor: the goal rises again.
+	runtime.KeepAlive(live) // and no further: the heap shrinks below the floor, the goal rises again
 	waitCycles(t, f, func(p int) bool { return p > 200 })
 }
 
@@ -64,6 +62,9 @@ func TestFloorKeepsAnOperatorsGOGC(t *testing.T) {
 	}
 	if p := gogc(); p != 100 {
 		t.Fatalf("GOGC set in the environment: the floor changed it to %d", p)
+	}
+	if p := f.Percent(); p != 100 {
+		t.Fatalf("a floor that does nothing reports GOGC %d, want the configured 100", p)
 	}
 }
 

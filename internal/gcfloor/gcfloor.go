@@ -31,7 +31,10 @@ import (
 // allocation at 100,000 routed calls a second.
 const DefaultFloor = 64 << 20
 
-const liveMetric = "/gc/heap/live:bytes"
+// The runtime's goal is live + (live + stacks + globals) × GOGC/100: the
+// GOGC headroom covers the scannable stacks and globals too (Go 1.18's
+// pacer), which in meshd are a few MiB, as large as its live heap.
+var scanMetrics = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/scan/globals:bytes"}
 
 // Floor keeps the heap goal at least live + bytes (Start).
 type Floor struct {
@@ -55,7 +58,10 @@ type sentinel [4]uint64
 // environment variable is set: an operator who tuned the collector
 // keeps their setting.
 func Start(bytes uint64) *Floor {
-	f := &Floor{bytes: bytes, base: gogc(), sample: []metrics.Sample{{Name: liveMetric}}}
+	f := &Floor{bytes: bytes, base: gogc()}
+	for _, name := range scanMetrics {
+		f.sample = append(f.sample, metrics.Sample{Name: name})
+	}
 	if bytes == 0 || os.Getenv("GOGC") != "" {
 		f.stopped = true
 		return f
@@ -111,17 +117,19 @@ func (f *Floor) cycle() {
 	f.arm()
 }
 
-// adjustLocked sets GOGC so that the next goal, live × (1 + GOGC/100),
-// is at least live + bytes, and never below the configured GOGC. It
-// leaves GOGC alone when the change would be under an eighth: the live
-// heap moves a little every cycle.
+// adjustLocked sets GOGC so that the next goal, live + (live + stacks +
+// globals) × GOGC/100, is at least live + bytes, and never below the
+// configured GOGC. It leaves GOGC alone when the change would be under an
+// eighth: the live heap moves a little every cycle.
 func (f *Floor) adjustLocked() {
 	metrics.Read(f.sample)
-	var live uint64
-	if f.sample[0].Value.Kind() == metrics.KindUint64 {
-		live = f.sample[0].Value.Uint64()
+	var v [3]uint64 // live, stacks, globals
+	for i, s := range f.sample {
+		if s.Value.Kind() == metrics.KindUint64 {
+			v[i] = s.Value.Uint64()
+		}
 	}
-	p := percentFor(live, f.bytes, f.base)
+	p := percentFor(v[0], v[0]+v[1]+v[2], f.bytes, f.base)
 	if p == f.percent || (abs(p-f.percent) < f.percent/8 && p != f.base) {
 		return
 	}
@@ -129,20 +137,22 @@ func (f *Floor) adjustLocked() {
 	debug.SetGCPercent(p)
 }
 
-// maxPercent bounds GOGC: a live heap of a few hundred KiB (just
-// started) would otherwise ask for tens of thousands.
+// maxPercent bounds GOGC: a heap of a few hundred KiB (just started)
+// would otherwise ask for tens of thousands.
 const maxPercent = 5000
 
-// percentFor is the GOGC whose goal from live is at least live + floor,
-// and at least base.
-func percentFor(live, floor uint64, base int) int {
-	if live == 0 {
-		return max(base, maxPercent)
+// minHeap is the runtime's smallest goal at GOGC=100; it scales with
+// GOGC (4 MiB × GOGC/100).
+const minHeap = 4 << 20
+
+// percentFor is the GOGC whose goal is live + floor: its headroom over
+// scan (the live heap, stacks and globals) is floor, and the minimum
+// goal it scales to stays within live + floor. Never below base.
+func percentFor(live, scan, floor uint64, base int) int {
+	if scan == 0 {
+		return base // nothing measured yet: GOGC as configured
 	}
-	p := floor * 100 / live
-	if p > maxPercent {
-		p = maxPercent
-	}
+	p := min(floor*100/scan, (live+floor)*100/minHeap, maxPercent)
 	return max(base, int(p))
 }
 

@@ -3,6 +3,7 @@ package gcfloor
 import (
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 )
 
@@ -33,10 +34,32 @@ func TestFloorRaisesGOGCOnASmallHeap(t *testing.T) {
 	if got := debug.SetGCPercent(p); got != p {
 		t.Fatalf("runtime GOGC %d, floor says %d", got, p)
 	}
+	// The runtime's goal is the live heap + the floor (to within the
+	// eighth the floor lets GOGC drift, and the stacks' and globals'
+	// movement): GOGC's headroom covers stacks and globals too, and a
+	// floor that forgot them set meshd's goal at 200 MiB, not 66.
+	var headroom uint64
+	for range 200 {
+		runtime.GC()
+		runtime.Gosched()
+		goal, live := readUint64("/gc/heap/goal:bytes"), readUint64("/gc/heap/live:bytes")
+		if headroom = goal - live; headroom >= 56<<20 && headroom <= 80<<20 {
+			break
+		}
+	}
+	if headroom < 56<<20 || headroom > 80<<20 {
+		t.Fatalf("heap goal %d MiB past the live heap; want the floor, 64 MiB", headroom>>20)
+	}
 	f.Stop()
 	if got := gogc(); got != 100 {
 		t.Fatalf("after Stop GOGC = %d, want 100", got)
 	}
+}
+
+func readUint64(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 func TestFloorLeavesALargeHeapAlone(t *testing.T) {
@@ -69,20 +92,23 @@ func TestFloorKeepsAnOperatorsGOGC(t *testing.T) {
 }
 
 func TestPercentFor(t *testing.T) {
+	const mib = 1 << 20
 	for _, c := range []struct {
-		live, floor uint64
-		base, want  int
+		live, scan, floor uint64
+		base, want        int
 	}{
-		{4 << 20, 64 << 20, 100, 1600},
-		{64 << 20, 64 << 20, 100, 100},
-		{200 << 20, 64 << 20, 100, 100},
-		{100 << 20, 64 << 20, 50, 64},
-		{1 << 10, 64 << 20, 100, maxPercent},
-		{0, 64 << 20, 100, maxPercent},
-		{0, 64 << 20, 8000, 8000},
+		{4 * mib, 4 * mib, 64 * mib, 100, 1600},     // the headroom over 4 MiB scanned: 64 MiB
+		{2 * mib, 5 * mib, 64 * mib, 100, 1280},     // stacks and globals count: meshd's case
+		{256 << 10, 512 << 10, 64 * mib, 100, 1606}, // the minimum goal (4 MiB × GOGC/100) stays at live + floor
+		{64 * mib, 66 * mib, 64 * mib, 100, 100},
+		{200 * mib, 202 * mib, 64 * mib, 100, 100},
+		{100 * mib, 100 * mib, 64 * mib, 50, 64},
+		{1 << 10, 1 << 10, 640 * mib, 100, maxPercent},
+		{0, 0, 64 * mib, 100, 100},
+		{0, 0, 64 * mib, 8000, 8000},
 	} {
-		if got := percentFor(c.live, c.floor, c.base); got != c.want {
-			t.Errorf("percentFor(%d, %d, %d) = %d, want %d", c.live, c.floor, c.base, got, c.want)
+		if got := percentFor(c.live, c.scan, c.floor, c.base); got != c.want {
+			t.Errorf("percentFor(%d, %d, %d, %d) = %d, want %d", c.live, c.scan, c.floor, c.base, got, c.want)
 		}
 	}
 }

@@ -250,6 +250,14 @@ type hub struct {
 // /readyz answers 200. The hub has no warm-up (--warm-up 0) unless extra
 // sets one: it is new, no agent reconnects to it, and the tests want a
 // method nobody serves answered METHOD_NOT_FOUND at once.
+// noHeapFloor is meshd's flag for a test that bounds, by the hub's RSS,
+// what a client makes the hub hold (a slow consumer, a stalled stream):
+// the heap floor lets up to 64 MiB of garbage wait for the next
+// collection whatever the load (--gc-min-heap), which would hide the
+// bound, so these hubs collect at GOGC alone. The floor is tested in
+// internal/gcfloor.
+const noHeapFloor = "--gc-min-heap=0"
+
 func startHub(t *testing.T, extra ...string) *hub {
 	t.Helper()
 	return startHubEnv(t, nil, extra...)

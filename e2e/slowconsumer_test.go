@@ -46,7 +46,7 @@ func TestSlowConsumer(t *testing.T) {
 		requests     = 1000
 		clients      = 20
 	)
-	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10))
+	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10), noHeapFloor)
 	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws)
 
 	mu, runs := countAgent(t, h.ws)
@@ -303,7 +303,7 @@ func TestSlowConsumerNative(t *testing.T) {
 		writeTimeout = 3 * time.Second
 		requests     = 1000
 	)
-	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10))
+	h := startHub(t, "--link-write-timeout", writeTimeout.String(), "--link-max-unwritten-bytes", strconv.FormatInt(bound, 10), noHeapFloor)
 	mu, runs := countAgent(t, h.ws)
 	waitMethods(t, h.ws, "count.echo")
 	pid := h.cmd.Process.Pid

@@ -87,7 +87,7 @@ func TestStreamCallerStopsReading(t *testing.T) {
 		writeTimeout = 5 * time.Second
 	)
 	granted := int64(streams * credit * (size + 64))
-	h := startHubEnv(t, strings.Fields(os.Getenv("STREAM_HUB_ENV")), "--link-write-timeout", writeTimeout.String())
+	h := startHubEnv(t, strings.Fields(os.Getenv("STREAM_HUB_ENV")), "--link-write-timeout", writeTimeout.String(), noHeapFloor)
 	start(t, "meshctl", "agent", "run", "echo", "--hub", h.ws)
 	waitMethods(t, h.ws, "echo.stream")
 	pid := h.cmd.Process.Pid

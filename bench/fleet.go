@@ -193,13 +193,7 @@ func (r *FleetRun) controlEcho(o fleetOpts, round int, addr string) error {
 	}
 	defer stop()
 	var echo float64
-	cpu := cpuWhile(func() {
-		if name != "" {
-			echo, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, clients)
-		} else {
-			echo, err = echoRate(addr, o.loadFor)
-		}
-	}, clients, srv)
+	cpu := cpuWhile(func() { echo, err = echoBeside(addr, o.loadFor, clients, name != "") }, clients, srv)
 	if err != nil {
 		return err
 	}
@@ -214,14 +208,12 @@ func (r *FleetRun) controlEcho(o fleetOpts, round int, addr string) error {
 // measures how long the hub takes to drop them.
 func (r *FleetRun) fleetRound(o fleetOpts, round int, addr string, hub *proc, summary func() (control.AgentsSummary, error)) error {
 	first := round == 0
-	env := func(name string) string {
-		if !first {
-			return ""
-		}
-		return windowProfile(name)
+	name := ""
+	if first {
+		name = fmt.Sprintf("fleet-%d-agents-echo.pprof", o.n)
 	}
 	start := time.Now()
-	many, err := startFleetAgents(addr, o.n, o.parallel, env(fmt.Sprintf("fleet-%d-agents-echo.pprof", o.n)))
+	many, err := startFleetAgents(addr, o.n, o.parallel, windowProfile(name))
 	if err != nil {
 		return err
 	}
@@ -243,13 +235,7 @@ func (r *FleetRun) fleetRound(o fleetOpts, round int, addr string, hub *proc, su
 	r.HubRSSMiB = append(r.HubRSSMiB, float64(rss(hub.cmd.Process.Pid))/(1<<20))
 	agentsProc := &proc{many.cmd, "fleet-agents"}
 	var echo float64
-	cpu := cpuWhile(func() {
-		if first {
-			echo, err = profiled(func() (float64, error) { return echoRate(addr, o.loadFor) }, agentsProc)
-		} else {
-			echo, err = echoRate(addr, o.loadFor)
-		}
-	}, agentsProc)[0]
+	cpu := cpuWhile(func() { echo, err = echoBeside(addr, o.loadFor, agentsProc, name != "") }, agentsProc)[0]
 	if err != nil {
 		return err
 	}
@@ -328,6 +314,16 @@ func profiled(f func() (float64, error), p *proc) (float64, error) {
 		defer func() { _ = p.cmd.Process.Signal(syscall.SIGUSR2) }()
 	}
 	return f()
+}
+
+// echoBeside is echoRate with p's window profile on when p was started
+// with one (windowProfile): a process started without it must not get
+// profiled's signals.
+func echoBeside(addr string, d time.Duration, p *proc, profile bool) (float64, error) {
+	if profile {
+		return profiled(func() (float64, error) { return echoRate(addr, d) }, p)
+	}
+	return echoRate(addr, d)
 }
 
 // cpuWhile runs f and returns each of ps's CPU meanwhile, in % of one core.

@@ -726,19 +726,46 @@ type jsonRPCWS struct {
 	jsonCallers
 }
 
-// jsonCallers are a plain JSON-RPC client's callers: worker w's request
-// (id w) and the channel its answer comes on (nil: an error answer).
-type jsonCallers struct {
-	reqs [][]byte
-	ans  []chan []byte
+// answers are the answer channels of a client's c workers, one call in
+// flight each: worker w's outcome comes on ans[w].
+type answers struct {
+	ans  []chan error
 	done chan struct{} // closed when the connection ends
 }
 
+func newAnswers(c int) answers {
+	a := answers{done: make(chan struct{})}
+	for range c {
+		a.ans = append(a.ans, make(chan error, 1))
+	}
+	return a
+}
+
+// wait waits for worker w's answer.
+func (a *answers) wait(w int) error {
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case err := <-a.ans[w]:
+		return err
+	case <-a.done:
+		return fmt.Errorf("connection closed")
+	case <-t.C:
+		return fmt.Errorf("no answer in 5 s")
+	}
+}
+
+// jsonCallers are a plain JSON-RPC client's callers: worker w's request
+// (id w) and its answer.
+type jsonCallers struct {
+	reqs [][]byte
+	answers
+}
+
 func newJSONCallers(c int) jsonCallers {
-	cs := jsonCallers{done: make(chan struct{})}
+	cs := jsonCallers{answers: newAnswers(c)}
 	for w := range c {
 		cs.reqs = append(cs.reqs, []byte(`{"jsonrpc":"2.0","id":`+strconv.Itoa(w)+`,"method":"echo.echo","params":`+string(payload)+`}`))
-		cs.ans = append(cs.ans, make(chan []byte, 1))
 	}
 	return cs
 }
@@ -756,28 +783,10 @@ func (cs *jsonCallers) deliver(msg []byte) {
 	}
 	if head.Error != nil {
 		fmt.Fprintf(os.Stderr, "jsonrpc: error answer to id %d: %s\n", head.ID, head.Error)
-		msg = nil // an error answer
-	} else {
-		msg = []byte{} // msg may be the reader's: not kept
+		cs.ans[head.ID] <- fmt.Errorf("error answer: %s", head.Error)
+		return
 	}
-	cs.ans[head.ID] <- msg
-}
-
-// wait waits for worker w's answer.
-func (cs *jsonCallers) wait(w int) error {
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case msg := <-cs.ans[w]:
-		if msg == nil {
-			return fmt.Errorf("error answer")
-		}
-		return nil
-	case <-cs.done:
-		return fmt.Errorf("connection closed")
-	case <-t.C:
-		return fmt.Errorf("no answer in 5 s")
-	}
+	cs.ans[head.ID] <- nil
 }
 
 func dialJSONRPC(url string, c int) (*jsonRPCWS, error) {

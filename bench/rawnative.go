@@ -18,10 +18,9 @@ import (
 // and changes only the message format; beside the agentmesh row it holds
 // the format equal and changes only how the client writes.
 type nativeWS struct {
-	ws   *websocket.Conn
-	wmu  sync.Mutex
-	ans  []chan *envelope.Error
-	done chan struct{}
+	ws  *websocket.Conn
+	wmu sync.Mutex
+	answers
 }
 
 func dialNativeWS(url string, c int) (*nativeWS, error) {
@@ -35,10 +34,7 @@ func dialNativeWS(url string, c int) (*nativeWS, error) {
 		ws.Close()
 		return nil, fmt.Errorf("hub chose subprotocol %q", sp)
 	}
-	cl := &nativeWS{ws: ws, done: make(chan struct{})}
-	for range c {
-		cl.ans = append(cl.ans, make(chan *envelope.Error, 1))
-	}
+	cl := &nativeWS{ws: ws, answers: newAnswers(c)}
 	go cl.read()
 	return cl, nil
 }
@@ -67,7 +63,11 @@ func (cl *nativeWS) read() {
 			if e == nil {
 				e = f.Err
 			}
-			cl.ans[f.Seq-1] <- e
+			if e != nil {
+				cl.ans[f.Seq-1] <- e
+				return
+			}
+			cl.ans[f.Seq-1] <- nil
 		})
 	}
 }
@@ -84,19 +84,7 @@ func (cl *nativeWS) call(w int) error {
 	if err != nil {
 		return err
 	}
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case e := <-cl.ans[w]:
-		if e != nil {
-			return e
-		}
-		return nil
-	case <-cl.done:
-		return fmt.Errorf("connection closed")
-	case <-t.C:
-		return fmt.Errorf("no answer in 5 s")
-	}
+	return cl.wait(w)
 }
 
 func (cl *nativeWS) close() { cl.ws.Close(); <-cl.done }

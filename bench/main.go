@@ -1008,6 +1008,19 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 				a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 		}
 	}
+	// What the servers can do about a row: its client's CPU is its own
+	// (a client writing once per call pays for each write, and for waking
+	// the hub that reads it). Beside agentmesh's whole call, the client
+	// alone shows how far any hub could bring the row; the servers' part
+	// (hub and agent) is what the mesh spends on it.
+	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn"} {
+		if j := find(name); j != nil {
+			a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
+			servers := func(c Cell) float64 { return c.ProcCPUus["mesh-hub"] + c.ProcCPUus["mesh-agent"] }
+			fmt.Fprintf(w, "%s at c=%d: its client alone %.1f µs per call = %.2fx agentmesh's whole call; hub + agent %.1f µs = %.2fx agentmesh's\n", name, cs[len(cs)-1],
+				a.ProcCPUus["client"], a.ProcCPUus["client"]/b.CPUmsPer1k, servers(a), servers(a)/servers(b))
+		}
+	}
 }
 
 // rss returns a process's resident memory.

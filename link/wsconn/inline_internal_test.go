@@ -18,7 +18,7 @@ import (
 
 // acceptedPair is the accepting end of a real WebSocket (its listener
 // wrapped by wrap, if not nil) and the client's.
-func acceptedPair(t *testing.T, wrap func(net.Listener) net.Listener) (*websocket.Conn, *websocket.Conn) {
+func acceptedPair(t testing.TB, wrap func(net.Listener) net.Listener) (*websocket.Conn, *websocket.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

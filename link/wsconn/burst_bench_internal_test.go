@@ -28,7 +28,10 @@ func BenchmarkTextBurstWrites(b *testing.B) {
 	for i := range read {
 		read[i] = make(chan struct{}, 1)
 	}
+	peerDone := make(chan struct{})
+	b.Cleanup(func() { _ = client.Close(); <-peerDone })
 	go func() {
+		defer close(peerDone)
 		for {
 			_, msg, err := client.ReadMessage()
 			if err != nil {
@@ -49,6 +52,8 @@ func BenchmarkTextBurstWrites(b *testing.B) {
 	var wg sync.WaitGroup
 	for i := range callers {
 		wg.Go(func() {
+			stuck := time.NewTimer(time.Hour)
+			defer stuck.Stop()
 			for left.Add(-1) >= 0 {
 				m := GetBuf()
 				*m = strconv.AppendInt(*m, int64(i), 10)
@@ -56,9 +61,10 @@ func BenchmarkTextBurstWrites(b *testing.B) {
 					b.Error("connection closed")
 					return
 				}
+				stuck.Reset(5 * time.Second)
 				select {
 				case <-read[i]:
-				case <-time.After(5 * time.Second):
+				case <-stuck.C:
 					b.Error("message not read in 5 s")
 					return
 				}

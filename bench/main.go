@@ -26,7 +26,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -901,11 +900,7 @@ func medianCell(rs []Cell) Cell {
 		for i, c := range rs {
 			v[i] = f(c)
 		}
-		sort.Float64s(v)
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+		return median(v)
 	}
 	out := Cell{Concurrency: rs[0].Concurrency, ProcCPUus: map[string]float64{}, ProcReads: map[string]float64{}, ProcWrites: map[string]float64{}}
 	for _, c := range rs {
@@ -1001,23 +996,17 @@ func printTable(w io.Writer, rs []Result, cs []int) {
 		fmt.Fprintf(w, "agentmesh-jsonrpc / agentmesh-native-gorilla (one write per call, both) at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", cs[len(cs)-1],
 			a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
 	}
+	// Each row without the SDK against agentmesh, and what the servers can
+	// do about it: a client's CPU is its own (one writing once per call
+	// pays for each write, and for waking the hub that reads it). Beside
+	// agentmesh's whole call, the client alone shows how far any hub could
+	// bring the row; hub and agent are what the mesh spends on it.
+	servers := func(c Cell) float64 { return c.ProcCPUus["mesh-hub"] + c.ProcCPUus["mesh-agent"] }
 	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn", "agentmesh-native-gorilla"} {
 		if j := find(name); j != nil {
 			a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
-			fmt.Fprintf(w, "%s / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx\n", name, cs[len(cs)-1],
-				a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"])
-		}
-	}
-	// What the servers can do about a row: its client's CPU is its own
-	// (a client writing once per call pays for each write, and for waking
-	// the hub that reads it). Beside agentmesh's whole call, the client
-	// alone shows how far any hub could bring the row; the servers' part
-	// (hub and agent) is what the mesh spends on it.
-	for _, name := range []string{"agentmesh-jsonrpc", "agentmesh-jsonrpc-wsconn"} {
-		if j := find(name); j != nil {
-			a, b := j.Cells[len(cs)-1], am.Cells[len(cs)-1]
-			servers := func(c Cell) float64 { return c.ProcCPUus["mesh-hub"] + c.ProcCPUus["mesh-agent"] }
-			fmt.Fprintf(w, "%s at c=%d: its client alone %.1f µs per call = %.2fx agentmesh's whole call; hub + agent %.1f µs = %.2fx agentmesh's\n", name, cs[len(cs)-1],
+			fmt.Fprintf(w, "%s / agentmesh at c=%d: throughput %.2fx, CPU/call %.2fx, hub CPU/call %.2fx; its client alone %.1f µs per call = %.2fx agentmesh's whole call; hub + agent %.1f µs = %.2fx agentmesh's\n", name, cs[len(cs)-1],
+				a.RPS/b.RPS, a.CPUmsPer1k/b.CPUmsPer1k, a.ProcCPUus["mesh-hub"]/b.ProcCPUus["mesh-hub"],
 				a.ProcCPUus["client"], a.ProcCPUus["client"]/b.CPUmsPer1k, servers(a), servers(a)/servers(b))
 		}
 	}

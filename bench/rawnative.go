@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -49,7 +50,7 @@ func (cl *nativeWS) read() {
 			return
 		}
 		if e := binframe.Precheck(msg, lim); e != nil {
-			fmt.Printf("native: damaged message: %v\n", e)
+			fmt.Fprintf(os.Stderr, "native: damaged message: %v\n", e)
 			return
 		}
 		binframe.Each(msg, lim, true, &f, func(f *envelope.Frame, e *envelope.Error) {
@@ -57,7 +58,7 @@ func (cl *nativeWS) read() {
 				return // a ping, a goaway: not an answer
 			}
 			if f.Seq == 0 || f.Seq > uint64(len(cl.ans)) {
-				fmt.Printf("native: answer to unknown seq %d (%v)\n", f.Seq, e)
+				fmt.Fprintf(os.Stderr, "native: answer to unknown seq %d (%v)\n", f.Seq, e)
 				return
 			}
 			if e == nil {

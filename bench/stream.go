@@ -405,11 +405,7 @@ func medianStreamCell(rs []StreamCell) StreamCell {
 		for i, c := range rs {
 			v[i] = f(c)
 		}
-		sort.Float64s(v)
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+		return median(v)
 	}
 	out := StreamCell{System: rs[0].System, Size: rs[0].Size, ProcCPUus: map[string]float64{}}
 	for _, c := range rs {

@@ -245,11 +245,6 @@ type hub struct {
 	base string // http://addr
 }
 
-// startHub runs meshd on a port of the kernel's choosing on loopback, reads
-// the address back from its "hub listening" log line and waits until
-// /readyz answers 200. The hub has no warm-up (--warm-up 0) unless extra
-// sets one: it is new, no agent reconnects to it, and the tests want a
-// method nobody serves answered METHOD_NOT_FOUND at once.
 // noHeapFloor is meshd's flag for a test that bounds, by the hub's RSS,
 // what a client makes the hub hold (a slow consumer, a stalled stream):
 // the heap floor lets up to 64 MiB of garbage wait for the next
@@ -258,6 +253,11 @@ type hub struct {
 // internal/gcfloor.
 const noHeapFloor = "--gc-min-heap=0"
 
+// startHub runs meshd on a port of the kernel's choosing on loopback, reads
+// the address back from its "hub listening" log line and waits until
+// /readyz answers 200. The hub has no warm-up (--warm-up 0) unless extra
+// sets one: it is new, no agent reconnects to it, and the tests want a
+// method nobody serves answered METHOD_NOT_FOUND at once.
 func startHub(t *testing.T, extra ...string) *hub {
 	t.Helper()
 	return startHubEnv(t, nil, extra...)
